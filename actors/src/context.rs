@@ -1,0 +1,133 @@
+//! What every part of a node shares: metadata, shard registry, model clients, raw store.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sift_storage::embedding_cache::EmbeddingCache;
+
+use crate::error::{Result, SiftError};
+use crate::ingest::raw_store::RawStore;
+use crate::meta::MetaHandle;
+use crate::models::embedding::{Embedder, EmbeddingError};
+use crate::shards::ShardRegistry;
+
+/// The name of the embedded model, usable in KB settings.
+pub const EMBEDDED_MODEL: &str = "all-MiniLM-L6-v2";
+
+/// Tunables of a node's actors, built from the node's checked config.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// Deadline of one leaf search.
+    pub shard_deadline: Duration,
+    /// Concurrent searches per shard replica.
+    pub search_permits_per_shard: usize,
+    /// Ingestion jobs that may wait in the queue.
+    pub ingest_queue_capacity: usize,
+    /// Ingestion workers.
+    pub ingest_workers: usize,
+    /// Longest a shard write may take before the documents fail.
+    pub shard_write_timeout: Duration,
+    /// Enables fault injection endpoints (tests only).
+    pub debug_faults: bool,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        NodeOptions {
+            shard_deadline: Duration::from_secs(5),
+            search_permits_per_shard: 4,
+            ingest_queue_capacity: 256,
+            ingest_workers: 2,
+            shard_write_timeout: Duration::from_secs(300),
+            debug_faults: false,
+        }
+    }
+}
+
+/// The embedding models this node can use, by name.
+#[derive(Clone, Default)]
+pub struct Embedders {
+    /// The embedded model, when its files were found.
+    pub local: Option<Embedder>,
+    /// Why the embedded model is not available.
+    pub local_error: Option<String>,
+    /// Remote (OpenAI-compatible) models by configured name.
+    pub remote: HashMap<String, Embedder>,
+}
+
+impl Embedders {
+    pub fn get(&self, name: &str) -> Result<Embedder> {
+        if let Some(embedder) = self.remote.get(name) {
+            return Ok(embedder.clone());
+        }
+        if name == EMBEDDED_MODEL {
+            return self.local.clone().ok_or_else(|| {
+                SiftError::invalid(
+                    "embedding_model_unavailable",
+                    format!(
+                        "the embedded model {EMBEDDED_MODEL} is not loaded: {}",
+                        self.local_error.as_deref().unwrap_or("no model directory configured")
+                    ),
+                )
+            });
+        }
+        let mut known: Vec<&str> = self.remote.keys().map(String::as_str).collect();
+        known.push(EMBEDDED_MODEL);
+        Err(SiftError::invalid(
+            "unknown_embedding_model",
+            format!("unknown embedding model {name:?}; known: {}", known.join(", ")),
+        ))
+    }
+}
+
+pub struct NodeContext {
+    pub meta: MetaHandle,
+    pub registry: ShardRegistry,
+    pub embedders: Embedders,
+    pub embedding_cache: EmbeddingCache,
+    pub raw: RawStore,
+    pub options: NodeOptions,
+}
+
+impl NodeContext {
+    /// Embeds `texts` with `embedder`, reusing cached vectors and caching new ones.
+    pub async fn embed_cached(&self, embedder: &Embedder, texts: Vec<String>) -> Result<Vec<Vec<f32>>> {
+        let model = embedder.model_name().to_string();
+        let dimension = embedder.dimension();
+        let mut vectors: Vec<Option<Vec<f32>>> = Vec::with_capacity(texts.len());
+        let mut missing_positions = Vec::new();
+        let mut missing_texts = Vec::new();
+        for (position, text) in texts.iter().enumerate() {
+            let cached = self.embedding_cache.get(&model, text, dimension).unwrap_or(None);
+            if cached.is_none() {
+                missing_positions.push(position);
+                missing_texts.push(text.clone());
+            }
+            vectors.push(cached);
+        }
+        metrics::counter!("sift_embedding_cache_hits_total").increment((texts.len() - missing_texts.len()) as u64);
+        if !missing_texts.is_empty() {
+            let computed = embedder.embed(missing_texts.clone()).await?;
+            if computed.len() != missing_texts.len() {
+                return Err(EmbeddingError::BadResponse(format!(
+                    "{} vectors for {} texts",
+                    computed.len(),
+                    missing_texts.len()
+                ))
+                .into());
+            }
+            for ((position, text), vector) in missing_positions.into_iter().zip(&missing_texts).zip(computed) {
+                if vector.len() != dimension {
+                    return Err(EmbeddingError::DimensionMismatch {
+                        expected: dimension,
+                        actual: vector.len(),
+                    }
+                    .into());
+                }
+                let _ = self.embedding_cache.put(&model, text, &vector);
+                vectors[position] = Some(vector);
+            }
+        }
+        Ok(vectors.into_iter().map(|v| v.unwrap_or_default()).collect())
+    }
+}

@@ -1,0 +1,125 @@
+//! Errors of node operations, each with a stable machine-readable code.
+//!
+//! The HTTP layer maps [`SiftError::status`] and [`SiftError::code`] to
+//! `{ "error": { "code", "message" } }` in one place.
+
+use sift_cluster::ClusterError;
+use sift_storage::StorageError;
+use thiserror::Error;
+
+use crate::ingest::parse::ParseError;
+use crate::models::embedding::EmbeddingError;
+
+pub type Result<T, E = SiftError> = std::result::Result<T, E>;
+
+#[derive(Debug, Error)]
+pub enum SiftError {
+    #[error("{what} not found")]
+    NotFound { code: &'static str, what: String },
+    #[error("{message}")]
+    Invalid { code: &'static str, message: String },
+    #[error("{message}")]
+    Conflict { code: &'static str, message: String },
+    #[error("{message}")]
+    TooLarge { message: String },
+    #[error(transparent)]
+    Parse(#[from] ParseError),
+    #[error("the ingestion queue is full; retry after {retry_after_secs} s")]
+    QueueFull { retry_after_secs: u64 },
+    #[error("embedding failed: {0}")]
+    Embedding(#[from] EmbeddingError),
+    #[error("shard {shard} of knowledge base {kb_id} is unavailable: {reason}")]
+    ShardUnavailable {
+        kb_id: String,
+        shard: u32,
+        reason: String,
+    },
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+    #[error("metadata: {0}")]
+    Meta(#[from] ClusterError),
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl SiftError {
+    pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+        SiftError::Invalid {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn kb_not_found(kb: &str) -> Self {
+        SiftError::NotFound {
+            code: "kb_not_found",
+            what: format!("knowledge base {kb:?}"),
+        }
+    }
+
+    pub fn document_not_found(document: &str) -> Self {
+        SiftError::NotFound {
+            code: "document_not_found",
+            what: format!("document {document:?}"),
+        }
+    }
+
+    /// A stable snake_case code for clients.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SiftError::NotFound { code, .. }
+            | SiftError::Invalid { code, .. }
+            | SiftError::Conflict { code, .. } => code,
+            SiftError::TooLarge { .. } => "payload_too_large",
+            SiftError::Parse(error) => error.code(),
+            SiftError::QueueFull { .. } => "queue_full",
+            SiftError::Embedding(EmbeddingError::DimensionMismatch { .. }) => "dimension_mismatch",
+            SiftError::Embedding(_) => "embedding_failed",
+            SiftError::ShardUnavailable { .. } => "shard_unavailable",
+            SiftError::Storage(StorageError::NotFound(_)) => "not_found",
+            SiftError::Storage(StorageError::Conflict(_)) => "conflict",
+            SiftError::Storage(_) => "storage_error",
+            SiftError::Meta(ClusterError::Storage(StorageError::NotFound(_))) => "not_found",
+            SiftError::Meta(ClusterError::Storage(StorageError::Conflict(_))) => "conflict",
+            SiftError::Meta(_) => "metadata_error",
+            SiftError::Internal(_) => "internal",
+        }
+    }
+
+    /// The HTTP status this error answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            SiftError::NotFound { .. } => 404,
+            SiftError::Invalid { .. } => 400,
+            SiftError::Conflict { .. } => 409,
+            SiftError::TooLarge { .. } => 413,
+            SiftError::Parse(crate::ingest::parse::ParseError::UnsupportedType(_)) => 415,
+            SiftError::Parse(_) => 422,
+            SiftError::QueueFull { .. } => 429,
+            SiftError::Embedding(EmbeddingError::DimensionMismatch { .. }) => 400,
+            SiftError::Embedding(_) => 502,
+            SiftError::ShardUnavailable { .. } => 503,
+            SiftError::Storage(StorageError::NotFound(_)) => 404,
+            SiftError::Storage(StorageError::Conflict(_)) => 409,
+            SiftError::Meta(ClusterError::Storage(StorageError::NotFound(_))) => 404,
+            SiftError::Meta(ClusterError::Storage(StorageError::Conflict(_))) => 409,
+            SiftError::Storage(_) | SiftError::Meta(_) | SiftError::Internal(_) => 500,
+        }
+    }
+
+    /// Whether the same request may succeed later.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            SiftError::QueueFull { .. } | SiftError::ShardUnavailable { .. } => true,
+            SiftError::Embedding(error) => error.is_transient(),
+            SiftError::Storage(error) => error.is_transient(),
+            SiftError::Meta(error) => error.is_transient(),
+            SiftError::NotFound { .. }
+            | SiftError::Invalid { .. }
+            | SiftError::Conflict { .. }
+            | SiftError::TooLarge { .. }
+            | SiftError::Parse(_)
+            | SiftError::Internal(_) => false,
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! Document progress events, broadcast to SSE subscribers.
+
+use serde::Serialize;
+use sift_storage::meta::{DocStatus, DocumentRecord};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DocumentEvent {
+    pub kb_id: String,
+    pub document_id: String,
+    pub status: DocStatus,
+    pub error: Option<String>,
+    pub chunk_count: u32,
+    /// Share of the pipeline done, 0.0 to 1.0.
+    pub progress: f32,
+    /// Set when the document was deleted.
+    pub deleted: bool,
+}
+
+impl DocumentEvent {
+    pub fn from_record(record: &DocumentRecord) -> Self {
+        DocumentEvent {
+            kb_id: record.kb_id.clone(),
+            document_id: record.id.clone(),
+            status: record.status,
+            error: record.error.clone(),
+            chunk_count: record.chunk_count,
+            progress: progress(record.status),
+            deleted: false,
+        }
+    }
+
+    /// Whether no further event will follow for this document.
+    pub fn is_final(&self) -> bool {
+        self.deleted || self.status.is_terminal()
+    }
+}
+
+pub fn progress(status: DocStatus) -> f32 {
+    match status {
+        DocStatus::Queued => 0.0,
+        DocStatus::Parsing => 0.1,
+        DocStatus::Chunking => 0.2,
+        DocStatus::Embedding => 0.3,
+        DocStatus::Indexing => 0.8,
+        DocStatus::Ready | DocStatus::Failed => 1.0,
+    }
+}

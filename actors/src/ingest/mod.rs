@@ -1,0 +1,12 @@
+//! Ingestion: bytes -> text -> chunks -> vectors -> shard replicas.
+//!
+//! [`queue::IngestQueue`] admits jobs (bounded: a full queue is a 429), the
+//! [`worker::IngestSupervisor`] runs [`worker::IngestWorker`]s that take jobs one at a time and
+//! run [`pipeline::process`].
+
+pub mod chunk;
+pub mod parse;
+pub mod pipeline;
+pub mod queue;
+pub mod raw_store;
+pub mod worker;

@@ -1,0 +1,1039 @@
+//! Uploaded bytes -> plain or Markdown text.
+//!
+//! [`decode_text`] finds the encoding (BOMs, UTF-8, UTF-16 by its NUL-byte pattern, then a
+//! [`chardetng`] guess checked against GBK and Big5) and refuses what it cannot decode
+//! cleanly instead of storing replacement characters. [`parse_document`] turns the decoded
+//! text of one [`SourceFormat`] into a [`ParsedDocument`]: HTML becomes Markdown (headings,
+//! fenced code, tables, list items) so the chunker's structure awareness works for it too;
+//! JSON and JSON Lines contribute one configured text field per record.
+
+use encoding_rs::{BIG5, Encoding, GBK, UTF_8, UTF_16BE, UTF_16LE};
+use scraper::{ElementRef, Html, Node, Selector};
+use serde_json::Value;
+
+/// The kinds of uploaded files we can turn into text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceFormat {
+    Text,
+    Markdown,
+    Html,
+    Json,
+    Jsonl,
+}
+
+impl SourceFormat {
+    /// The format implied by a file name's extension (case-insensitive), if we support it.
+    pub fn from_file_name(name: &str) -> Option<SourceFormat> {
+        let (_, extension) = name.rsplit_once('.')?;
+        match extension.to_ascii_lowercase().as_str() {
+            "txt" | "text" => Some(SourceFormat::Text),
+            "md" | "markdown" => Some(SourceFormat::Markdown),
+            "html" | "htm" => Some(SourceFormat::Html),
+            "json" => Some(SourceFormat::Json),
+            "jsonl" | "ndjson" => Some(SourceFormat::Jsonl),
+            _ => None,
+        }
+    }
+
+    /// The serde name of the format (`"text"`, `"markdown"`, ...).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SourceFormat::Text => "text",
+            SourceFormat::Markdown => "markdown",
+            SourceFormat::Html => "html",
+            SourceFormat::Json => "json",
+            SourceFormat::Jsonl => "jsonl",
+        }
+    }
+}
+
+/// Per-upload parsing knobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseOptions {
+    /// The field of each JSON / JSON Lines record that holds the text to index.
+    pub json_text_field: String,
+    /// The field of the first JSON record that holds the document title.
+    pub json_title_field: String,
+}
+
+impl Default for ParseOptions {
+    fn default() -> Self {
+        ParseOptions {
+            json_text_field: "text".to_string(),
+            json_title_field: "title".to_string(),
+        }
+    }
+}
+
+/// The text extracted from one uploaded file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedDocument {
+    pub title: Option<String>,
+    /// LF line endings, paragraphs separated by blank lines.
+    pub text: String,
+    /// Whether the chunker should treat `text` as Markdown.
+    pub markdown: bool,
+    /// The detected source encoding, as named by `encoding_rs` ("UTF-8", "GBK", "Big5", ...).
+    pub encoding: &'static str,
+}
+
+/// Why an upload could not be turned into text. Messages are shown to users.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    #[error("the document is empty")]
+    Empty,
+    #[error("the file is binary (an image, archive, PDF or executable?), not text")]
+    Binary,
+    #[error("the text could not be decoded: {0}")]
+    Undecodable(String),
+    #[error("unsupported file type: {0}")]
+    UnsupportedType(String),
+    #[error("invalid JSON: {0}")]
+    InvalidJson(String),
+    #[error("no JSON record has a string field \"{0}\"")]
+    MissingField(String),
+}
+
+impl ParseError {
+    /// A stable snake_case code for API error bodies and metrics labels.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ParseError::Empty => "empty_document",
+            ParseError::Binary => "binary_content",
+            ParseError::Undecodable(_) => "undecodable_text",
+            ParseError::UnsupportedType(_) => "unsupported_type",
+            ParseError::InvalidJson(_) => "invalid_json",
+            ParseError::MissingField(_) => "missing_field",
+        }
+    }
+
+    /// Parsing is deterministic: retrying the same bytes never helps.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ParseError::Empty
+            | ParseError::Binary
+            | ParseError::Undecodable(_)
+            | ParseError::UnsupportedType(_)
+            | ParseError::InvalidJson(_)
+            | ParseError::MissingField(_) => false,
+        }
+    }
+}
+
+/// Magic numbers of binary formats people upload by mistake.
+const BINARY_MAGIC: &[&[u8]] = &[
+    b"\x89PNG\r\n\x1a\n",
+    b"PK\x03\x04", // zip, docx, xlsx, epub, jar
+    b"PK\x05\x06",
+    b"%PDF-",
+    b"\x7fELF",
+    b"GIF87a",
+    b"GIF89a",
+    b"\xff\xd8\xff", // JPEG
+    b"\x1f\x8b",     // gzip
+    b"7z\xbc\xaf\x27\x1c",
+    b"Rar!\x1a\x07",
+    b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", // OLE: doc, xls, msg
+    b"\0asm",
+    b"SQLite format 3\0",
+    b"RIFF",
+    b"\xcf\xfa\xed\xfe", // Mach-O
+];
+
+/// Share of control characters (other than whitespace) above which text counts as binary.
+const MAX_CONTROL_SHARE: f64 = 0.10;
+
+/// Decodes uploaded bytes, returning the text (without BOM) and the encoding's name.
+///
+/// Order: binary magic numbers, BOMs, UTF-16 without BOM (NUL bytes concentrated in every
+/// other position), valid UTF-8, then [`chardetng`]'s guess. A guess is only accepted when it
+/// decodes without malformed sequences; GBK and Big5 are tried after it because short or
+/// mixed samples are easy to misjudge. Single-byte guesses are accepted only when chardetng is
+/// confident and the result has no C1 control characters, so garbage is refused rather than
+/// turned into mojibake. Any other NUL byte, or a high share of control characters, means the
+/// file is binary.
+pub fn decode_text(bytes: &[u8]) -> Result<(String, &'static str), ParseError> {
+    if bytes.iter().all(|byte| byte.is_ascii_whitespace()) {
+        return Err(ParseError::Empty);
+    }
+    if BINARY_MAGIC.iter().any(|magic| bytes.starts_with(magic)) {
+        return Err(ParseError::Binary);
+    }
+    let (text, encoding) = if let Some((encoding, bom_length)) = Encoding::for_bom(bytes) {
+        (decode_strict(encoding, &bytes[bom_length..])?, encoding)
+    } else if let Some(encoding) = utf16_by_nul_pattern(bytes) {
+        (decode_strict(encoding, bytes)?, encoding)
+    } else if bytes.contains(&0) {
+        return Err(ParseError::Binary);
+    } else if let Ok(text) = std::str::from_utf8(bytes) {
+        (text.to_string(), UTF_8)
+    } else {
+        decode_legacy(bytes)?
+    };
+    let text = strip_control_characters(&text)?;
+    Ok((text, encoding.name()))
+}
+
+fn decode_strict(encoding: &'static Encoding, bytes: &[u8]) -> Result<String, ParseError> {
+    encoding
+        .decode_without_bom_handling_and_without_replacement(bytes)
+        .map(|text| text.into_owned())
+        .ok_or_else(|| {
+            ParseError::Undecodable(format!("malformed {} byte sequences", encoding.name()))
+        })
+}
+
+/// UTF-16 without a BOM: mostly-ASCII text has a NUL in (nearly) every other byte.
+fn utf16_by_nul_pattern(bytes: &[u8]) -> Option<&'static Encoding> {
+    let pairs = bytes.len() / 2;
+    if pairs == 0 {
+        return None;
+    }
+    let even_nuls = bytes.iter().step_by(2).filter(|&&byte| byte == 0).count();
+    let odd_nuls = bytes
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .filter(|&&byte| byte == 0)
+        .count();
+    let many = pairs * 3 / 10;
+    let few = pairs / 20;
+    if odd_nuls > 0 && odd_nuls >= many && even_nuls <= few {
+        Some(UTF_16LE)
+    } else if even_nuls > 0 && even_nuls >= many && odd_nuls <= few {
+        Some(UTF_16BE)
+    } else {
+        None
+    }
+}
+
+/// Legacy (non-Unicode) encodings: chardetng's guess first, then GBK and Big5.
+fn decode_legacy(bytes: &[u8]) -> Result<(String, &'static Encoding), ParseError> {
+    let mut detector = chardetng::EncodingDetector::new();
+    detector.feed(bytes, true);
+    let (guess, confident) = detector.guess_assess(None, false);
+    let mut candidates = vec![guess];
+    for fallback in [GBK, BIG5] {
+        if !candidates.contains(&fallback) {
+            candidates.push(fallback);
+        }
+    }
+    let mut tried = Vec::new();
+    for encoding in candidates {
+        tried.push(encoding.name());
+        let Some(text) = encoding.decode_without_bom_handling_and_without_replacement(bytes) else {
+            continue;
+        };
+        // Every byte is "valid" in a single-byte encoding; demand confidence and no C1 controls.
+        let single_byte = encoding.is_single_byte();
+        if single_byte && (!confident || text.chars().any(|c| ('\u{80}'..='\u{9f}').contains(&c))) {
+            continue;
+        }
+        return Ok((text.into_owned(), encoding));
+    }
+    Err(ParseError::Undecodable(format!(
+        "not valid UTF-8, UTF-16 or {}",
+        tried.join(", ")
+    )))
+}
+
+/// Drops stray control characters (form feeds, `^Z`, ...) or refuses binary-looking text.
+fn strip_control_characters(text: &str) -> Result<String, ParseError> {
+    let is_stray = |c: char| c.is_control() && !matches!(c, '\n' | '\r' | '\t');
+    let total = text.chars().count();
+    let stray = text.chars().filter(|&c| is_stray(c)).count();
+    if stray == 0 {
+        return Ok(text.strip_prefix('\u{feff}').unwrap_or(text).to_string());
+    }
+    if stray as f64 > total as f64 * MAX_CONTROL_SHARE {
+        return Err(ParseError::Binary);
+    }
+    let cleaned = text
+        .chars()
+        .map(|c| if c == '\u{0c}' { '\n' } else { c })
+        .filter(|&c| !is_stray(c) && c != '\u{feff}')
+        .collect();
+    Ok(cleaned)
+}
+
+/// CRLF and lone CR become LF.
+fn normalize_newlines(text: &str) -> String {
+    if !text.contains('\r') {
+        return text.to_string();
+    }
+    text.replace("\r\n", "\n").replace('\r', "\n")
+}
+
+/// Decodes `bytes` and extracts the text of a `format` document.
+pub fn parse_document(
+    bytes: &[u8],
+    format: SourceFormat,
+    options: &ParseOptions,
+) -> Result<ParsedDocument, ParseError> {
+    let (decoded, encoding) = decode_text(bytes)?;
+    let decoded = normalize_newlines(&decoded);
+    let (title, text, markdown) = match format {
+        SourceFormat::Text => (None, trim_blank_lines(&decoded), false),
+        SourceFormat::Markdown => (markdown_title(&decoded), trim_blank_lines(&decoded), true),
+        SourceFormat::Html => {
+            let (title, text) = html_to_markdown(&decoded);
+            (title, text, true)
+        }
+        SourceFormat::Json => {
+            let value: Value = serde_json::from_str(&decoded)
+                .map_err(|error| ParseError::InvalidJson(error.to_string()))?;
+            let records = match value {
+                Value::Array(items) => items,
+                object @ Value::Object(_) => vec![object],
+                _ => {
+                    return Err(ParseError::InvalidJson(
+                        "expected an object or an array of objects".to_string(),
+                    ));
+                }
+            };
+            if let Some(index) = records.iter().position(|record| !record.is_object()) {
+                return Err(ParseError::InvalidJson(format!(
+                    "array element {index} is not an object"
+                )));
+            }
+            let (title, text) = json_records_text(&records, options)?;
+            (title, text, false)
+        }
+        SourceFormat::Jsonl => {
+            let mut records = Vec::new();
+            for (index, line) in decoded.lines().enumerate() {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let record: Value = serde_json::from_str(line).map_err(|error| {
+                    ParseError::InvalidJson(format!("line {}: {error}", index + 1))
+                })?;
+                if !record.is_object() {
+                    return Err(ParseError::InvalidJson(format!(
+                        "line {}: expected an object",
+                        index + 1
+                    )));
+                }
+                records.push(record);
+            }
+            let (title, text) = json_records_text(&records, options)?;
+            (title, text, false)
+        }
+    };
+    if text.trim().is_empty() {
+        return Err(ParseError::Empty);
+    }
+    Ok(ParsedDocument {
+        title,
+        text,
+        markdown,
+        encoding,
+    })
+}
+
+/// Drops leading and trailing blank lines and trailing whitespace, keeping inner structure.
+fn trim_blank_lines(text: &str) -> String {
+    let start = text
+        .char_indices()
+        .find(|&(_, c)| !c.is_whitespace())
+        .map(|(index, _)| text[..index].rfind('\n').map_or(0, |newline| newline + 1))
+        .unwrap_or(text.len());
+    text[start..].trim_end().to_string()
+}
+
+/// The text of the first ATX level-1 heading outside fenced code.
+fn markdown_title(text: &str) -> Option<String> {
+    let mut fence: Option<&str> = None;
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if let Some(open) = fence {
+            if trimmed.starts_with(open) {
+                fence = None;
+            }
+            continue;
+        }
+        if trimmed.starts_with("```") {
+            fence = Some("```");
+            continue;
+        }
+        if trimmed.starts_with("~~~") {
+            fence = Some("~~~");
+            continue;
+        }
+        if let Some(rest) = trimmed.strip_prefix("# ") {
+            let title = rest.trim().trim_end_matches('#').trim();
+            if !title.is_empty() {
+                return Some(title.to_string());
+            }
+        }
+    }
+    None
+}
+
+fn json_records_text(
+    records: &[Value],
+    options: &ParseOptions,
+) -> Result<(Option<String>, String), ParseError> {
+    let title = records
+        .first()
+        .and_then(|record| record.get(&options.json_title_field))
+        .and_then(Value::as_str)
+        .map(|title| title.trim().to_string())
+        .filter(|title| !title.is_empty());
+    let texts: Vec<&str> = records
+        .iter()
+        .filter_map(|record| record.get(&options.json_text_field)?.as_str())
+        .collect();
+    if texts.is_empty() {
+        return Err(ParseError::MissingField(options.json_text_field.clone()));
+    }
+    let paragraphs: Vec<String> = texts
+        .iter()
+        .map(|text| trim_blank_lines(&normalize_newlines(text)))
+        .filter(|text| !text.is_empty())
+        .collect();
+    Ok((title, paragraphs.join("\n\n")))
+}
+
+/// Elements whose content is never main text.
+const SKIPPED_ELEMENTS: &[&str] = &[
+    "script", "style", "nav", "header", "footer", "aside", "noscript", "template", "svg", "form",
+    "head", "iframe", "object", "canvas", "button", "select", "textarea", "dialog",
+];
+
+/// Elements that start a new paragraph.
+const BLOCK_ELEMENTS: &[&str] = &[
+    "p",
+    "div",
+    "section",
+    "article",
+    "main",
+    "body",
+    "html",
+    "blockquote",
+    "figure",
+    "figcaption",
+    "address",
+    "details",
+    "summary",
+    "dl",
+    "dt",
+    "dd",
+    "hr",
+    "center",
+    "fieldset",
+    "caption",
+];
+
+/// HTML -> (title, Markdown of the main content).
+fn html_to_markdown(html: &str) -> (Option<String>, String) {
+    let document = Html::parse_document(html);
+    let selector = |css: &str| Selector::parse(css).expect("static selector is valid");
+    let title = document
+        .select(&selector("title"))
+        .next()
+        .map(|title| collapse_whitespace(&title.text().collect::<String>()))
+        .filter(|title| !title.is_empty())
+        .or_else(|| {
+            document
+                .select(&selector("h1"))
+                .next()
+                .map(|h1| collapse_whitespace(&h1.text().collect::<String>()))
+                .filter(|h1| !h1.is_empty())
+        });
+
+    // Prefer <main>, then the outermost <article>s, then <body>. Inside a chosen main or
+    // article, <header> and <footer> belong to the content (article titles live there).
+    let mut writer = MarkdownWriter::default();
+    if let Some(main) = document.select(&selector("main")).next() {
+        writer.keep_headers = true;
+        writer.element(main);
+    } else {
+        let articles: Vec<ElementRef> = document
+            .select(&selector("article"))
+            .filter(|article| {
+                !article.ancestors().any(|ancestor| {
+                    ElementRef::wrap(ancestor)
+                        .is_some_and(|parent| parent.value().name() == "article")
+                })
+            })
+            .collect();
+        if articles.is_empty() {
+            let root = document
+                .select(&selector("body"))
+                .next()
+                .unwrap_or_else(|| document.root_element());
+            writer.element(root);
+        } else {
+            writer.keep_headers = true;
+            for article in articles {
+                writer.element(article);
+            }
+        }
+    }
+    (title, writer.finish())
+}
+
+/// Collects Markdown blocks while walking the DOM.
+#[derive(Default)]
+struct MarkdownWriter {
+    blocks: Vec<String>,
+    /// Inline text of the paragraph being built; whitespace already collapsed.
+    inline: String,
+    keep_headers: bool,
+}
+
+impl MarkdownWriter {
+    fn element(&mut self, element: ElementRef) {
+        let name = element.value().name();
+        if SKIPPED_ELEMENTS.contains(&name)
+            && !(self.keep_headers && matches!(name, "header" | "footer"))
+        {
+            return;
+        }
+        match name {
+            "h1" | "h2" | "h3" | "h4" | "h5" | "h6" => {
+                self.flush();
+                let level = usize::from(name.as_bytes()[1] - b'0');
+                let text = inline_text(element);
+                if !text.is_empty() {
+                    self.blocks.push(format!("{} {text}", "#".repeat(level)));
+                }
+            }
+            "pre" => {
+                self.flush();
+                self.code_block(element);
+            }
+            "table" => {
+                self.flush();
+                self.table(element);
+            }
+            "ul" | "ol" => {
+                self.flush();
+                let mut items = Vec::new();
+                list_items(element, 0, &mut items);
+                if !items.is_empty() {
+                    self.blocks.push(items.join("\n"));
+                }
+            }
+            "br" => {
+                let kept = self.inline.trim_end_matches(' ').len();
+                self.inline.truncate(kept);
+                self.inline.push('\n');
+            }
+            _ if BLOCK_ELEMENTS.contains(&name) || name == "li" => {
+                self.flush();
+                self.children(element);
+                self.flush();
+            }
+            _ => self.children(element),
+        }
+    }
+
+    fn children(&mut self, element: ElementRef) {
+        for child in element.children() {
+            match child.value() {
+                Node::Text(text) => push_collapsed(&mut self.inline, text),
+                Node::Element(_) => {
+                    if let Some(child) = ElementRef::wrap(child) {
+                        self.element(child);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn code_block(&mut self, pre: ElementRef) {
+        let code = pre.text().collect::<String>();
+        let code = code.trim_matches('\n').trim_end();
+        if code.trim().is_empty() {
+            return;
+        }
+        let language = pre
+            .descendent_elements()
+            .find(|element| element.value().name() == "code")
+            .and_then(|code| {
+                code.value()
+                    .classes()
+                    .find_map(|class| class.strip_prefix("language-").map(str::to_string))
+            })
+            .unwrap_or_default();
+        let mut fence = "```".to_string();
+        while code.contains(fence.as_str()) {
+            fence.push('`');
+        }
+        self.blocks
+            .push(format!("{fence}{language}\n{code}\n{fence}"));
+    }
+
+    fn table(&mut self, table: ElementRef) {
+        let mut rows = Vec::new();
+        let mut header_done = false;
+        for row in table
+            .descendent_elements()
+            .filter(|element| element.value().name() == "tr")
+        {
+            let cells: Vec<String> = row
+                .child_elements()
+                .filter(|cell| matches!(cell.value().name(), "td" | "th"))
+                .map(|cell| inline_text(cell).replace('|', "\\|"))
+                .collect();
+            if cells.is_empty() {
+                continue;
+            }
+            rows.push(format!("| {} |", cells.join(" | ")));
+            if !header_done {
+                header_done = true;
+                rows.push(format!("|{}", " --- |".repeat(cells.len())));
+            }
+        }
+        if !rows.is_empty() {
+            self.blocks.push(rows.join("\n"));
+        }
+    }
+
+    /// Ends the current paragraph.
+    fn flush(&mut self) {
+        let paragraph: Vec<&str> = self
+            .inline
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty())
+            .collect();
+        if !paragraph.is_empty() {
+            self.blocks.push(paragraph.join("\n"));
+        }
+        self.inline.clear();
+    }
+
+    fn finish(mut self) -> String {
+        self.flush();
+        self.blocks.join("\n\n")
+    }
+}
+
+/// `- item` lines of a list, nested lists indented by two spaces per level.
+fn list_items(list: ElementRef, depth: usize, items: &mut Vec<String>) {
+    for item in list.child_elements() {
+        if item.value().name() != "li" {
+            continue;
+        }
+        let mut text = String::new();
+        let mut nested = Vec::new();
+        collect_inline(item, &mut text, &mut nested);
+        let text = collapse_whitespace(&text);
+        if !text.is_empty() {
+            items.push(format!("{}- {text}", "  ".repeat(depth)));
+        }
+        for sublist in nested {
+            list_items(sublist, depth + 1, items);
+        }
+    }
+}
+
+/// Inline text of an element, skipping non-content elements; nested lists are set aside.
+fn collect_inline<'a>(element: ElementRef<'a>, out: &mut String, lists: &mut Vec<ElementRef<'a>>) {
+    for child in element.children() {
+        match child.value() {
+            Node::Text(text) => push_collapsed(out, text),
+            Node::Element(_) => {
+                let Some(child) = ElementRef::wrap(child) else {
+                    continue;
+                };
+                let name = child.value().name();
+                if matches!(name, "ul" | "ol") {
+                    lists.push(child);
+                } else if !SKIPPED_ELEMENTS.contains(&name) {
+                    if name == "br" || BLOCK_ELEMENTS.contains(&name) {
+                        out.push(' ');
+                    }
+                    collect_inline(child, out, lists);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn inline_text(element: ElementRef) -> String {
+    let mut text = String::new();
+    let mut lists = Vec::new();
+    collect_inline(element, &mut text, &mut lists);
+    collapse_whitespace(&text)
+}
+
+/// Appends `text` with runs of whitespace collapsed to one space.
+fn push_collapsed(out: &mut String, text: &str) {
+    for c in text.chars() {
+        if c.is_whitespace() {
+            if !out.is_empty() && !out.ends_with([' ', '\n']) {
+                out.push(' ');
+            }
+        } else {
+            out.push(c);
+        }
+    }
+}
+
+fn collapse_whitespace(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHINESE: &str = "检索增强生成系统会先把上传的文档切分成较小的片段，然后为每个片段计算向量。\
+        当用户提出问题时，系统从向量库中找出最相关的片段，并把它们交给大模型生成答案。\
+        为了保持上下文的完整性，代码块和表格不会被拆开，标题路径也会注入到每个片段的开头。\
+        我们在多台机器上复制这些数据，以便在某个节点故障时仍然可以继续回答问题。";
+
+    const TRADITIONAL: &str = "檢索增強生成系統會先把上傳的文件切分成較小的片段，然後為每個片段計算向量。\
+        當使用者提出問題時，系統從向量資料庫中找出最相關的片段，並把它們交給大型語言模型生成答案。\
+        為了保持上下文的完整性，程式碼區塊和表格不會被拆開，標題路徑也會注入到每個片段的開頭。\
+        我們在多台機器上複製這些資料，以便在某個節點故障時仍然可以繼續回答問題。";
+
+    fn parse(bytes: &[u8], format: SourceFormat) -> Result<ParsedDocument, ParseError> {
+        parse_document(bytes, format, &ParseOptions::default())
+    }
+
+    fn encode(encoding: &'static Encoding, text: &str) -> Vec<u8> {
+        let (bytes, _, had_errors) = encoding.encode(text);
+        assert!(
+            !had_errors,
+            "test text must be encodable in {}",
+            encoding.name()
+        );
+        bytes.into_owned()
+    }
+
+    fn utf16le(text: &str, bom: bool) -> Vec<u8> {
+        let mut bytes = if bom { vec![0xff, 0xfe] } else { Vec::new() };
+        bytes.extend(text.encode_utf16().flat_map(u16::to_le_bytes));
+        bytes
+    }
+
+    #[test]
+    fn formats_from_file_names() {
+        assert_eq!(
+            SourceFormat::from_file_name("a.TXT"),
+            Some(SourceFormat::Text)
+        );
+        assert_eq!(
+            SourceFormat::from_file_name("notes.text"),
+            Some(SourceFormat::Text)
+        );
+        assert_eq!(
+            SourceFormat::from_file_name("README.md"),
+            Some(SourceFormat::Markdown)
+        );
+        assert_eq!(
+            SourceFormat::from_file_name("x.Markdown"),
+            Some(SourceFormat::Markdown)
+        );
+        assert_eq!(
+            SourceFormat::from_file_name("index.htm"),
+            Some(SourceFormat::Html)
+        );
+        assert_eq!(
+            SourceFormat::from_file_name("page.HTML"),
+            Some(SourceFormat::Html)
+        );
+        assert_eq!(
+            SourceFormat::from_file_name("data.json"),
+            Some(SourceFormat::Json)
+        );
+        assert_eq!(
+            SourceFormat::from_file_name("data.jsonl"),
+            Some(SourceFormat::Jsonl)
+        );
+        assert_eq!(
+            SourceFormat::from_file_name("data.ndjson"),
+            Some(SourceFormat::Jsonl)
+        );
+        assert_eq!(SourceFormat::from_file_name("report.pdf"), None);
+        assert_eq!(SourceFormat::from_file_name("Makefile"), None);
+        assert_eq!(
+            serde_json::to_string(&SourceFormat::Jsonl).unwrap(),
+            "\"jsonl\""
+        );
+    }
+
+    #[test]
+    fn empty_and_whitespace_only_are_empty() {
+        for bytes in [&b""[..], b"   \n\r\n\t  ", b"\xef\xbb\xbf  \n"] {
+            let error = parse(bytes, SourceFormat::Text).unwrap_err();
+            assert!(matches!(error, ParseError::Empty), "{bytes:?}: {error}");
+            assert_eq!(error.code(), "empty_document");
+        }
+        let error = parse(
+            b"<html><body><script>x()</script></body></html>",
+            SourceFormat::Html,
+        )
+        .unwrap_err();
+        assert!(matches!(error, ParseError::Empty));
+    }
+
+    #[test]
+    fn binary_content_is_refused() {
+        let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x10";
+        let pdf = b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n1 0 obj";
+        let zip = b"PK\x03\x04\x14\0\0\0\x08\0";
+        let elf = b"\x7fELF\x02\x01\x01\0\0\0\0\0";
+        let nul_in_text = b"hello world, this has a \0 NUL byte in the middle of text";
+        let controls: Vec<u8> = (0..200u8)
+            .map(|i| if i % 3 == 0 { 0x01 } else { b'a' })
+            .collect();
+        for bytes in [&png[..], pdf, zip, elf, nul_in_text, &controls] {
+            let error = decode_text(bytes).unwrap_err();
+            assert!(matches!(error, ParseError::Binary), "{bytes:?}: {error}");
+            assert_eq!(error.code(), "binary_content");
+        }
+    }
+
+    #[test]
+    fn utf8_with_and_without_bom() {
+        let (text, encoding) = decode_text("héllo wörld 你好".as_bytes()).unwrap();
+        assert_eq!((text.as_str(), encoding), ("héllo wörld 你好", "UTF-8"));
+        let (text, encoding) = decode_text(b"\xef\xbb\xbfplain").unwrap();
+        assert_eq!((text.as_str(), encoding), ("plain", "UTF-8"));
+    }
+
+    #[test]
+    fn gbk_is_detected_and_decoded() {
+        let (text, encoding) = decode_text(&encode(GBK, CHINESE)).unwrap();
+        assert_eq!(encoding, "GBK");
+        assert_eq!(text, CHINESE);
+    }
+
+    #[test]
+    fn big5_is_detected_and_decoded() {
+        let (text, encoding) = decode_text(&encode(BIG5, TRADITIONAL)).unwrap();
+        assert_eq!(encoding, "Big5");
+        assert_eq!(text, TRADITIONAL);
+    }
+
+    #[test]
+    fn latin1_is_detected_and_decoded() {
+        let french = "Le café crème coûte déjà trop cher à Paris. Où est la bibliothèque, s'il \
+            vous plaît ? Les élèves étudient la géométrie et l'économie.";
+        let (text, encoding) = decode_text(&encode(encoding_rs::WINDOWS_1252, french)).unwrap();
+        assert_eq!((text.as_str(), encoding), (french, "windows-1252"));
+    }
+
+    #[test]
+    fn utf16_with_bom_and_by_nul_pattern() {
+        let sample = "Hello, UTF-16 world.\nSecond line with 中文 too.";
+        let (text, encoding) = decode_text(&utf16le(sample, true)).unwrap();
+        assert_eq!((text.as_str(), encoding), (sample, "UTF-16LE"));
+        let (text, encoding) = decode_text(&utf16le(sample, false)).unwrap();
+        assert_eq!((text.as_str(), encoding), (sample, "UTF-16LE"));
+
+        let mut big_endian = vec![0xfe, 0xff];
+        big_endian.extend(sample.encode_utf16().flat_map(u16::to_be_bytes));
+        let (text, encoding) = decode_text(&big_endian).unwrap();
+        assert_eq!((text.as_str(), encoding), (sample, "UTF-16BE"));
+        let (text, encoding) = decode_text(&big_endian[2..]).unwrap();
+        assert_eq!((text.as_str(), encoding), (sample, "UTF-16BE"));
+    }
+
+    #[test]
+    fn malformed_utf16_is_undecodable() {
+        // An unpaired high surrogate after a BOM.
+        let mut bytes = utf16le("abc", true);
+        bytes.extend([0x00, 0xd8, b'x', 0x00]);
+        let error = decode_text(&bytes).unwrap_err();
+        assert!(matches!(error, ParseError::Undecodable(_)), "{error}");
+    }
+
+    #[test]
+    fn bytes_invalid_in_every_encoding_are_undecodable() {
+        // 0xFF is never a lead byte in GBK or Big5 and 0x81 0x7F is no valid pair; single-byte
+        // encodings leave 0x81 (windows-1252) or 0x98 (windows-1251) undefined: C1 controls.
+        let bytes = b"abc \xff\x81\x7f\x98\x90\x8d\x9d\xff def \xff\x81\x98\x8d\x9d ghi ".repeat(4);
+        let error = decode_text(&bytes).unwrap_err();
+        assert!(matches!(error, ParseError::Undecodable(_)), "{error}");
+        assert_eq!(error.code(), "undecodable_text");
+    }
+
+    #[test]
+    fn text_normalises_newlines_and_keeps_paragraphs() {
+        let doc = parse(
+            b"\r\n\r\nFirst line\r\nsecond line\r\n\r\nNext paragraph\r\n",
+            SourceFormat::Text,
+        )
+        .unwrap();
+        assert_eq!(doc.text, "First line\nsecond line\n\nNext paragraph");
+        assert!(!doc.markdown);
+        assert_eq!(doc.title, None);
+        assert_eq!(doc.encoding, "UTF-8");
+    }
+
+    #[test]
+    fn markdown_is_kept_and_titled_by_first_h1() {
+        let source =
+            "Intro line\n\n```sh\n# not a title\n```\n\n## Sub\n\n# Real Title #\n\nBody\r\n";
+        let doc = parse(source.as_bytes(), SourceFormat::Markdown).unwrap();
+        assert!(doc.markdown);
+        assert_eq!(doc.title.as_deref(), Some("Real Title"));
+        assert_eq!(doc.text, source.replace("\r\n", "\n").trim_end());
+        let untitled = parse(b"no heading here", SourceFormat::Markdown).unwrap();
+        assert_eq!(untitled.title, None);
+    }
+
+    #[test]
+    fn html_main_content_becomes_markdown() {
+        let html = r#"<!doctype html><html><head><title> The  Page </title>
+            <style>body { color: red }</style><script>var x = "script text";</script></head>
+            <body>
+              <nav><a href="/">Home</a> | <a href="/docs">Docs</a></nav>
+              <header>Site banner</header>
+              <h1>Outside main</h1>
+              <main>
+                <h1>Guide</h1>
+                <p>Some   <b>bold</b>
+                   text &amp; more.</p>
+                <h2>Code</h2>
+                <pre><code class="language-rust">fn main() {
+    println!("hi");
+}</code></pre>
+                <ul><li>first <em>item</em></li><li>second<ul><li>nested</li></ul></li></ul>
+                <table><tr><th>Name</th><th>Value</th></tr><tr><td>a|b</td><td>1</td></tr></table>
+                <aside>Related links</aside>
+                <form><input name="q"><button>Search</button></form>
+                <div>Line one<br>Line two</div>
+              </main>
+              <footer>Copyright</footer>
+            </body></html>"#;
+        let doc = parse(html.as_bytes(), SourceFormat::Html).unwrap();
+        assert!(doc.markdown);
+        assert_eq!(doc.title.as_deref(), Some("The Page"));
+        let expected = "# Guide\n\n\
+            Some bold text & more.\n\n\
+            ## Code\n\n\
+            ```rust\nfn main() {\n    println!(\"hi\");\n}\n```\n\n\
+            - first item\n- second\n  - nested\n\n\
+            | Name | Value |\n| --- | --- |\n| a\\|b | 1 |\n\n\
+            Line one\nLine two";
+        assert_eq!(doc.text, expected);
+        for dropped in [
+            "script text",
+            "color: red",
+            "Home",
+            "Site banner",
+            "Related",
+            "Search",
+            "Copyright",
+            "Outside",
+        ] {
+            assert!(
+                !doc.text.contains(dropped),
+                "{dropped} leaked into {}",
+                doc.text
+            );
+        }
+    }
+
+    #[test]
+    fn html_without_main_uses_article_or_body() {
+        let article = "<html><body><nav>menu</nav><article><header><h1>Post</h1></header>\
+            <p>Post body.</p></article><aside>ads</aside></body></html>";
+        let doc = parse(article.as_bytes(), SourceFormat::Html).unwrap();
+        assert_eq!(doc.text, "# Post\n\nPost body.");
+        assert_eq!(doc.title.as_deref(), Some("Post"));
+
+        let body =
+            "<html><body><header>banner</header><p>Hello\n   world</p><p>Again</p></body></html>";
+        let doc = parse(body.as_bytes(), SourceFormat::Html).unwrap();
+        assert_eq!(doc.text, "Hello world\n\nAgain");
+        assert_eq!(doc.title, None);
+    }
+
+    #[test]
+    fn json_object_and_array() {
+        let doc = parse(
+            br#"{"title": "One", "text": "Only record"}"#,
+            SourceFormat::Json,
+        )
+        .unwrap();
+        assert_eq!(doc.title.as_deref(), Some("One"));
+        assert_eq!(doc.text, "Only record");
+        assert!(!doc.markdown);
+
+        let array =
+            br#"[{"title": "First", "text": "alpha\r\nbeta"}, {"id": 2}, {"text": "gamma"}]"#;
+        let doc = parse(array, SourceFormat::Json).unwrap();
+        assert_eq!(doc.title.as_deref(), Some("First"));
+        assert_eq!(doc.text, "alpha\nbeta\n\ngamma");
+
+        let options = ParseOptions {
+            json_text_field: "body".to_string(),
+            json_title_field: "name".to_string(),
+        };
+        let doc = parse_document(
+            br#"[{"name": "N", "body": "B"}]"#,
+            SourceFormat::Json,
+            &options,
+        )
+        .unwrap();
+        assert_eq!((doc.title.as_deref(), doc.text.as_str()), (Some("N"), "B"));
+    }
+
+    #[test]
+    fn json_errors() {
+        let error = parse(br#"{"text": "unterminated"#, SourceFormat::Json).unwrap_err();
+        assert!(matches!(error, ParseError::InvalidJson(_)), "{error}");
+        assert_eq!(error.code(), "invalid_json");
+        let error = parse(br#"[1, 2]"#, SourceFormat::Json).unwrap_err();
+        assert!(matches!(error, ParseError::InvalidJson(_)), "{error}");
+        let error = parse(br#"[{"body": "x"}, {"text": 3}]"#, SourceFormat::Json).unwrap_err();
+        assert!(
+            matches!(&error, ParseError::MissingField(field) if field == "text"),
+            "{error}"
+        );
+        assert_eq!(error.code(), "missing_field");
+        assert!(error.to_string().contains("\"text\""));
+    }
+
+    #[test]
+    fn jsonl_records_and_line_numbers() {
+        let lines =
+            b"{\"title\": \"T\", \"text\": \"one\"}\n\n{\"text\": \"two\"}\r\n{\"other\": 1}\n";
+        let doc = parse(lines, SourceFormat::Jsonl).unwrap();
+        assert_eq!(doc.title.as_deref(), Some("T"));
+        assert_eq!(doc.text, "one\n\ntwo");
+
+        let broken = b"{\"text\": \"one\"}\n\n{\"text\": oops}\n";
+        let error = parse(broken, SourceFormat::Jsonl).unwrap_err();
+        let ParseError::InvalidJson(message) = &error else {
+            panic!("expected InvalidJson, got {error}");
+        };
+        assert!(message.starts_with("line 3:"), "{message}");
+
+        let error = parse(b"{\"body\": \"x\"}\n", SourceFormat::Jsonl).unwrap_err();
+        assert!(matches!(error, ParseError::MissingField(_)));
+    }
+
+    #[test]
+    fn encodings_flow_through_parse_document() {
+        let doc = parse(&encode(GBK, CHINESE), SourceFormat::Text).unwrap();
+        assert_eq!((doc.text.as_str(), doc.encoding), (CHINESE, "GBK"));
+        let doc = parse(
+            &utf16le("# Title\r\n\r\nbody", true),
+            SourceFormat::Markdown,
+        )
+        .unwrap();
+        assert_eq!(doc.text, "# Title\n\nbody");
+        assert_eq!(doc.title.as_deref(), Some("Title"));
+        assert_eq!(doc.encoding, "UTF-16LE");
+    }
+
+    #[test]
+    fn stray_form_feeds_are_dropped() {
+        let (text, _) =
+            decode_text(b"page one of the report\x0cpage two of the report\x1a").unwrap();
+        assert_eq!(text, "page one of the report\npage two of the report");
+    }
+}

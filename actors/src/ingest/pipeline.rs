@@ -1,0 +1,418 @@
+//! One ingestion job: parse -> chunk -> embed -> write to the shard replicas -> ready.
+//!
+//! Every stage change is one metadata op for the whole job (not per document), so a bulk
+//! request of thousands of documents costs a handful of metadata writes. A document that fails
+//! a stage is marked failed with the reason and the rest of the job goes on.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use futures::future::join_all;
+use ractor::rpc::CallResult;
+use sift_storage::chunk::{ChunkRecord, DocumentEntry, DocumentWrite, ParentRecord};
+use sift_storage::meta::{DocSource, DocStatus, DocumentRecord, KbRecord, MetaOp, MetaOutcome, StatusUpdate};
+use tracing::{info, instrument, warn};
+
+use super::chunk::{ChunkerConfig, chunk_document};
+use super::parse::{ParseOptions, ParsedDocument, SourceFormat, parse_document};
+use super::queue::IngestJob;
+use crate::context::NodeContext;
+use crate::error::{Result, SiftError};
+use crate::shards::ShardMessage;
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A document moving through the stages.
+struct Work {
+    record: DocumentRecord,
+    parsed: Option<ParsedDocument>,
+    write: Option<DocumentWrite>,
+    /// Texts to embed, one per child chunk.
+    embed_texts: Vec<String>,
+    failure: Option<String>,
+}
+
+impl Work {
+    fn fail(&mut self, reason: impl Into<String>) {
+        if self.failure.is_none() {
+            self.failure = Some(reason.into());
+        }
+    }
+}
+
+/// The source format of a registered document.
+pub fn source_format(record: &DocumentRecord) -> Option<SourceFormat> {
+    match &record.source {
+        DocSource::Upload { file_name, .. } => SourceFormat::from_file_name(file_name),
+        DocSource::Text { format } => match format.as_str() {
+            "markdown" | "md" => Some(SourceFormat::Markdown),
+            "html" => Some(SourceFormat::Html),
+            _ => Some(SourceFormat::Text),
+        },
+    }
+}
+
+pub fn parse_options(kb: &KbRecord) -> ParseOptions {
+    ParseOptions {
+        json_text_field: kb.settings.json_text_field.clone(),
+        json_title_field: kb.settings.json_title_field.clone(),
+    }
+}
+
+pub fn chunker_config(kb: &KbRecord) -> ChunkerConfig {
+    let chunk_tokens = kb.settings.chunk_tokens as usize;
+    ChunkerConfig {
+        chunk_tokens,
+        overlap_tokens: kb.settings.chunk_overlap_tokens as usize,
+        parent_tokens: kb.settings.parent_tokens as usize,
+        min_tail_tokens: (chunk_tokens / 4).max(1),
+    }
+}
+
+/// Runs one job to the end; every document ends ready or failed (or deleted).
+#[instrument(skip_all, fields(kb_id = %job.kb_id, documents = job.document_ids.len()))]
+pub async fn process(context: &Arc<NodeContext>, job: IngestJob) {
+    let started = Instant::now();
+    if let Err(error) = run(context, &job).await {
+        warn!(%error, "ingestion job failed");
+        fail_unfinished(context, &job, &error.to_string()).await;
+    }
+    metrics::histogram!("sift_ingest_job_seconds").record(started.elapsed().as_secs_f64());
+}
+
+async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
+    let store = context.meta.store().clone();
+    let Some(kb) = store.get_kb(&job.kb_id)? else {
+        return Ok(()); // the KB was deleted meanwhile
+    };
+    let mut works: Vec<Work> = Vec::new();
+    for id in &job.document_ids {
+        if let Some(record) = store.get_document(&kb.id, id)? {
+            if !record.status.is_terminal() {
+                works.push(Work {
+                    record,
+                    parsed: None,
+                    write: None,
+                    embed_texts: Vec::new(),
+                    failure: None,
+                });
+            }
+        }
+    }
+    if works.is_empty() {
+        return Ok(());
+    }
+
+    // Parse and chunk (CPU work, off the async runtime).
+    let mut works = set_stage(context, &kb, works, DocStatus::Parsing).await?;
+    let stage = Instant::now();
+    let raw = context.raw.clone();
+    let options = parse_options(&kb);
+    works = blocking(move || {
+        for work in &mut works {
+            let parsed = raw.load(&work.record).and_then(|bytes| {
+                let format = source_format(&work.record)
+                    .ok_or_else(|| SiftError::invalid("unsupported_type", "unknown source format"))?;
+                Ok(parse_document(&bytes, format, &options)?)
+            });
+            match parsed {
+                Ok(parsed) => work.parsed = Some(parsed),
+                Err(error) => work.fail(error.to_string()),
+            }
+        }
+        works
+    })
+    .await?;
+    record_stage("parse", stage);
+
+    let mut works = set_stage(context, &kb, works, DocStatus::Chunking).await?;
+    let stage = Instant::now();
+    let config = chunker_config(&kb);
+    works = blocking(move || {
+        for work in &mut works {
+            let Some(parsed) = work.parsed.take() else { continue };
+            let chunked = chunk_document(&parsed.text, parsed.markdown, &config);
+            if chunked.children.is_empty() {
+                work.fail("the document has no text to index");
+                continue;
+            }
+            let explicit_title = parsed.title.clone().or_else(|| match work.record.source {
+                DocSource::Text { .. } if !work.record.title.is_empty() => Some(work.record.title.clone()),
+                _ => None,
+            });
+            work.embed_texts = chunked
+                .children
+                .iter()
+                .map(|child| match &explicit_title {
+                    Some(title) => format!("{title}\n{}", child.text),
+                    None => child.text.clone(),
+                })
+                .collect();
+            let title = explicit_title.unwrap_or_else(|| work.record.title.clone());
+            work.write = Some(DocumentWrite {
+                entry: DocumentEntry {
+                    document_id: work.record.id.clone(),
+                    external_id: work.record.external_id.clone(),
+                    title,
+                    metadata: work.record.metadata.clone(),
+                },
+                parents: chunked
+                    .parents
+                    .into_iter()
+                    .map(|parent| ParentRecord {
+                        position: parent.position,
+                        text: parent.text,
+                        span: parent.span,
+                    })
+                    .collect(),
+                chunks: chunked
+                    .children
+                    .into_iter()
+                    .map(|child| ChunkRecord {
+                        position: child.position,
+                        parent_position: child.parent_position,
+                        text: child.text,
+                        heading_path: child.heading_path,
+                        span: child.span,
+                        vector: Vec::new(),
+                    })
+                    .collect(),
+            });
+        }
+        works
+    })
+    .await?;
+    record_stage("chunk", stage);
+
+    // Embed every chunk of the job in one call (the embedder batches).
+    let mut works = set_stage(context, &kb, works, DocStatus::Embedding).await?;
+    let stage = Instant::now();
+    let embedder = context.embedders.get(&kb.settings.embedding_model)?;
+    if embedder.dimension() != kb.settings.dimension as usize {
+        return Err(SiftError::invalid(
+            "dimension_mismatch",
+            format!(
+                "embedding model {} has dimension {}, the knowledge base expects {}",
+                embedder.model_name(),
+                embedder.dimension(),
+                kb.settings.dimension
+            ),
+        ));
+    }
+    let texts: Vec<String> = works
+        .iter_mut()
+        .filter(|work| work.failure.is_none())
+        .flat_map(|work| std::mem::take(&mut work.embed_texts))
+        .collect();
+    let text_count = texts.len();
+    let mut vectors = context.embed_cached(&embedder, texts).await?.into_iter();
+    for work in works.iter_mut().filter(|work| work.failure.is_none()) {
+        if let Some(write) = &mut work.write {
+            for chunk in &mut write.chunks {
+                chunk.vector = vectors.next().unwrap_or_default();
+            }
+        }
+    }
+    record_stage("embed", stage);
+    metrics::counter!("sift_ingest_chunks_embedded_total").increment(text_count as u64);
+
+    // Write each shard's documents to its replica, all shards in parallel.
+    let works = set_stage(context, &kb, works, DocStatus::Indexing).await?;
+    let stage = Instant::now();
+    let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (position, work) in works.iter().enumerate() {
+        if work.failure.is_none() && work.write.is_some() {
+            by_shard.entry(work.record.shard).or_default().push(position);
+        }
+    }
+    let mut works = works;
+    let writes = by_shard.into_iter().map(|(shard, positions)| {
+        let documents: Vec<DocumentWrite> = positions.iter().filter_map(|&p| works[p].write.clone()).collect();
+        let actor = context.registry.actor(&kb.id, shard);
+        let timeout = context.options.shard_write_timeout;
+        async move {
+            let outcome = match actor {
+                None => Err(format!("shard {shard} is not running on this node")),
+                Some(actor) => match actor
+                    .call(|reply| ShardMessage::Write { documents, reply }, Some(timeout))
+                    .await
+                {
+                    Ok(CallResult::Success(Ok(()))) => Ok(()),
+                    Ok(CallResult::Success(Err(error))) => Err(error.to_string()),
+                    Ok(CallResult::Timeout) => Err(format!("shard {shard} write timed out")),
+                    Ok(CallResult::SenderError) => Err(format!("shard {shard} stopped during the write")),
+                    Err(error) => Err(format!("shard {shard} unreachable: {error}")),
+                },
+            };
+            (positions, outcome)
+        }
+    });
+    for (positions, outcome) in join_all(writes).await {
+        if let Err(reason) = outcome {
+            for position in positions {
+                works[position].fail(reason.clone());
+            }
+        }
+    }
+    record_stage("index", stage);
+
+    // Final statuses; documents deleted meanwhile are removed from their shard again.
+    let updates: Vec<StatusUpdate> = works
+        .iter()
+        .map(|work| match &work.failure {
+            Some(reason) => StatusUpdate {
+                document_id: work.record.id.clone(),
+                status: DocStatus::Failed,
+                error: Some(reason.clone()),
+                chunk_count: Some(0),
+            },
+            None => StatusUpdate {
+                document_id: work.record.id.clone(),
+                status: DocStatus::Ready,
+                error: None,
+                chunk_count: work.write.as_ref().map(|w| w.chunks.len() as u32),
+            },
+        })
+        .collect();
+    let outcome = context
+        .meta
+        .propose(MetaOp::SetDocumentStatus {
+            kb_id: kb.id.clone(),
+            updates,
+            at_ms: now_ms(),
+        })
+        .await?;
+    let live: std::collections::HashSet<String> = match outcome {
+        MetaOutcome::Statuses(records) => records.into_iter().map(|r| r.id).collect(),
+        _ => Default::default(),
+    };
+    let mut ready = 0u64;
+    let mut failed = 0u64;
+    for work in &works {
+        if !live.contains(&work.record.id) {
+            if work.write.is_some() {
+                delete_from_shard(context, &kb.id, work.record.shard, &work.record.id).await;
+            }
+            continue;
+        }
+        if work.failure.is_some() {
+            failed += 1;
+        } else {
+            ready += 1;
+        }
+    }
+    metrics::counter!("sift_ingest_documents_total", "status" => "ready").increment(ready);
+    metrics::counter!("sift_ingest_documents_total", "status" => "failed").increment(failed);
+    metrics::counter!("sift_ingest_chunks_total").increment(
+        works
+            .iter()
+            .filter(|w| w.failure.is_none())
+            .filter_map(|w| w.write.as_ref())
+            .map(|w| w.chunks.len() as u64)
+            .sum(),
+    );
+    info!(ready, failed, "ingestion job done");
+    Ok(())
+}
+
+/// Moves the job's live, not-yet-failed documents to `status`; drops documents deleted meanwhile.
+async fn set_stage(context: &NodeContext, kb: &KbRecord, works: Vec<Work>, status: DocStatus) -> Result<Vec<Work>> {
+    let updates: Vec<StatusUpdate> = works
+        .iter()
+        .filter(|work| work.failure.is_none())
+        .map(|work| StatusUpdate {
+            document_id: work.record.id.clone(),
+            status,
+            error: None,
+            chunk_count: None,
+        })
+        .collect();
+    if updates.is_empty() {
+        return Ok(works);
+    }
+    let outcome = context
+        .meta
+        .propose(MetaOp::SetDocumentStatus {
+            kb_id: kb.id.clone(),
+            updates,
+            at_ms: now_ms(),
+        })
+        .await?;
+    let MetaOutcome::Statuses(records) = outcome else {
+        return Ok(works);
+    };
+    let live: std::collections::HashSet<String> = records.into_iter().map(|r| r.id).collect();
+    Ok(works
+        .into_iter()
+        .filter(|work| work.failure.is_some() || live.contains(&work.record.id))
+        .collect())
+}
+
+/// Marks every document of `job` that is not terminal as failed with `reason`.
+pub async fn fail_unfinished(context: &NodeContext, job: &IngestJob, reason: &str) {
+    let store = context.meta.store();
+    let updates: Vec<StatusUpdate> = job
+        .document_ids
+        .iter()
+        .filter(|id| {
+            matches!(store.get_document(&job.kb_id, id), Ok(Some(record)) if !record.status.is_terminal())
+        })
+        .map(|id| StatusUpdate {
+            document_id: id.clone(),
+            status: DocStatus::Failed,
+            error: Some(reason.to_string()),
+            chunk_count: Some(0),
+        })
+        .collect();
+    if updates.is_empty() {
+        return;
+    }
+    metrics::counter!("sift_ingest_documents_total", "status" => "failed").increment(updates.len() as u64);
+    if let Err(error) = context
+        .meta
+        .propose(MetaOp::SetDocumentStatus {
+            kb_id: job.kb_id.clone(),
+            updates,
+            at_ms: now_ms(),
+        })
+        .await
+    {
+        warn!(%error, "could not mark documents failed");
+    }
+}
+
+/// Removes a document from its shard replica (idempotent).
+pub async fn delete_from_shard(context: &NodeContext, kb_id: &str, shard: u32, document_id: &str) {
+    let Some(actor) = context.registry.actor(kb_id, shard) else {
+        return;
+    };
+    let document_id = document_id.to_string();
+    let call = actor
+        .call(
+            |reply| ShardMessage::Delete {
+                document_id: document_id.clone(),
+                reply,
+            },
+            Some(context.options.shard_write_timeout),
+        )
+        .await;
+    if !matches!(call, Ok(CallResult::Success(Ok(_)))) {
+        warn!(kb_id, shard, document_id, "deleting a document from its shard failed");
+    }
+}
+
+fn record_stage(stage: &'static str, started: Instant) {
+    metrics::histogram!("sift_ingest_stage_seconds", "stage" => stage).record(started.elapsed().as_secs_f64());
+}
+
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| SiftError::Internal(format!("ingestion task failed: {error}")))
+}

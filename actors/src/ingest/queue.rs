@@ -1,0 +1,68 @@
+//! The bounded ingestion queue: admission control for the write path.
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::error::{Result, SiftError};
+
+/// Documents of one KB to ingest together (one upload, or one bulk request).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct IngestJob {
+    pub kb_id: String,
+    pub document_ids: Vec<String>,
+}
+
+/// The sending side. A full queue refuses work at once (the API answers 429 with
+/// `Retry-After`) instead of buffering without bound.
+#[derive(Clone)]
+pub struct IngestQueue {
+    sender: mpsc::Sender<IngestJob>,
+    capacity: usize,
+}
+
+impl IngestQueue {
+    pub fn new(capacity: usize) -> (IngestQueue, mpsc::Receiver<IngestJob>) {
+        let (sender, receiver) = mpsc::channel(capacity.max(1));
+        (
+            IngestQueue {
+                sender,
+                capacity: capacity.max(1),
+            },
+            receiver,
+        )
+    }
+
+    pub fn try_submit(&self, job: IngestJob) -> Result<()> {
+        match self.sender.try_send(job) {
+            Ok(()) => {
+                self.report_depth();
+                Ok(())
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                metrics::counter!("sift_ingest_rejected_total").increment(1);
+                Err(SiftError::QueueFull { retry_after_secs: 2 })
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                Err(SiftError::Internal("the ingestion queue is closed".into()))
+            }
+        }
+    }
+
+    /// Waits for room; used when resuming unfinished work at start-up.
+    pub async fn submit(&self, job: IngestJob) -> Result<()> {
+        self.sender
+            .send(job)
+            .await
+            .map_err(|_| SiftError::Internal("the ingestion queue is closed".into()))?;
+        self.report_depth();
+        Ok(())
+    }
+
+    pub fn depth(&self) -> usize {
+        self.capacity - self.sender.capacity()
+    }
+
+    pub fn report_depth(&self) {
+        metrics::gauge!("sift_ingest_queue_depth").set(self.depth() as f64);
+    }
+}

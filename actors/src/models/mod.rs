@@ -1,0 +1,3 @@
+//! Model clients.
+
+pub mod embedding;

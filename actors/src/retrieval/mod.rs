@@ -1,0 +1,8 @@
+//! Retrieval: the search root fans a query out to every shard of a KB (leaf searches), merges
+//! each channel across shards by its own score, then fuses the channels with weighted RRF.
+
+pub mod fusion;
+pub mod root;
+
+pub use fusion::{Channel, ChannelHitInfo, FusedHit, rrf_fuse};
+pub use root::{RootSearch, SearchHit, SearchRequest, SearchResponse, SearchTimings};

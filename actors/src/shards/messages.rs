@@ -1,0 +1,59 @@
+//! Messages of a shard replica.
+
+use std::sync::Arc;
+
+use ractor::RpcReplyPort;
+use sift_storage::chunk::{ChunkView, DocumentWrite, ScoredChunk, SearchFilter};
+use sift_storage::shard::ShardStats;
+
+use crate::error::Result;
+
+/// What a leaf search of one shard asks for.
+#[derive(Clone, Debug)]
+pub struct LeafRequest {
+    pub query: String,
+    /// The query embedding; `None` skips the dense channel.
+    pub vector: Option<Vec<f32>>,
+    /// Whether to run the BM25 channel.
+    pub bm25: bool,
+    /// Hits per channel.
+    pub k: usize,
+    pub filter: SearchFilter,
+}
+
+/// One shard's hits, per channel, each channel ranked by its own score.
+#[derive(Clone, Debug, Default)]
+pub struct LeafResponse {
+    pub dense: Vec<ScoredChunk>,
+    pub bm25: Vec<ScoredChunk>,
+    pub dense_seconds: f64,
+    pub bm25_seconds: f64,
+}
+
+pub enum ShardMessage {
+    /// Writes documents (all their chunks); durable and searchable when answered.
+    Write {
+        documents: Vec<DocumentWrite>,
+        reply: RpcReplyPort<Result<()>>,
+    },
+    /// Deletes a document; never returned by a search of this shard once answered.
+    Delete {
+        document_id: String,
+        reply: RpcReplyPort<Result<bool>>,
+    },
+    /// Searches the shard; answered from a blocking task so searches run concurrently.
+    Search {
+        request: Arc<LeafRequest>,
+        reply: RpcReplyPort<Result<LeafResponse>>,
+    },
+    /// All chunks of a document, in order.
+    Chunks {
+        document_id: String,
+        reply: RpcReplyPort<Result<Vec<ChunkView>>>,
+    },
+    Stats {
+        reply: RpcReplyPort<ShardStats>,
+    },
+    /// Fault injection: the handler panics (enabled only with `debug_faults`).
+    Crash,
+}

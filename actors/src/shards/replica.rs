@@ -1,0 +1,122 @@
+//! The actor of one shard replica.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use sift_storage::shard::ShardIndex;
+use tokio::sync::Semaphore;
+use tracing::warn;
+
+use super::messages::{LeafRequest, LeafResponse, ShardMessage};
+use crate::error::{Result, SiftError};
+
+/// A shard replica. Writes and deletes run one at a time, in mailbox order (so a delete is
+/// never overtaken by an older write); searches run concurrently on the blocking pool, bounded
+/// by a per-shard semaphore.
+pub struct ShardReplica;
+
+pub struct ReplicaArguments {
+    pub kb_id: String,
+    pub shard: u32,
+    pub index: Arc<ShardIndex>,
+    pub search_permits: Arc<Semaphore>,
+    pub debug_faults: bool,
+}
+
+pub struct ReplicaState {
+    kb_id: String,
+    shard: u32,
+    index: Arc<ShardIndex>,
+    search_permits: Arc<Semaphore>,
+    debug_faults: bool,
+}
+
+impl Actor for ShardReplica {
+    type Msg = ShardMessage;
+    type State = ReplicaState;
+    type Arguments = ReplicaArguments;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(ReplicaState {
+            kb_id: args.kb_id,
+            shard: args.shard,
+            index: args.index,
+            search_permits: args.search_permits,
+            debug_faults: args.debug_faults,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            ShardMessage::Write { documents, reply } => {
+                let index = state.index.clone();
+                let started = Instant::now();
+                let outcome = blocking(move || index.write_documents(documents).map_err(SiftError::from)).await;
+                metrics::histogram!("sift_shard_write_seconds").record(started.elapsed().as_secs_f64());
+                let _ = reply.send(outcome);
+            }
+            ShardMessage::Delete { document_id, reply } => {
+                let index = state.index.clone();
+                let outcome = blocking(move || index.delete_document(&document_id).map_err(SiftError::from)).await;
+                let _ = reply.send(outcome);
+            }
+            ShardMessage::Search { request, reply } => {
+                let index = state.index.clone();
+                let permits = state.search_permits.clone();
+                tokio::spawn(async move {
+                    let Ok(_permit) = permits.acquire_owned().await else {
+                        return;
+                    };
+                    let outcome = blocking(move || leaf_search(&index, &request)).await;
+                    let _ = reply.send(outcome);
+                });
+            }
+            ShardMessage::Chunks { document_id, reply } => {
+                let index = state.index.clone();
+                let outcome = blocking(move || index.get_chunks(&document_id).map_err(SiftError::from)).await;
+                let _ = reply.send(outcome);
+            }
+            ShardMessage::Stats { reply } => {
+                let _ = reply.send(state.index.stats());
+            }
+            ShardMessage::Crash => {
+                if state.debug_faults {
+                    panic!("injected fault in shard {} of {}", state.shard, state.kb_id);
+                }
+                warn!(kb_id = %state.kb_id, shard = state.shard, "ignored crash request: debug faults are off");
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| SiftError::Internal(format!("shard task failed: {error}")))?
+}
+
+fn leaf_search(index: &ShardIndex, request: &LeafRequest) -> Result<LeafResponse> {
+    let mut response = LeafResponse::default();
+    if let Some(vector) = &request.vector {
+        let started = Instant::now();
+        response.dense = index.search_dense(vector, request.k, &request.filter)?;
+        response.dense_seconds = started.elapsed().as_secs_f64();
+    }
+    if request.bm25 {
+        let started = Instant::now();
+        response.bm25 = index.search_bm25(&request.query, request.k, &request.filter)?;
+        response.bm25_seconds = started.elapsed().as_secs_f64();
+    }
+    Ok(response)
+}

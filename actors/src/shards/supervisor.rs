@@ -1,0 +1,215 @@
+//! Supervises the shard replicas of this node.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use sift_storage::shard::{ShardConfig, ShardIndex};
+use tokio::sync::Semaphore;
+use tracing::{error, info, warn};
+
+use super::registry::{ShardEntry, ShardKey, ShardRegistry};
+use super::replica::{ReplicaArguments, ShardReplica};
+use crate::error::{Result, SiftError};
+
+/// Restarts within this window count towards [`MAX_RESTARTS_IN_WINDOW`].
+const RESTART_WINDOW: Duration = Duration::from_secs(60);
+/// After this many failures in the window the replica is not restarted again: its shard is
+/// reported in `failed_shards` until the node restarts.
+const MAX_RESTARTS_IN_WINDOW: usize = 5;
+
+pub enum ShardsMessage {
+    /// Opens (creating if needed) the replicas of shards `0..shards` of a KB on this node.
+    Open {
+        kb_id: String,
+        shards: u32,
+        dimension: usize,
+        reply: RpcReplyPort<Result<()>>,
+    },
+    /// Stops a KB's replicas and deletes their data.
+    DropKb {
+        kb_id: String,
+        reply: RpcReplyPort<Result<()>>,
+    },
+}
+
+pub struct ShardsSupervisor;
+
+pub struct ShardsArguments {
+    pub data_dir: PathBuf,
+    pub registry: ShardRegistry,
+    pub search_permits_per_shard: usize,
+    pub debug_faults: bool,
+}
+
+pub struct ShardsState {
+    data_dir: PathBuf,
+    registry: ShardRegistry,
+    search_permits_per_shard: usize,
+    debug_faults: bool,
+    children: HashMap<ActorId, ShardKey>,
+    failures: HashMap<ShardKey, Vec<Instant>>,
+}
+
+impl ShardsState {
+    fn shard_dir(&self, key: &ShardKey) -> PathBuf {
+        self.data_dir.join(&key.kb_id).join(key.shard.to_string())
+    }
+
+    async fn spawn_replica(
+        &mut self,
+        myself: &ActorRef<ShardsMessage>,
+        key: ShardKey,
+        index: Arc<ShardIndex>,
+    ) -> Result<()> {
+        let arguments = ReplicaArguments {
+            kb_id: key.kb_id.clone(),
+            shard: key.shard,
+            index: index.clone(),
+            search_permits: Arc::new(Semaphore::new(self.search_permits_per_shard)),
+            debug_faults: self.debug_faults,
+        };
+        let (actor, _) = Actor::spawn_linked(None, ShardReplica, arguments, myself.get_cell())
+            .await
+            .map_err(|error| SiftError::Internal(format!("spawning shard replica: {error}")))?;
+        self.children.insert(actor.get_id(), key.clone());
+        self.registry.insert(key, ShardEntry { actor, index });
+        metrics::gauge!("sift_shards").set(self.registry.len() as f64);
+        Ok(())
+    }
+}
+
+impl Actor for ShardsSupervisor {
+    type Msg = ShardsMessage;
+    type State = ShardsState;
+    type Arguments = ShardsArguments;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(ShardsState {
+            data_dir: args.data_dir,
+            registry: args.registry,
+            search_permits_per_shard: args.search_permits_per_shard,
+            debug_faults: args.debug_faults,
+            children: HashMap::new(),
+            failures: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            ShardsMessage::Open {
+                kb_id,
+                shards,
+                dimension,
+                reply,
+            } => {
+                let mut outcome = Ok(());
+                for shard in 0..shards {
+                    let key = ShardKey {
+                        kb_id: kb_id.clone(),
+                        shard,
+                    };
+                    if state.registry.get(&key).is_some() {
+                        continue;
+                    }
+                    let dir = state.shard_dir(&key);
+                    let started = Instant::now();
+                    let opened = tokio::task::spawn_blocking(move || {
+                        ShardIndex::open(&dir, ShardConfig::new(dimension))
+                    })
+                    .await;
+                    let index = match opened {
+                        Ok(Ok(index)) => Arc::new(index),
+                        Ok(Err(error)) => {
+                            outcome = Err(SiftError::from(error));
+                            break;
+                        }
+                        Err(error) => {
+                            outcome = Err(SiftError::Internal(error.to_string()));
+                            break;
+                        }
+                    };
+                    info!(kb_id = %key.kb_id, shard, seconds = started.elapsed().as_secs_f64(), "shard opened");
+                    if let Err(error) = state.spawn_replica(&myself, key, index).await {
+                        outcome = Err(error);
+                        break;
+                    }
+                }
+                let _ = reply.send(outcome);
+            }
+            ShardsMessage::DropKb { kb_id, reply } => {
+                for key in state.registry.keys_of(&kb_id) {
+                    if let Some(entry) = state.registry.remove(&key) {
+                        state.children.remove(&entry.actor.get_id());
+                        entry.actor.stop(Some("knowledge base deleted".into()));
+                    }
+                    state.failures.remove(&key);
+                }
+                metrics::gauge!("sift_shards").set(state.registry.len() as f64);
+                let dir = state.data_dir.join(&kb_id);
+                let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => Ok(()),
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    Err(error) => Err(SiftError::from(sift_storage::StorageError::from(error))),
+                })
+                .await
+                .unwrap_or_else(|error| Err(SiftError::Internal(error.to_string())));
+                let _ = reply.send(removed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Restarts a failed replica with its open index, with capped backoff; gives up after
+    /// [`MAX_RESTARTS_IN_WINDOW`] failures in [`RESTART_WINDOW`]. Never stops the supervisor
+    /// (ractor's default would).
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, failure) => {
+                let Some(key) = state.children.remove(&cell.get_id()) else {
+                    return Ok(());
+                };
+                metrics::counter!("sift_actor_restarts_total", "kind" => "shard").increment(1);
+                let Some(entry) = state.registry.remove(&key) else {
+                    return Ok(());
+                };
+                let now = Instant::now();
+                let failures = state.failures.entry(key.clone()).or_default();
+                failures.retain(|at| now.duration_since(*at) < RESTART_WINDOW);
+                failures.push(now);
+                let attempt = failures.len();
+                if attempt > MAX_RESTARTS_IN_WINDOW {
+                    error!(kb_id = %key.kb_id, shard = key.shard, %failure, "shard replica keeps failing; not restarting it");
+                    return Ok(());
+                }
+                warn!(kb_id = %key.kb_id, shard = key.shard, attempt, %failure, "shard replica failed; restarting");
+                let backoff = Duration::from_millis(20 * (1 << attempt.min(6)) as u64);
+                tokio::time::sleep(backoff).await;
+                if let Err(error) = state.spawn_replica(&myself, key.clone(), entry.index).await {
+                    error!(kb_id = %key.kb_id, shard = key.shard, %error, "restarting shard replica failed");
+                }
+            }
+            SupervisionEvent::ActorTerminated(cell, _, _) => {
+                state.children.remove(&cell.get_id());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,403 @@
+//! A small typed client for the node's HTTP API (`/v1/kbs/...`), loopback only.
+//!
+//! Only the fields the benchmark reads are modelled; unknown fields are ignored so the node
+//! may add more without breaking the bench.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use reqwest::header::RETRY_AFTER;
+use reqwest::{Method, RequestBuilder, StatusCode, Url};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ClientError, Result};
+
+/// Default address of a node started with its default config.
+pub const DEFAULT_NODE: &str = "http://127.0.0.1:7700";
+
+/// Bulk ingestion requests can carry thousands of documents: give them time.
+const INGEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A retrieval channel of the search API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Channel {
+    Dense,
+    Bm25,
+}
+
+impl Channel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Channel::Dense => "dense",
+            Channel::Bm25 => "bm25",
+        }
+    }
+}
+
+/// `GET /v1/kbs/{kb}` and `POST /v1/kbs`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct KbInfo {
+    pub id: String,
+    pub name: String,
+    #[serde(default)]
+    pub settings: serde_json::Value,
+    #[serde(default)]
+    pub documents: DocumentCounts,
+}
+
+/// Documents of a knowledge base by pipeline stage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct DocumentCounts {
+    pub total: u64,
+    pub queued: u64,
+    pub parsing: u64,
+    pub chunking: u64,
+    pub embedding: u64,
+    pub indexing: u64,
+    pub ready: u64,
+    pub failed: u64,
+}
+
+impl DocumentCounts {
+    /// Documents that reached a final state.
+    pub fn finished(&self) -> u64 {
+        self.ready + self.failed
+    }
+
+    /// Documents still in the pipeline. Takes the larger of the named stages and
+    /// `total - finished`, so a stage the node adds later still counts as in flight.
+    pub fn in_flight(&self) -> u64 {
+        let stages = self.queued + self.parsing + self.chunking + self.embedding + self.indexing;
+        stages.max(self.total.saturating_sub(self.finished()))
+    }
+}
+
+/// One document of a bulk `POST /v1/kbs/{kb}/documents`.
+#[derive(Debug, Serialize)]
+pub struct NewDocument<'a> {
+    pub external_id: &'a str,
+    pub title: &'a str,
+    pub text: &'a str,
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Serialize)]
+struct AddDocumentsRequest<'a> {
+    documents: &'a [NewDocument<'a>],
+}
+
+#[derive(Deserialize)]
+struct AddDocumentsResponse {
+    documents: Vec<AddedDocument>,
+}
+
+/// The node's answer for one document of a bulk add (only what the bench reads).
+#[derive(Debug, Clone, Deserialize)]
+pub struct AddedDocument {
+    #[serde(default)]
+    pub duplicate: bool,
+}
+
+/// `POST /v1/kbs/{kb}/search` body.
+#[derive(Debug, Clone, Serialize)]
+pub struct SearchRequest<'a> {
+    pub query: &'a str,
+    pub top_k: usize,
+    pub channels: &'a [Channel],
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct SearchResponse {
+    pub hits: Vec<Hit>,
+    /// Shards that failed or timed out: a non-empty list means the answer is partial.
+    #[serde(default)]
+    pub failed_shards: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub timings: Timings,
+}
+
+/// One hit (a chunk); only the ids are read, text and score are ignored.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Hit {
+    #[serde(default)]
+    pub document_id: Option<String>,
+    #[serde(default)]
+    pub external_id: Option<String>,
+}
+
+impl Hit {
+    /// The id qrels refer to: the external id, or the node's document id when it has none.
+    pub fn ranking_id(&self) -> &str {
+        self.external_id
+            .as_deref()
+            .or(self.document_id.as_deref())
+            .unwrap_or("")
+    }
+}
+
+/// Server-side timings, in milliseconds. Fields the node leaves out are `None`.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(default)]
+pub struct Timings {
+    pub embed_ms: Option<f64>,
+    pub search_ms: Option<f64>,
+    pub total_ms: Option<f64>,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    #[serde(default)]
+    code: String,
+    #[serde(default)]
+    message: String,
+}
+
+/// Cheap to clone: clones share one connection pool.
+#[derive(Debug, Clone)]
+pub struct SiftClient {
+    http: reqwest::Client,
+    base: Url,
+}
+
+impl SiftClient {
+    /// Builds a client for the node at `node`, which must be a loopback address
+    /// (`127.0.0.0/8`, `::1` or `localhost`): the bench never sends traffic anywhere else.
+    pub fn new(node: &str, request_timeout: Duration) -> anyhow::Result<Self> {
+        let base = Url::parse(node).with_context(|| format!("invalid node URL {node:?}"))?;
+        if !matches!(base.scheme(), "http" | "https") {
+            bail!("node URL {node:?} must be http or https");
+        }
+        if !is_loopback(&base) {
+            bail!(
+                "node URL {node:?} is not a loopback address; sift-bench only targets local nodes"
+            );
+        }
+        let http = reqwest::Client::builder()
+            // A proxy from the environment must never carry benchmark traffic off this machine.
+            .no_proxy()
+            .timeout(request_timeout)
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .context("failed to build the HTTP client")?;
+        Ok(Self { http, base })
+    }
+
+    pub fn base_url(&self) -> &Url {
+        &self.base
+    }
+
+    fn url(&self, segments: &[&str]) -> Url {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .expect("http URLs have a path")
+            .pop_if_empty()
+            .extend(segments);
+        url
+    }
+
+    /// `POST /v1/kbs`. `shards: None` leaves the choice to the node.
+    pub async fn create_kb(&self, name: &str, shards: Option<u32>) -> Result<KbInfo> {
+        let mut body = serde_json::json!({ "name": name });
+        if let Some(shards) = shards {
+            body["shards"] = shards.into();
+        }
+        let url = self.url(&["v1", "kbs"]);
+        self.call(Method::POST, url, |request| request.json(&body))
+            .await
+    }
+
+    /// `GET /v1/kbs/{kb}`; `None` when the node answers 404.
+    pub async fn get_kb(&self, kb: &str) -> Result<Option<KbInfo>> {
+        let url = self.url(&["v1", "kbs", kb]);
+        match self.call(Method::GET, url, |request| request).await {
+            Ok(info) => Ok(Some(info)),
+            Err(error) if error.status() == Some(StatusCode::NOT_FOUND) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// `DELETE /v1/kbs/{kb}`.
+    pub async fn delete_kb(&self, kb: &str) -> Result<()> {
+        let url = self.url(&["v1", "kbs", kb]);
+        self.call::<serde_json::Value>(Method::DELETE, url, |request| request)
+            .await
+            .map(drop)
+    }
+
+    /// `POST /v1/kbs/{kb}/documents` with a batch of documents.
+    pub async fn add_documents(
+        &self,
+        kb: &str,
+        documents: &[NewDocument<'_>],
+    ) -> Result<Vec<AddedDocument>> {
+        let url = self.url(&["v1", "kbs", kb, "documents"]);
+        let body = AddDocumentsRequest { documents };
+        let response: AddDocumentsResponse = self
+            .call(Method::POST, url, |request| {
+                request.json(&body).timeout(INGEST_TIMEOUT)
+            })
+            .await?;
+        Ok(response.documents)
+    }
+
+    /// `POST /v1/kbs/{kb}/search`.
+    pub async fn search(&self, kb: &str, request: &SearchRequest<'_>) -> Result<SearchResponse> {
+        let url = self.url(&["v1", "kbs", kb, "search"]);
+        self.call(Method::POST, url, |builder| builder.json(request))
+            .await
+    }
+
+    /// Sends one request and decodes a 2xx JSON body (an empty body decodes as `null`), or
+    /// turns a 4xx/5xx into [`ClientError::Api`].
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        url: Url,
+        build: impl FnOnce(RequestBuilder) -> RequestBuilder,
+    ) -> Result<T> {
+        let method_name = method_name(&method);
+        let url_text = url.to_string();
+        let transport = |cause| ClientError::Transport {
+            method: method_name,
+            url: url_text.clone(),
+            cause,
+        };
+        let response = build(self.http.request(method, url))
+            .send()
+            .await
+            .map_err(transport)?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(parse_retry_after);
+        let body = response.bytes().await.map_err(transport)?;
+        if !status.is_success() {
+            let (code, message) = match serde_json::from_slice::<ErrorBody>(&body) {
+                Ok(ErrorBody { error }) => (error.code, error.message),
+                Err(_) => ("-".to_owned(), body_excerpt(&body)),
+            };
+            return Err(ClientError::Api {
+                method: method_name,
+                url: url_text,
+                status,
+                code,
+                message,
+                retry_after,
+            });
+        }
+        let body: &[u8] = if body.is_empty() { b"null" } else { &body };
+        serde_json::from_slice(body).map_err(|cause| ClientError::Decode {
+            method: method_name,
+            url: url_text,
+            cause,
+        })
+    }
+}
+
+fn method_name(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::DELETE => "DELETE",
+        Method::PUT => "PUT",
+        _ => "HTTP",
+    }
+}
+
+/// `Retry-After` in seconds (`"2"` or `"0.5"`); the HTTP-date form is not supported.
+fn parse_retry_after(value: &str) -> Option<Duration> {
+    let seconds: f64 = value.trim().parse().ok()?;
+    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds.min(3600.0)))
+}
+
+fn body_excerpt(body: &[u8]) -> String {
+    const LIMIT: usize = 300;
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    if text.is_empty() {
+        return "(empty body)".to_owned();
+    }
+    match text.char_indices().nth(LIMIT) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+fn is_loopback(url: &Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_nodes_are_accepted() {
+        let timeout = Duration::from_secs(1);
+        assert!(SiftClient::new("http://127.0.0.1:7700", timeout).is_ok());
+        assert!(SiftClient::new("http://127.8.0.2:7700/", timeout).is_ok());
+        assert!(SiftClient::new("http://localhost:7700", timeout).is_ok());
+        assert!(SiftClient::new("http://[::1]:7700", timeout).is_ok());
+        assert!(SiftClient::new("http://10.0.0.1:7700", timeout).is_err());
+        assert!(SiftClient::new("http://example.com", timeout).is_err());
+        assert!(SiftClient::new("ftp://127.0.0.1", timeout).is_err());
+    }
+
+    #[test]
+    fn urls_encode_kb_names_and_tolerate_trailing_slashes() {
+        let client = SiftClient::new("http://127.0.0.1:7700/", Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            client.url(&["v1", "kbs", "sci fact", "search"]).as_str(),
+            "http://127.0.0.1:7700/v1/kbs/sci%20fact/search"
+        );
+    }
+
+    #[test]
+    fn retry_after_parses_seconds() {
+        assert_eq!(parse_retry_after("2"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_retry_after(" 0.5 "), Some(Duration::from_millis(500)));
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(parse_retry_after("-1"), None);
+    }
+
+    #[test]
+    fn document_counts_in_flight_covers_unknown_stages() {
+        let counts: DocumentCounts = serde_json::from_str(
+            r#"{"total": 10, "queued": 1, "embedding": 2, "ready": 5, "failed": 1, "ocr": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(counts.finished(), 6);
+        assert_eq!(counts.in_flight(), 4);
+    }
+
+    #[test]
+    fn search_response_tolerates_missing_optional_fields() {
+        let response: SearchResponse = serde_json::from_str(
+            r#"{"hits": [{"chunk_id": "c1", "document_id": "d1", "external_id": "42", "title": "t", "text": "x", "score": 0.5},
+                         {"chunk_id": "c2", "document_id": "d2", "score": 0.4}],
+                "timings": {"search_ms": 1.5, "total_ms": 2.0}}"#,
+        )
+        .unwrap();
+        assert_eq!(response.hits[0].ranking_id(), "42");
+        assert_eq!(response.hits[1].ranking_id(), "d2");
+        assert!(response.failed_shards.is_empty());
+        assert_eq!(response.timings.embed_ms, None);
+        assert_eq!(response.timings.search_ms, Some(1.5));
+    }
+}

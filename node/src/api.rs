@@ -1,0 +1,510 @@
+//! The public HTTP API (axum). Handlers parse, call one [`SiftNode`] method, and render;
+//! every error goes through [`ApiError`], the one mapping to `{ "error": { "code", "message" } }`.
+
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::Stream;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use sift_actors::SiftError;
+use sift_actors::events::DocumentEvent;
+use sift_actors::node::{CreateKb, NewTextDocument, SearchQuery, UpdateKb, Upload};
+use sift_actors::SiftNode;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::broadcast;
+
+/// Shared by every handler.
+#[derive(Clone)]
+pub struct AppState {
+    pub node: Arc<SiftNode>,
+    pub prometheus: PrometheusHandle,
+    pub max_upload_bytes: u64,
+    pub max_json_bytes: u64,
+    pub temp_dir: PathBuf,
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .route("/v1/kbs", post(create_kb).get(list_kbs))
+        .route("/v1/kbs/{kb}", get(get_kb).patch(update_kb).delete(delete_kb))
+        .route(
+            "/v1/kbs/{kb}/documents",
+            post(add_documents)
+                .get(list_documents)
+                .layer(DefaultBodyLimit::disable()),
+        )
+        .route("/v1/kbs/{kb}/documents/{doc}", get(get_document).delete(delete_document))
+        .route("/v1/kbs/{kb}/documents/{doc}/events", get(document_events))
+        .route("/v1/kbs/{kb}/documents/{doc}/chunks", get(document_chunks))
+        .route("/v1/kbs/{kb}/search", post(search))
+        .route("/v1/debug/kbs/{kb}/shards/{shard}/crash", post(crash_shard))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(count_requests))
+        .with_state(state)
+}
+
+// ---- errors ----
+
+/// An error answer: status, stable code, human message.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: String,
+    pub message: String,
+    pub retry_after_secs: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code: code.to_string(),
+            message: message.into(),
+            retry_after_secs: None,
+        }
+    }
+}
+
+impl From<SiftError> for ApiError {
+    fn from(error: SiftError) -> Self {
+        let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let retry_after_secs = match &error {
+            SiftError::QueueFull { retry_after_secs } => Some(*retry_after_secs),
+            _ => None,
+        };
+        if status.is_server_error() {
+            tracing::error!(%error, code = error.code(), "request failed");
+        }
+        ApiError {
+            status,
+            code: error.code().to_string(),
+            message: error.to_string(),
+            retry_after_secs,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(json!({ "error": { "code": self.code, "message": self.message } }));
+        let mut response = (self.status, body).into_response();
+        if let Some(seconds) = self.retry_after_secs {
+            if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+        }
+        response
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// `Json` whose rejections are our JSON errors.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(request, state).await {
+            Ok(Json(value)) => Ok(ApiJson(value)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(rejection: JsonRejection) -> ApiError {
+    match rejection {
+        JsonRejection::MissingJsonContentType(_) => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "expected a JSON body with content-type application/json",
+        ),
+        JsonRejection::BytesRejection(_) => {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", rejection.body_text())
+        }
+        other => ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", other.body_text()),
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
+}
+
+async fn count_requests(request: Request, next: axum::middleware::Next) -> Response {
+    let response = next.run(request).await;
+    let class = match response.status().as_u16() {
+        200..=299 => "2xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "other",
+    };
+    metrics::counter!("sift_http_requests_total", "status" => class).increment(1);
+    response
+}
+
+// ---- operations ----
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn readyz(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let context = state.node.context();
+    Json(json!({
+        "status": "ready",
+        "embedded_model": context.embedders.local.as_ref().map(|e| e.model_name().to_string()),
+        "embedded_model_error": context.embedders.local_error,
+        "remote_embedders": context.embedders.remote.keys().collect::<Vec<_>>(),
+        "shards": context.registry.len(),
+        "ingest_queue_depth": state.node.queue_depth(),
+    }))
+}
+
+async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.prometheus.render(),
+    )
+}
+
+async fn create_kb(State(state): State<AppState>, ApiJson(request): ApiJson<CreateKb>) -> ApiResult<impl IntoResponse> {
+    let kb = state.node.create_kb(request).await?;
+    Ok((StatusCode::CREATED, Json(kb)))
+}
+
+async fn list_kbs(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(json!({ "kbs": state.node.list_kbs()? })))
+}
+
+async fn get_kb(State(state): State<AppState>, Path(kb): Path<String>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(state.node.get_kb(&kb)?))
+}
+
+async fn update_kb(
+    State(state): State<AppState>,
+    Path(kb): Path<String>,
+    ApiJson(request): ApiJson<UpdateKb>,
+) -> ApiResult<impl IntoResponse> {
+    Ok(Json(state.node.update_kb(&kb, request).await?))
+}
+
+async fn delete_kb(State(state): State<AppState>, Path(kb): Path<String>) -> ApiResult<impl IntoResponse> {
+    state.node.delete_kb(&kb).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkDocuments {
+    documents: Vec<NewTextDocument>,
+}
+
+/// Multipart upload (field `file`, optional `external_id` and `metadata`) or a JSON body of
+/// bulk texts, by content type.
+async fn add_documents(
+    State(state): State<AppState>,
+    Path(kb): Path<String>,
+    request: Request,
+) -> ApiResult<Response> {
+    let content_type = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    // Fail fast on an unknown KB, before reading any body.
+    state.node.find_kb(&kb)?;
+    if content_type.starts_with("multipart/form-data") {
+        let multipart = Multipart::from_request(request, &state)
+            .await
+            .map_err(|rejection| ApiError::new(StatusCode::BAD_REQUEST, "invalid_multipart", rejection.body_text()))?;
+        let upload = receive_upload(&state, multipart).await?;
+        let temp = upload.temp_path.clone();
+        let outcome = state.node.add_upload(&kb, upload).await;
+        let _ = tokio::fs::remove_file(&temp).await; // gone already when adopted
+        let added = outcome?;
+        Ok((StatusCode::ACCEPTED, Json(json!({ "documents": [added] }))).into_response())
+    } else if content_type.starts_with("application/json") {
+        let body = axum::body::to_bytes(request.into_body(), state.max_json_bytes as usize)
+            .await
+            .map_err(|_| {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    format!("JSON bodies are limited to {} bytes", state.max_json_bytes),
+                )
+            })?;
+        let bulk: BulkDocuments = serde_json::from_slice(&body)
+            .map_err(|error| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", error.to_string()))?;
+        let added = state.node.add_texts(&kb, bulk.documents).await?;
+        Ok((StatusCode::ACCEPTED, Json(json!({ "documents": added }))).into_response())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send multipart/form-data with a `file` field, or application/json with `documents`",
+        ))
+    }
+}
+
+/// A file name is used only for its extension and display; anything that looks like a path
+/// is refused outright rather than sanitised.
+fn check_file_name(name: &str) -> ApiResult<()> {
+    let bad = name.is_empty()
+        || name.len() > 255
+        || name.contains(['/', '\\', '\0'])
+        || name == "."
+        || name.contains("..")
+        || name.chars().any(char::is_control);
+    if bad {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_file_name",
+            format!("file name {name:?} is not a plain file name"),
+        ));
+    }
+    Ok(())
+}
+
+async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult<Upload> {
+    let multipart_error = |error: axum::extract::multipart::MultipartError| {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_multipart", error.body_text())
+    };
+    let mut file: Option<(PathBuf, String, u64, String)> = None;
+    let mut external_id = None;
+    let mut metadata = sift_storage::chunk::Metadata::new();
+    let result: ApiResult<()> = async {
+        while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
+            match field.name().unwrap_or("") {
+                "file" => {
+                    if file.is_some() {
+                        return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_multipart", "one file per request"));
+                    }
+                    let name = field.file_name().unwrap_or("").to_string();
+                    check_file_name(&name)?;
+                    let path = state.temp_dir.join(uuid::Uuid::new_v4().to_string());
+                    // Registered before the first write so that any early return cleans it up.
+                    file = Some((path.clone(), name, 0, String::new()));
+                    let mut out = tokio::fs::File::create(&path)
+                        .await
+                        .map_err(|e| ApiError::from(SiftError::Storage(e.into())))?;
+                    let mut hasher = Sha256::new();
+                    let mut size = 0u64;
+                    while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
+                        size += chunk.len() as u64;
+                        if size > state.max_upload_bytes {
+                            return Err(ApiError::new(
+                                StatusCode::PAYLOAD_TOO_LARGE,
+                                "payload_too_large",
+                                format!("the file is larger than the limit of {} bytes", state.max_upload_bytes),
+                            ));
+                        }
+                        hasher.update(&chunk);
+                        out.write_all(&chunk)
+                            .await
+                            .map_err(|e| ApiError::from(SiftError::Storage(e.into())))?;
+                    }
+                    out.sync_all()
+                        .await
+                        .map_err(|e| ApiError::from(SiftError::Storage(e.into())))?;
+                    if let Some(entry) = file.as_mut() {
+                        entry.2 = size;
+                        entry.3 = hex::encode(hasher.finalize());
+                    }
+                }
+                "external_id" => external_id = Some(field.text().await.map_err(multipart_error)?),
+                "metadata" => {
+                    let text = field.text().await.map_err(multipart_error)?;
+                    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text).map_err(|e| {
+                        ApiError::new(StatusCode::BAD_REQUEST, "invalid_metadata", format!("metadata: {e}"))
+                    })?;
+                    for (key, value) in map {
+                        let value = match value {
+                            serde_json::Value::String(s) => s,
+                            serde_json::Value::Number(n) => n.to_string(),
+                            serde_json::Value::Bool(b) => b.to_string(),
+                            _ => {
+                                return Err(ApiError::new(
+                                    StatusCode::BAD_REQUEST,
+                                    "invalid_metadata",
+                                    "metadata values must be strings, numbers or booleans",
+                                ));
+                            }
+                        };
+                        metadata.insert(key, value);
+                    }
+                }
+                other => {
+                    return Err(ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_multipart",
+                        format!("unknown field {other:?}; fields are file, external_id, metadata"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(error) = result {
+        if let Some((path, ..)) = &file {
+            let _ = tokio::fs::remove_file(path).await;
+        }
+        return Err(error);
+    }
+    let Some((temp_path, file_name, size_bytes, content_hash)) = file else {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "missing_file", "no `file` field in the upload"));
+    };
+    if size_bytes == 0 {
+        let _ = tokio::fs::remove_file(&temp_path).await;
+        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "empty_document", "the file is empty"));
+    }
+    Ok(Upload {
+        temp_path,
+        file_name,
+        external_id,
+        size_bytes,
+        content_hash,
+        metadata,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Page {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn list_documents(
+    State(state): State<AppState>,
+    Path(kb): Path<String>,
+    Query(page): Query<Page>,
+) -> ApiResult<impl IntoResponse> {
+    let limit = page.limit.unwrap_or(100);
+    let documents = state.node.list_documents(&kb, page.after.as_deref(), limit)?;
+    let next = if documents.len() == limit.clamp(1, 1000) {
+        documents.last().map(|d| d.id.clone())
+    } else {
+        None
+    };
+    Ok(Json(json!({ "documents": documents, "next_after": next })))
+}
+
+async fn get_document(
+    State(state): State<AppState>,
+    Path((kb, doc)): Path<(String, String)>,
+) -> ApiResult<impl IntoResponse> {
+    Ok(Json(state.node.get_document(&kb, &doc)?))
+}
+
+async fn delete_document(
+    State(state): State<AppState>,
+    Path((kb, doc)): Path<(String, String)>,
+) -> ApiResult<impl IntoResponse> {
+    state.node.delete_document(&kb, &doc).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn document_chunks(
+    State(state): State<AppState>,
+    Path((kb, doc)): Path<(String, String)>,
+) -> ApiResult<impl IntoResponse> {
+    Ok(Json(json!({ "chunks": state.node.document_chunks(&kb, &doc).await? })))
+}
+
+/// Progress of one document as server-sent events: the current status first, then every
+/// change, ending after `ready`, `failed` or deletion. Event name = status.
+async fn document_events(
+    State(state): State<AppState>,
+    Path((kb, doc)): Path<(String, String)>,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    // Subscribe before reading the current status so no change falls between the two.
+    let receiver = state.node.subscribe_events();
+    let record = state.node.get_document(&kb, &doc)?;
+    let first = DocumentEvent::from_record(&record);
+    struct Progress {
+        receiver: broadcast::Receiver<DocumentEvent>,
+        node: Arc<SiftNode>,
+        kb: String,
+        document_id: String,
+        pending: Option<DocumentEvent>,
+        done: bool,
+    }
+    let progress = Progress {
+        receiver,
+        node: state.node.clone(),
+        kb,
+        document_id: record.id.clone(),
+        pending: Some(first),
+        done: false,
+    };
+    let stream = futures::stream::unfold(progress, |mut progress| async move {
+        if progress.done {
+            return None;
+        }
+        let event = match progress.pending.take() {
+            Some(event) => event,
+            None => loop {
+                match progress.receiver.recv().await {
+                    Ok(event) if event.document_id == progress.document_id => break event,
+                    Ok(_) => continue,
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        // Missed events: re-read the current status instead.
+                        match progress.node.get_document(&progress.kb, &progress.document_id) {
+                            Ok(record) => break DocumentEvent::from_record(&record),
+                            Err(_) => return None,
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            },
+        };
+        progress.done = event.is_final();
+        let name = if event.deleted { "deleted" } else { event.status.as_str() };
+        let sse = Event::default()
+            .event(name)
+            .json_data(&event)
+            .unwrap_or_else(|_| Event::default().event("error"));
+        Some((Ok(sse), progress))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10))))
+}
+
+async fn search(
+    State(state): State<AppState>,
+    Path(kb): Path<String>,
+    ApiJson(query): ApiJson<SearchQuery>,
+) -> ApiResult<impl IntoResponse> {
+    Ok(Json(state.node.search(&kb, query).await?))
+}
+
+async fn crash_shard(
+    State(state): State<AppState>,
+    Path((kb, shard)): Path<(String, u32)>,
+) -> ApiResult<impl IntoResponse> {
+    state.node.crash_shard(&kb, shard)?;
+    Ok(StatusCode::ACCEPTED)
+}

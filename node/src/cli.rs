@@ -1,0 +1,531 @@
+//! The command line. `serve` runs a node; every other command is an HTTP client of a node.
+//!
+//! Exit codes: 0 success, 1 the node refused the request (its error code and message are
+//! printed), 2 bad usage, 3 the node could not be reached.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Value, json};
+
+use crate::config::Config;
+
+#[derive(Parser, Debug)]
+#[command(name = "sift", version, about = "Sift: agentic retrieval-augmented generation on a cluster of equal nodes")]
+pub struct Cli {
+    /// Base URL of the node client commands talk to.
+    #[arg(long, global = true, env = "SIFT_NODE", default_value = "http://127.0.0.1:7700")]
+    pub node: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a node.
+    Serve(ServeArgs),
+    /// Manage knowledge bases.
+    #[command(subcommand)]
+    Kb(KbCommand),
+    /// Upload files or whole folders into a knowledge base and wait until they are indexed.
+    Ingest {
+        kb: String,
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Return after uploading instead of waiting for indexing.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Search a knowledge base.
+    Search {
+        kb: String,
+        query: String,
+        #[arg(long, default_value_t = 5)]
+        top_k: usize,
+        /// Comma-separated channels: dense, bm25.
+        #[arg(long)]
+        channels: Option<String>,
+        /// Print the raw JSON answer.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a node on embedded defaults, load the sample corpus, search it and print cited hits.
+    Demo {
+        /// Where the demo node keeps its data (wiped first).
+        #[arg(long, default_value = ".sift-demo")]
+        data_dir: PathBuf,
+        /// The sample corpus.
+        #[arg(long, default_value = "samples")]
+        samples: PathBuf,
+    },
+}
+
+#[derive(Args, Debug, Default)]
+pub struct ServeArgs {
+    /// TOML config file (also SIFT_CONFIG).
+    #[arg(long, env = "SIFT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Data directory (also SIFT_DATA_DIR; default ./sift-data).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// HOST:PORT to listen on (also SIFT_LISTEN; default 127.0.0.1:7700).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Largest accepted upload in bytes (also SIFT_MAX_UPLOAD_BYTES).
+    #[arg(long)]
+    pub max_upload_bytes: Option<u64>,
+    /// Folder of the embedded model (also SIFT_MODEL_DIR).
+    #[arg(long)]
+    pub model_dir: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KbCommand {
+    /// Create a knowledge base.
+    Create {
+        name: String,
+        #[arg(long)]
+        shards: Option<u32>,
+        #[arg(long)]
+        chunk_tokens: Option<u32>,
+        #[arg(long)]
+        chunk_overlap_tokens: Option<u32>,
+        #[arg(long)]
+        embedding_model: Option<String>,
+        #[arg(long)]
+        language: Option<String>,
+    },
+    /// List knowledge bases with document counts.
+    List,
+    /// Show one knowledge base.
+    Get { kb: String },
+    /// Delete a knowledge base and all its documents.
+    Delete { kb: String },
+}
+
+/// An error from a client command, with its exit code.
+#[derive(Debug)]
+pub enum CliError {
+    /// The node answered with an error.
+    Refused { status: u16, code: String, message: String },
+    /// The node could not be reached.
+    Unreachable(String),
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for CliError {
+    fn from(error: anyhow::Error) -> Self {
+        CliError::Other(error)
+    }
+}
+
+impl std::fmt::Display for CliError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CliError::Refused { status, code, message } => write!(f, "error {status} {code}: {message}"),
+            CliError::Unreachable(message) => write!(f, "cannot reach the node: {message}"),
+            CliError::Other(error) => write!(f, "error: {error:#}"),
+        }
+    }
+}
+
+pub fn run() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return if error.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    crate::telemetry::init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: starting the runtime: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{error}");
+            match error {
+                CliError::Refused { .. } | CliError::Other(_) => ExitCode::from(1),
+                CliError::Unreachable(_) => ExitCode::from(3),
+            }
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<(), CliError> {
+    let client = Client::new(&cli.node);
+    match cli.command {
+        Command::Serve(args) => serve(args).await.map_err(CliError::Other),
+        Command::Kb(command) => kb(&client, command).await,
+        Command::Ingest { kb, paths, no_wait } => {
+            ingest(&client, &kb, &paths, !no_wait).await?;
+            Ok(())
+        }
+        Command::Search {
+            kb,
+            query,
+            top_k,
+            channels,
+            json,
+        } => {
+            let channels: Option<Vec<String>> =
+                channels.map(|c| c.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect());
+            let answer = client.search(&kb, &query, top_k, channels).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
+            } else {
+                print_hits(&query, &answer);
+            }
+            Ok(())
+        }
+        Command::Demo { data_dir, samples } => crate::demo::run(&data_dir, &samples).await,
+    }
+}
+
+/// Builds the layered config for `sift serve`: file, then environment, then flags.
+pub fn serve_config(args: &ServeArgs) -> anyhow::Result<Config> {
+    let env: BTreeMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("SIFT_")).collect();
+    let mut file = Config::load(args.config.as_deref(), &env)?;
+    if let Some(dir) = &args.data_dir {
+        file.data_dir = Some(dir.clone());
+    }
+    if let Some(listen) = &args.listen {
+        file.listen = Some(listen.clone());
+    }
+    if let Some(limit) = args.max_upload_bytes {
+        file.max_upload_bytes = Some(limit);
+    }
+    if let Some(dir) = &args.model_dir {
+        file.embedding.model_dir = Some(dir.clone());
+    }
+    Config::check(file)
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = serve_config(&args)?;
+    let running = crate::server::start(config).await?;
+    // Scripts read this line to learn the bound address (useful with port 0).
+    println!("sift listening on {}", running.url());
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+}
+
+async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
+    match command {
+        KbCommand::Create {
+            name,
+            shards,
+            chunk_tokens,
+            chunk_overlap_tokens,
+            embedding_model,
+            language,
+        } => {
+            let mut body = json!({ "name": name });
+            let fields = [
+                ("shards", shards.map(Value::from)),
+                ("chunk_tokens", chunk_tokens.map(Value::from)),
+                ("chunk_overlap_tokens", chunk_overlap_tokens.map(Value::from)),
+                ("embedding_model", embedding_model.map(Value::from)),
+                ("language", language.map(Value::from)),
+            ];
+            for (key, value) in fields {
+                if let Some(value) = value {
+                    body[key] = value;
+                }
+            }
+            let kb = client.post_json("/v1/kbs", &body).await?;
+            println!("created knowledge base {} ({})", kb["name"].as_str().unwrap_or(""), kb["id"].as_str().unwrap_or(""));
+        }
+        KbCommand::List => {
+            let answer = client.get("/v1/kbs").await?;
+            println!("{:<24} {:<38} {:>6} {:>8} {:>8} {:>8}", "NAME", "ID", "SHARDS", "DOCS", "READY", "FAILED");
+            for kb in answer["kbs"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<24} {:<38} {:>6} {:>8} {:>8} {:>8}",
+                    kb["name"].as_str().unwrap_or(""),
+                    kb["id"].as_str().unwrap_or(""),
+                    kb["settings"]["shards"],
+                    kb["documents"]["total"],
+                    kb["documents"]["ready"],
+                    kb["documents"]["failed"],
+                );
+            }
+        }
+        KbCommand::Get { kb } => {
+            let answer = client.get(&format!("/v1/kbs/{kb}")).await?;
+            println!("{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
+        }
+        KbCommand::Delete { kb } => {
+            client.delete(&format!("/v1/kbs/{kb}")).await?;
+            println!("deleted knowledge base {kb}");
+        }
+    }
+    Ok(())
+}
+
+/// File extensions `ingest` picks up when walking a folder.
+const INGESTED_EXTENSIONS: [&str; 8] = ["txt", "text", "md", "markdown", "html", "htm", "json", "jsonl"];
+
+fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for path in paths {
+        let metadata = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+        if metadata.is_dir() {
+            let mut stack = vec![path.clone()];
+            while let Some(dir) = stack.pop() {
+                let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)
+                    .with_context(|| format!("{}", dir.display()))?
+                    .filter_map(|entry| entry.ok().map(|e| e.path()))
+                    .collect();
+                entries.sort();
+                for entry in entries {
+                    if entry.is_dir() {
+                        stack.push(entry);
+                    } else if entry
+                        .extension()
+                        .and_then(|e| e.to_str())
+                        .is_some_and(|e| INGESTED_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+                    {
+                        files.push(entry);
+                    }
+                }
+            }
+        } else {
+            files.push(path.clone()); // named explicitly: let the node judge the type
+        }
+    }
+    Ok(files)
+}
+
+/// Uploads every file, then (when `wait`) shows a progress bar until all are ready or failed.
+/// Returns the document ids of the accepted files.
+pub async fn ingest(client: &Client, kb: &str, paths: &[PathBuf], wait: bool) -> Result<Vec<String>, CliError> {
+    let files = collect_files(paths)?;
+    if files.is_empty() {
+        return Err(CliError::Other(anyhow::anyhow!("no files to ingest")));
+    }
+    let bar = ProgressBar::new(files.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message("uploading");
+    let mut ids = Vec::new();
+    let mut refused = 0;
+    for file in &files {
+        match client.upload(kb, file).await {
+            Ok(answer) => {
+                let doc = &answer["documents"][0];
+                if let Some(id) = doc["id"].as_str() {
+                    ids.push(id.to_string());
+                }
+                if doc["duplicate"] == json!(true) {
+                    bar.println(format!("{}: already in the knowledge base", file.display()));
+                }
+            }
+            Err(CliError::Refused { code, message, .. }) => {
+                refused += 1;
+                bar.println(format!("{}: refused: {code}: {message}", file.display()));
+            }
+            Err(error) => {
+                bar.finish_and_clear();
+                return Err(error);
+            }
+        }
+        bar.inc(1);
+    }
+    if !wait {
+        bar.finish_with_message("uploaded");
+        return Ok(ids);
+    }
+    bar.set_position(0);
+    bar.set_length(ids.len() as u64);
+    bar.set_message("indexing");
+    let mut pending: Vec<String> = ids.clone();
+    let mut failed = 0;
+    while !pending.is_empty() {
+        let mut still = Vec::new();
+        for id in pending {
+            let doc = client.get(&format!("/v1/kbs/{kb}/documents/{id}")).await;
+            match doc {
+                Ok(doc) => match doc["status"].as_str() {
+                    Some("ready") => bar.inc(1),
+                    Some("failed") => {
+                        failed += 1;
+                        bar.println(format!("{}: failed: {}", doc["title"].as_str().unwrap_or(&id), doc["error"]));
+                        bar.inc(1);
+                    }
+                    _ => still.push(id),
+                },
+                Err(CliError::Refused { status: 404, .. }) => bar.inc(1), // deleted meanwhile
+                Err(error) => return Err(error),
+            }
+        }
+        pending = still;
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    bar.finish_with_message("done");
+    eprintln!(
+        "{} ready, {failed} failed, {refused} refused",
+        ids.len() - failed
+    );
+    Ok(ids)
+}
+
+pub fn print_hits(query: &str, answer: &Value) {
+    println!("\n? {query}");
+    let hits = answer["hits"].as_array().cloned().unwrap_or_default();
+    if hits.is_empty() {
+        println!("  (no hits)");
+    }
+    for (n, hit) in hits.iter().enumerate() {
+        let heading: Vec<&str> = hit["heading_path"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str())
+            .collect();
+        let text = hit["text"].as_str().unwrap_or("");
+        let body = text
+            .strip_prefix("[Context:")
+            .and_then(|rest| rest.split_once('\n').map(|(_, body)| body))
+            .unwrap_or(text);
+        let snippet: String = body.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(160).collect();
+        let channels = hit["channels"]
+            .as_object()
+            .map(|c| {
+                c.iter()
+                    .map(|(name, info)| format!("{name} #{}", info["rank"]))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        println!(
+            "  [{}] {}{} (score {:.4}; {channels})",
+            n + 1,
+            hit["title"].as_str().unwrap_or(""),
+            if heading.is_empty() { String::new() } else { format!(" › {}", heading.join(" › ")) },
+            hit["score"].as_f64().unwrap_or(0.0),
+        );
+        println!("      \"{snippet}…\"");
+        println!(
+            "      cite: {} chars {}–{}",
+            hit["chunk_id"].as_str().unwrap_or(""),
+            hit["span"][0],
+            hit["span"][1]
+        );
+    }
+    if let Some(failed) = answer["failed_shards"].as_array().filter(|f| !f.is_empty()) {
+        println!("  partial: {} shard(s) failed: {}", failed.len(), Value::Array(failed.clone()));
+    }
+}
+
+/// A small HTTP client of the node API.
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(base: &str) -> Client {
+        Client {
+            base: base.trim_end_matches('/').to_string(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(600))
+                .build()
+                .unwrap_or_default(),
+        }
+    }
+
+    async fn answer(&self, request: reqwest::RequestBuilder) -> Result<Value, CliError> {
+        let response = request.send().await.map_err(|e| CliError::Unreachable(format!("{} ({e})", self.base)))?;
+        let status = response.status();
+        let body = response.bytes().await.map_err(|e| CliError::Unreachable(e.to_string()))?;
+        let value: Value = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()))
+        };
+        if status.is_success() {
+            Ok(value)
+        } else {
+            Err(CliError::Refused {
+                status: status.as_u16(),
+                code: value["error"]["code"].as_str().unwrap_or("unknown").to_string(),
+                message: value["error"]["message"].as_str().map(String::from).unwrap_or_else(|| value.to_string()),
+            })
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Result<Value, CliError> {
+        self.answer(self.http.get(format!("{}{path}", self.base))).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Result<Value, CliError> {
+        self.answer(self.http.delete(format!("{}{path}", self.base))).await
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Result<Value, CliError> {
+        self.answer(self.http.post(format!("{}{path}", self.base)).json(body)).await
+    }
+
+    pub async fn upload(&self, kb: &str, file: &Path) -> Result<Value, CliError> {
+        let bytes = tokio::fs::read(file)
+            .await
+            .with_context(|| format!("reading {}", file.display()))?;
+        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("upload").to_string();
+        let form = reqwest::multipart::Form::new().part("file", reqwest::multipart::Part::bytes(bytes).file_name(name));
+        self.answer(self.http.post(format!("{}/v1/kbs/{kb}/documents", self.base)).multipart(form))
+            .await
+    }
+
+    pub async fn search(
+        &self,
+        kb: &str,
+        query: &str,
+        top_k: usize,
+        channels: Option<Vec<String>>,
+    ) -> Result<Value, CliError> {
+        let mut body = json!({ "query": query, "top_k": top_k });
+        if let Some(channels) = channels {
+            body["channels"] = json!(channels);
+        }
+        self.post_json(&format!("/v1/kbs/{kb}/search"), &body).await
+    }
+}

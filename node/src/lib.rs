@@ -1,0 +1,19 @@
+//! The `sift` binary's library: configuration, the HTTP API, the CLI and the demo.
+//!
+//! - [`config`]: layered configuration (TOML file, `SIFT_*` environment, flags).
+//! - [`server`]: boots a node (model clients, actor tree) and serves [`api`].
+//! - [`api`]: the public HTTP API, with one error mapping.
+//! - [`cli`]: `sift serve | kb | ingest | search | demo`; client commands talk HTTP.
+//! - [`telemetry`]: logs and the Prometheus recorder.
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod demo;
+pub mod server;
+pub mod telemetry;
+
+/// The `sift` binary's entry point (also used by test binaries that run the real CLI).
+pub fn main_entry() -> std::process::ExitCode {
+    cli::run()
+}

@@ -1,0 +1,133 @@
+//! Boots a node: model clients, the actor tree, the HTTP server.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use sift_actors::models::embedding::{
+    Embedder, LocalEmbedderOptions, MiniLmEmbedder, OpenAiEmbedder, OpenAiEmbedderConfig, resolve_model_dir,
+};
+use sift_actors::{Embedders, SiftNode};
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use crate::api::{AppState, router};
+use crate::config::Config;
+use crate::telemetry;
+
+/// A node serving HTTP. Dropping it does not stop it: call [`RunningNode::shutdown`].
+pub struct RunningNode {
+    pub addr: SocketAddr,
+    pub node: Arc<SiftNode>,
+    stop: Option<oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl RunningNode {
+    /// The base URL of the HTTP API, e.g. `http://127.0.0.1:7700`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting requests, lets in-flight ones finish, stops the actors.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.server).await;
+        self.node.shutdown().await;
+    }
+}
+
+/// Loads the embedded model (when its files are found) and connects remote embedders.
+pub async fn load_embedders(config: &Config) -> anyhow::Result<Embedders> {
+    let mut embedders = Embedders::default();
+    match resolve_model_dir(config.embedding.model_dir.as_deref()) {
+        Some(dir) => {
+            let mut options = LocalEmbedderOptions::default();
+            if let Some(batch) = config.embedding.batch_size {
+                options.batch_size = batch.max(1);
+            }
+            let shown = dir.display().to_string();
+            let loaded = tokio::task::spawn_blocking(move || MiniLmEmbedder::load(&dir, options)).await?;
+            match loaded {
+                Ok(model) => {
+                    info!(dir = %shown, "embedded model loaded");
+                    embedders.local = Some(Embedder::Local(Arc::new(model)));
+                }
+                Err(error) => {
+                    warn!(dir = %shown, %error, "embedded model could not be loaded");
+                    embedders.local_error = Some(format!("{error} (from {shown})"));
+                }
+            }
+        }
+        None => {
+            let message = "model files not found: run scripts/fetch-model.sh or set SIFT_MODEL_DIR".to_string();
+            warn!("{message}");
+            embedders.local_error = Some(message);
+        }
+    }
+    for (name, remote) in &config.embedding.remote {
+        let mut client = OpenAiEmbedderConfig::new(remote.base_url.clone(), remote.model.clone());
+        client.api_key = remote.api_key.clone();
+        client.dimension = remote.dimension;
+        if let Some(ms) = remote.timeout_ms {
+            client.timeout = Duration::from_millis(ms);
+        }
+        if let Some(retries) = remote.max_retries {
+            client.max_retries = retries;
+        }
+        if let Some(batch) = remote.batch_size {
+            client.batch_size = batch;
+        }
+        let embedder = OpenAiEmbedder::connect(client)
+            .await
+            .with_context(|| format!("connecting embedding.remote.{name}"))?;
+        embedders.remote.insert(name.clone(), Embedder::OpenAi(Arc::new(embedder)));
+    }
+    Ok(embedders)
+}
+
+/// Starts a node with `config` and serves its API until shut down.
+pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
+    let prometheus = telemetry::prometheus();
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    let temp_dir = config.data_dir.join("tmp");
+    let _ = std::fs::remove_dir_all(&temp_dir); // partial uploads of a previous run
+    std::fs::create_dir_all(&temp_dir)?;
+    let embedders = load_embedders(&config).await?;
+    let node = SiftNode::start(&config.data_dir, config.options.clone(), embedders)
+        .await
+        .context("starting the node")?;
+    let node = Arc::new(node);
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let state = AppState {
+        node: node.clone(),
+        prometheus,
+        max_upload_bytes: config.max_upload_bytes,
+        max_json_bytes: config.max_json_bytes,
+        temp_dir,
+    };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let app = router(state);
+    let server = tokio::spawn(async move {
+        let serving = axum::serve(listener, app).with_graceful_shutdown(async {
+            let _ = stopped.await;
+        });
+        if let Err(error) = serving.await {
+            tracing::error!(%error, "http server failed");
+        }
+    });
+    info!(%addr, data_dir = %config.data_dir.display(), "sift node listening");
+    Ok(RunningNode {
+        addr,
+        node,
+        stop: Some(stop),
+        server,
+    })
+}

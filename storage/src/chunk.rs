@@ -1,0 +1,95 @@
+//! Records written into a shard by ingestion and read back by search.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Metadata attached to a document: string keys and string values. JSON scalars given by
+/// users are stringified at the API boundary, so equality filters are plain string matches.
+pub type Metadata = BTreeMap<String, String>;
+
+/// The public id of a chunk: `"{document_id}#{position}"`. Stable across restarts and rebuilds.
+pub fn chunk_id(document_id: &str, position: u32) -> String {
+    format!("{document_id}#{position}")
+}
+
+/// Per-document facts every chunk of the document shares.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DocumentEntry {
+    pub document_id: String,
+    pub external_id: Option<String>,
+    pub title: String,
+    pub metadata: Metadata,
+}
+
+/// A parent chunk (small-to-big): not indexed, returned as context for its children.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ParentRecord {
+    pub position: u32,
+    pub text: String,
+    /// Character offsets `[start, end)` in the document's extracted text.
+    pub span: (u32, u32),
+}
+
+/// A child chunk: indexed by both channels.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChunkRecord {
+    /// Order of the chunk within its document, from 0.
+    pub position: u32,
+    /// Position of this chunk's parent in [`DocumentWrite::parents`].
+    pub parent_position: u32,
+    /// The indexed text, starting with the `[Context: A > B]` heading line when there is one.
+    pub text: String,
+    pub heading_path: Vec<String>,
+    /// Character offsets `[start, end)` in the document's extracted text.
+    pub span: (u32, u32),
+    /// L2-normalised embedding of the chunk.
+    pub vector: Vec<f32>,
+}
+
+/// Everything a shard stores for one document, written atomically.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DocumentWrite {
+    pub entry: DocumentEntry,
+    pub parents: Vec<ParentRecord>,
+    pub chunks: Vec<ChunkRecord>,
+}
+
+/// Restricts a search to some documents and/or metadata values, applied inside the shard
+/// before ranking (so it still fills `k`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SearchFilter {
+    /// When set, only chunks of these documents.
+    pub document_ids: Option<Vec<String>>,
+    /// Every pair must match the document's metadata exactly.
+    pub metadata: Metadata,
+}
+
+impl SearchFilter {
+    pub fn is_empty(&self) -> bool {
+        self.document_ids.is_none() && self.metadata.is_empty()
+    }
+}
+
+/// A chunk as returned by a search: everything a caller needs to show and cite it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChunkView {
+    pub chunk_id: String,
+    pub document_id: String,
+    pub external_id: Option<String>,
+    pub title: String,
+    pub position: u32,
+    pub text: String,
+    pub parent_text: Option<String>,
+    pub heading_path: Vec<String>,
+    pub span: (u32, u32),
+    pub metadata: Metadata,
+}
+
+/// One hit of one retrieval channel inside one shard.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScoredChunk {
+    pub chunk: ChunkView,
+    /// The channel's own score: cosine similarity for dense, BM25 for text.
+    pub score: f32,
+}

@@ -1,0 +1,17 @@
+//! Data on one Sift node, with no actors and no network.
+//!
+//! - [`meta`]: the metadata state machine. Every metadata change is a serialisable
+//!   [`meta::MetaOp`] applied by [`meta::SledMetaStore`] (one sled database). Today ops are
+//!   applied locally; the Raft issue puts consensus under the same ops unchanged.
+//! - [`shard`]: one shard replica's indexes: an HNSW dense index (hnsw_rs), a BM25 index
+//!   (tantivy, English stemming + jieba for CJK) and a chunk store (sled) that doubles as the
+//!   write-ahead record from which the indexes are rebuilt after a crash.
+//! - [`chunk`]: the records that flow from ingestion into a shard and out of a search.
+
+pub mod chunk;
+pub mod embedding_cache;
+pub mod error;
+pub mod meta;
+pub mod shard;
+
+pub use error::{Result, StorageError};

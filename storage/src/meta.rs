@@ -1,0 +1,641 @@
+//! The metadata state machine.
+//!
+//! Every metadata change is a [`MetaOp`]: a plain serialisable value. [`SledMetaStore`] applies
+//! ops deterministically — the outcome depends only on the op and the state before it — so the
+//! same log of ops yields the same state on every node. Today the log is local (see
+//! `sift_cluster::LocalMeta`); the Raft issue puts consensus under the same ops unchanged.
+//!
+//! Layout: one sled tree, keys prefixed by kind, values JSON. Each op is applied as one atomic
+//! sled batch, with the log index of the op, and flushed before the outcome is returned.
+//!
+//! | key | value |
+//! |---|---|
+//! | `kb/{kb_id}` | [`KbRecord`] |
+//! | `kbname/{name}` | kb id |
+//! | `doc/{kb_id}/{doc_id}` | [`DocumentRecord`] |
+//! | `docext/{kb_id}/{external_id}` | doc id |
+//! | `dochash/{kb_id}/{content_hash}` | doc id |
+//! | `tomb/{kb_id}/{doc_id}` | [`Tombstone`] |
+//! | `applied` | last applied log index (u64 big-endian) |
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::chunk::Metadata;
+use crate::error::{Result, StorageError};
+
+/// Settings of a knowledge base. Validated by the layer that proposes the op.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KbSettings {
+    /// Number of shards; a document goes to `hash(doc_id) % shards`. Fixed at creation.
+    pub shards: u32,
+    /// Target size of an indexed (child) chunk, in cl100k tokens.
+    pub chunk_tokens: u32,
+    /// Overlap between consecutive chunks of a section, in tokens.
+    pub chunk_overlap_tokens: u32,
+    /// Target size of a parent chunk (returned as context), in tokens.
+    pub parent_tokens: u32,
+    /// Name of the embedding model: `all-MiniLM-L6-v2` (embedded) or a configured remote one.
+    pub embedding_model: String,
+    /// Vector dimension of `embedding_model`, fixed at creation.
+    pub dimension: u32,
+    /// Language hint: `auto`, `en` or `zh`.
+    pub language: String,
+    /// For `.json`/`.jsonl` uploads: the field holding the text, and the one holding the title.
+    pub json_text_field: String,
+    pub json_title_field: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KbRecord {
+    pub id: String,
+    pub name: String,
+    pub settings: KbSettings,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+}
+
+/// Where a document is in ingestion. `Ready` and `Failed` are terminal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DocStatus {
+    Queued,
+    Parsing,
+    Chunking,
+    Embedding,
+    Indexing,
+    Ready,
+    Failed,
+}
+
+impl DocStatus {
+    pub const ALL: [DocStatus; 7] = [
+        DocStatus::Queued,
+        DocStatus::Parsing,
+        DocStatus::Chunking,
+        DocStatus::Embedding,
+        DocStatus::Indexing,
+        DocStatus::Ready,
+        DocStatus::Failed,
+    ];
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, DocStatus::Ready | DocStatus::Failed)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DocStatus::Queued => "queued",
+            DocStatus::Parsing => "parsing",
+            DocStatus::Chunking => "chunking",
+            DocStatus::Embedding => "embedding",
+            DocStatus::Indexing => "indexing",
+            DocStatus::Ready => "ready",
+            DocStatus::Failed => "failed",
+        }
+    }
+}
+
+/// Where the raw bytes of a document are kept until (and after) it is indexed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum DocSource {
+    /// A file upload stored under the node's raw directory.
+    Upload { file_name: String, format: String },
+    /// Text given in a JSON request body, stored in the node's raw text store.
+    Text { format: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DocumentRecord {
+    pub id: String,
+    pub kb_id: String,
+    pub external_id: Option<String>,
+    pub title: String,
+    pub source: DocSource,
+    /// sha256 of the raw bytes, hex.
+    pub content_hash: String,
+    pub size_bytes: u64,
+    pub shard: u32,
+    pub status: DocStatus,
+    pub error: Option<String>,
+    pub chunk_count: u32,
+    pub metadata: Metadata,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+}
+
+/// A deleted document: searches never return it; shards purge it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Tombstone {
+    pub document_id: String,
+    pub shard: u32,
+    pub deleted_at_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatusUpdate {
+    pub document_id: String,
+    pub status: DocStatus,
+    pub error: Option<String>,
+    pub chunk_count: Option<u32>,
+}
+
+/// A metadata change. Ops carry every id and timestamp they need, so applying one is
+/// deterministic and a retried op is recognised (idempotent) instead of applied twice.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum MetaOp {
+    CreateKb(KbRecord),
+    UpdateKb {
+        kb_id: String,
+        settings: KbSettings,
+        at_ms: u64,
+    },
+    DeleteKb {
+        kb_id: String,
+    },
+    /// Registers documents; one with the same content hash as a live document of the KB is a
+    /// duplicate (the existing document is returned); one whose external id names a live
+    /// document with other content replaces it (the old one is tombstoned).
+    RegisterDocuments {
+        kb_id: String,
+        documents: Vec<DocumentRecord>,
+    },
+    SetDocumentStatus {
+        kb_id: String,
+        updates: Vec<StatusUpdate>,
+        at_ms: u64,
+    },
+    DeleteDocument {
+        kb_id: String,
+        document_id: String,
+        at_ms: u64,
+    },
+    /// Forgets a tombstone once every replica has purged the document.
+    ForgetTombstone {
+        kb_id: String,
+        document_id: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Registered {
+    pub record: DocumentRecord,
+    /// True when the same bytes were already in the KB: `record` is the existing document.
+    pub duplicate: bool,
+    /// The document this one replaced (same external id, other content).
+    pub replaced: Option<Tombstone>,
+}
+
+/// What applying an op produced.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum MetaOutcome {
+    Kb(KbRecord),
+    KbDeleted { kb: KbRecord, documents: Vec<Tombstone> },
+    Registered(Vec<Registered>),
+    /// Status updates: the records as they now are; ids no longer present are skipped.
+    Statuses(Vec<DocumentRecord>),
+    DocumentDeleted(Tombstone),
+    /// The op changed nothing (e.g. a repeated delete).
+    Unchanged,
+}
+
+/// Applies committed ops; implemented by the sled store and driven by tests directly.
+pub trait MetaStateMachine: Send + Sync {
+    /// Applies the op at log `index`. An index at or below [`Self::applied_index`] is skipped
+    /// (returns `Unchanged`): replays after a restart do not apply twice.
+    fn apply(&self, index: u64, op: &MetaOp) -> Result<MetaOutcome>;
+    fn applied_index(&self) -> u64;
+}
+
+/// Document counts of a KB by status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DocumentCounts {
+    pub total: u64,
+    #[serde(flatten)]
+    pub by_status: BTreeMap<DocStatus, u64>,
+}
+
+/// The metadata state machine over one sled tree.
+pub struct SledMetaStore {
+    db: sled::Db,
+    tree: sled::Tree,
+    /// Serialises appliers: apply is read-modify-write over several keys.
+    apply_lock: Mutex<()>,
+}
+
+const APPLIED_KEY: &[u8] = b"applied";
+
+fn kb_key(kb_id: &str) -> Vec<u8> {
+    format!("kb/{kb_id}").into_bytes()
+}
+fn kb_name_key(name: &str) -> Vec<u8> {
+    format!("kbname/{name}").into_bytes()
+}
+fn doc_prefix(kb_id: &str) -> Vec<u8> {
+    format!("doc/{kb_id}/").into_bytes()
+}
+fn doc_key(kb_id: &str, doc_id: &str) -> Vec<u8> {
+    format!("doc/{kb_id}/{doc_id}").into_bytes()
+}
+fn ext_key(kb_id: &str, external_id: &str) -> Vec<u8> {
+    format!("docext/{kb_id}/{external_id}").into_bytes()
+}
+fn hash_key(kb_id: &str, hash: &str) -> Vec<u8> {
+    format!("dochash/{kb_id}/{hash}").into_bytes()
+}
+fn tomb_prefix(kb_id: &str) -> Vec<u8> {
+    format!("tomb/{kb_id}/").into_bytes()
+}
+fn tomb_key(kb_id: &str, doc_id: &str) -> Vec<u8> {
+    format!("tomb/{kb_id}/{doc_id}").into_bytes()
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|error| StorageError::Corrupt(error.to_string()))
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|error| StorageError::Corrupt(error.to_string()))
+}
+
+/// Pending writes of one op: reads see them before they reach sled, then one atomic batch.
+struct Pending<'a> {
+    tree: &'a sled::Tree,
+    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl<'a> Pending<'a> {
+    fn new(tree: &'a sled::Tree) -> Self {
+        Pending {
+            tree,
+            writes: BTreeMap::new(),
+        }
+    }
+    fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if let Some(value) = self.writes.get(key) {
+            return Ok(value.clone());
+        }
+        Ok(self.tree.get(key)?.map(|v| v.to_vec()))
+    }
+    fn get<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>> {
+        self.get_raw(key)?.map(|bytes| decode(&bytes)).transpose()
+    }
+    fn get_str(&self, key: &[u8]) -> Result<Option<String>> {
+        Ok(self
+            .get_raw(key)?
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned()))
+    }
+    fn put<T: Serialize>(&mut self, key: Vec<u8>, value: &T) -> Result<()> {
+        self.writes.insert(key, Some(encode(value)?));
+        Ok(())
+    }
+    fn put_str(&mut self, key: Vec<u8>, value: &str) {
+        self.writes.insert(key, Some(value.as_bytes().to_vec()));
+    }
+    fn remove(&mut self, key: Vec<u8>) {
+        self.writes.insert(key, None);
+    }
+    fn into_batch(self) -> sled::Batch {
+        let mut batch = sled::Batch::default();
+        for (key, value) in self.writes {
+            match value {
+                Some(value) => batch.insert(key, value),
+                None => batch.remove(key),
+            }
+        }
+        batch
+    }
+}
+
+impl SledMetaStore {
+    /// Opens (or creates) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let db = sled::Config::new().path(dir).open()?;
+        let tree = db.open_tree("meta")?;
+        Ok(SledMetaStore {
+            db,
+            tree,
+            apply_lock: Mutex::new(()),
+        })
+    }
+
+    /// The underlying database, for node-local trees that are not metadata (raw texts, caches).
+    pub fn db(&self) -> &sled::Db {
+        &self.db
+    }
+
+    pub fn get_kb(&self, kb_id: &str) -> Result<Option<KbRecord>> {
+        self.tree
+            .get(kb_key(kb_id))?
+            .map(|bytes| decode(&bytes))
+            .transpose()
+    }
+
+    /// Looks a KB up by id, then by name.
+    pub fn find_kb(&self, id_or_name: &str) -> Result<Option<KbRecord>> {
+        if let Some(kb) = self.get_kb(id_or_name)? {
+            return Ok(Some(kb));
+        }
+        match self.tree.get(kb_name_key(id_or_name))? {
+            Some(id) => self.get_kb(&String::from_utf8_lossy(&id)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn list_kbs(&self) -> Result<Vec<KbRecord>> {
+        let mut kbs = Vec::new();
+        for item in self.tree.scan_prefix(b"kb/") {
+            let (_, value) = item?;
+            kbs.push(decode::<KbRecord>(&value)?);
+        }
+        kbs.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(kbs)
+    }
+
+    pub fn get_document(&self, kb_id: &str, doc_id: &str) -> Result<Option<DocumentRecord>> {
+        self.tree
+            .get(doc_key(kb_id, doc_id))?
+            .map(|bytes| decode(&bytes))
+            .transpose()
+    }
+
+    /// Looks a document up by id, then by external id.
+    pub fn find_document(&self, kb_id: &str, id_or_external: &str) -> Result<Option<DocumentRecord>> {
+        if let Some(doc) = self.get_document(kb_id, id_or_external)? {
+            return Ok(Some(doc));
+        }
+        match self.tree.get(ext_key(kb_id, id_or_external))? {
+            Some(id) => self.get_document(kb_id, &String::from_utf8_lossy(&id)),
+            None => Ok(None),
+        }
+    }
+
+    /// Documents of a KB in id order (ids are time-ordered), starting after `after`.
+    pub fn list_documents(
+        &self,
+        kb_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DocumentRecord>> {
+        let prefix = doc_prefix(kb_id);
+        let start = match after {
+            Some(after) => {
+                let mut key = doc_key(kb_id, after);
+                key.push(0);
+                key
+            }
+            None => prefix.clone(),
+        };
+        let mut docs = Vec::new();
+        for item in self.tree.range(start..) {
+            let (key, value) = item?;
+            if !key.starts_with(&prefix) || docs.len() >= limit {
+                break;
+            }
+            docs.push(decode::<DocumentRecord>(&value)?);
+        }
+        Ok(docs)
+    }
+
+    /// Every live document of every KB that is not in a terminal state: work to resume.
+    pub fn unfinished_documents(&self) -> Result<Vec<DocumentRecord>> {
+        let mut docs = Vec::new();
+        for item in self.tree.scan_prefix(b"doc/") {
+            let (_, value) = item?;
+            let doc: DocumentRecord = decode(&value)?;
+            if !doc.status.is_terminal() {
+                docs.push(doc);
+            }
+        }
+        Ok(docs)
+    }
+
+    pub fn document_counts(&self, kb_id: &str) -> Result<DocumentCounts> {
+        let mut counts = DocumentCounts::default();
+        for status in DocStatus::ALL {
+            counts.by_status.insert(status, 0);
+        }
+        for item in self.tree.scan_prefix(doc_prefix(kb_id)) {
+            let (_, value) = item?;
+            let doc: DocumentRecord = decode(&value)?;
+            counts.total += 1;
+            *counts.by_status.entry(doc.status).or_default() += 1;
+        }
+        Ok(counts)
+    }
+
+    pub fn is_tombstoned(&self, kb_id: &str, doc_id: &str) -> Result<bool> {
+        Ok(self.tree.contains_key(tomb_key(kb_id, doc_id))?)
+    }
+
+    pub fn tombstones(&self, kb_id: &str) -> Result<Vec<Tombstone>> {
+        let mut tombs = Vec::new();
+        for item in self.tree.scan_prefix(tomb_prefix(kb_id)) {
+            let (_, value) = item?;
+            tombs.push(decode(&value)?);
+        }
+        Ok(tombs)
+    }
+
+    fn apply_op(&self, pending: &mut Pending<'_>, op: &MetaOp) -> Result<MetaOutcome> {
+        match op {
+            MetaOp::CreateKb(kb) => {
+                if let Some(existing) = pending.get::<KbRecord>(&kb_key(&kb.id))? {
+                    return Ok(MetaOutcome::Kb(existing)); // a retried create
+                }
+                if pending.get_raw(&kb_name_key(&kb.name))?.is_some() {
+                    return Err(StorageError::Conflict(format!(
+                        "a knowledge base named {:?} already exists",
+                        kb.name
+                    )));
+                }
+                pending.put(kb_key(&kb.id), kb)?;
+                pending.put_str(kb_name_key(&kb.name), &kb.id);
+                Ok(MetaOutcome::Kb(kb.clone()))
+            }
+            MetaOp::UpdateKb {
+                kb_id,
+                settings,
+                at_ms,
+            } => {
+                let Some(mut kb) = pending.get::<KbRecord>(&kb_key(kb_id))? else {
+                    return Err(StorageError::NotFound(format!("knowledge base {kb_id}")));
+                };
+                kb.settings = settings.clone();
+                kb.updated_at_ms = *at_ms;
+                pending.put(kb_key(kb_id), &kb)?;
+                Ok(MetaOutcome::Kb(kb))
+            }
+            MetaOp::DeleteKb { kb_id } => {
+                let Some(kb) = pending.get::<KbRecord>(&kb_key(kb_id))? else {
+                    return Ok(MetaOutcome::Unchanged);
+                };
+                pending.remove(kb_key(kb_id));
+                pending.remove(kb_name_key(&kb.name));
+                let mut documents = Vec::new();
+                let prefixes = [
+                    doc_prefix(kb_id),
+                    format!("docext/{kb_id}/").into_bytes(),
+                    format!("dochash/{kb_id}/").into_bytes(),
+                    tomb_prefix(kb_id),
+                ];
+                for prefix in prefixes {
+                    for item in self.tree.scan_prefix(&prefix) {
+                        let (key, value) = item?;
+                        if prefix.starts_with(b"doc/") {
+                            let doc: DocumentRecord = decode(&value)?;
+                            documents.push(Tombstone {
+                                document_id: doc.id,
+                                shard: doc.shard,
+                                deleted_at_ms: kb.updated_at_ms,
+                            });
+                        }
+                        pending.remove(key.to_vec());
+                    }
+                }
+                Ok(MetaOutcome::KbDeleted { kb, documents })
+            }
+            MetaOp::RegisterDocuments { kb_id, documents } => {
+                if pending.get_raw(&kb_key(kb_id))?.is_none() {
+                    return Err(StorageError::NotFound(format!("knowledge base {kb_id}")));
+                }
+                let mut outcomes = Vec::with_capacity(documents.len());
+                for doc in documents {
+                    if let Some(existing) = pending.get::<DocumentRecord>(&doc_key(kb_id, &doc.id))? {
+                        // A retried registration of the same id.
+                        outcomes.push(Registered {
+                            record: existing,
+                            duplicate: false,
+                            replaced: None,
+                        });
+                        continue;
+                    }
+                    if let Some(existing_id) = pending.get_str(&hash_key(kb_id, &doc.content_hash))? {
+                        if let Some(existing) =
+                            pending.get::<DocumentRecord>(&doc_key(kb_id, &existing_id))?
+                        {
+                            outcomes.push(Registered {
+                                record: existing,
+                                duplicate: true,
+                                replaced: None,
+                            });
+                            continue;
+                        }
+                    }
+                    let mut replaced = None;
+                    if let Some(external_id) = &doc.external_id {
+                        if let Some(old_id) = pending.get_str(&ext_key(kb_id, external_id))? {
+                            if let Some(old) = pending.get::<DocumentRecord>(&doc_key(kb_id, &old_id))? {
+                                replaced = Some(self.tombstone(pending, &old, doc.created_at_ms)?);
+                            }
+                        }
+                        pending.put_str(ext_key(kb_id, external_id), &doc.id);
+                    }
+                    pending.put_str(hash_key(kb_id, &doc.content_hash), &doc.id);
+                    pending.put(doc_key(kb_id, &doc.id), doc)?;
+                    outcomes.push(Registered {
+                        record: doc.clone(),
+                        duplicate: false,
+                        replaced,
+                    });
+                }
+                Ok(MetaOutcome::Registered(outcomes))
+            }
+            MetaOp::SetDocumentStatus {
+                kb_id,
+                updates,
+                at_ms,
+            } => {
+                let mut records = Vec::with_capacity(updates.len());
+                for update in updates {
+                    let key = doc_key(kb_id, &update.document_id);
+                    let Some(mut doc) = pending.get::<DocumentRecord>(&key)? else {
+                        continue; // deleted meanwhile
+                    };
+                    doc.status = update.status;
+                    doc.error = update.error.clone();
+                    if let Some(count) = update.chunk_count {
+                        doc.chunk_count = count;
+                    }
+                    doc.updated_at_ms = *at_ms;
+                    pending.put(key, &doc)?;
+                    records.push(doc);
+                }
+                Ok(MetaOutcome::Statuses(records))
+            }
+            MetaOp::DeleteDocument {
+                kb_id,
+                document_id,
+                at_ms,
+            } => {
+                let Some(doc) = pending.get::<DocumentRecord>(&doc_key(kb_id, document_id))? else {
+                    return Ok(MetaOutcome::Unchanged);
+                };
+                Ok(MetaOutcome::DocumentDeleted(self.tombstone(pending, &doc, *at_ms)?))
+            }
+            MetaOp::ForgetTombstone { kb_id, document_id } => {
+                pending.remove(tomb_key(kb_id, document_id));
+                Ok(MetaOutcome::Unchanged)
+            }
+        }
+    }
+
+    fn tombstone(&self, pending: &mut Pending<'_>, doc: &DocumentRecord, at_ms: u64) -> Result<Tombstone> {
+        let kb_id = &doc.kb_id;
+        pending.remove(doc_key(kb_id, &doc.id));
+        if let Some(external_id) = &doc.external_id {
+            if pending.get_str(&ext_key(kb_id, external_id))?.as_deref() == Some(doc.id.as_str()) {
+                pending.remove(ext_key(kb_id, external_id));
+            }
+        }
+        if pending.get_str(&hash_key(kb_id, &doc.content_hash))?.as_deref() == Some(doc.id.as_str()) {
+            pending.remove(hash_key(kb_id, &doc.content_hash));
+        }
+        let tomb = Tombstone {
+            document_id: doc.id.clone(),
+            shard: doc.shard,
+            deleted_at_ms: at_ms,
+        };
+        pending.put(tomb_key(kb_id, &doc.id), &tomb)?;
+        Ok(tomb)
+    }
+}
+
+impl MetaStateMachine for SledMetaStore {
+    fn apply(&self, index: u64, op: &MetaOp) -> Result<MetaOutcome> {
+        let _guard = self.apply_lock.lock().unwrap_or_else(|poison| poison.into_inner());
+        if index <= self.applied_index() {
+            return Ok(MetaOutcome::Unchanged);
+        }
+        let mut pending = Pending::new(&self.tree);
+        // A failed op still consumes its index: it is in the log and every node fails it alike.
+        let outcome = self.apply_op(&mut pending, op);
+        let mut batch = match outcome {
+            Ok(_) => pending.into_batch(),
+            Err(_) => sled::Batch::default(),
+        };
+        batch.insert(APPLIED_KEY, &index.to_be_bytes());
+        self.tree.apply_batch(batch)?;
+        self.db.flush()?;
+        outcome
+    }
+
+    fn applied_index(&self) -> u64 {
+        match self.tree.get(APPLIED_KEY) {
+            Ok(Some(bytes)) if bytes.len() == 8 => {
+                let mut array = [0u8; 8];
+                array.copy_from_slice(&bytes);
+                u64::from_be_bytes(array)
+            }
+            _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,367 @@
+//! The chunk store: one sled database per shard replica holding everything the two indexes
+//! are derived from. It is the write-ahead record of the shard (see the module docs of
+//! [`crate::shard`]): a write is durable once its sled transaction is flushed, and both
+//! indexes can be rebuilt from it.
+//!
+//! Trees (keys are bytes, values bincode unless said otherwise):
+//!
+//! | tree         | key                                   | value                                   |
+//! |--------------|---------------------------------------|-----------------------------------------|
+//! | `documents`  | document id                           | [`StoredDocument`] (entry, chunk ids)    |
+//! | `chunks`     | internal id (u64, big-endian)         | [`StoredChunk`] (chunk without vector)  |
+//! | `vectors`    | internal id (u64, big-endian)         | normalised vector, f32 little-endian    |
+//! | `parents`    | u32 BE id length, document id, u32 BE position | [`ParentRecord`]               |
+//! | `tombstones` | document id                           | [`Tombstone`]                           |
+//! | `meta`       | name                                  | u64 big-endian                          |
+
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use sled::Transactional;
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+
+use crate::chunk::{ChunkRecord, DocumentEntry, ParentRecord};
+use crate::error::{Result, StorageError};
+
+const META_NEXT_INTERNAL_ID: &[u8] = b"next_internal_id";
+const META_WRITE_SEQUENCE: &[u8] = b"write_sequence";
+const META_TEXT_SEQUENCE: &[u8] = b"text_committed_sequence";
+const META_DIMENSION: &[u8] = b"dimension";
+
+/// A live document: its entry and where its chunks and parents are.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StoredDocument {
+    pub entry: DocumentEntry,
+    /// Internal ids of the chunks, in the order they were given.
+    pub chunk_ids: Vec<u64>,
+    /// `ParentRecord::position` of every parent, to find and remove them.
+    pub parent_positions: Vec<u32>,
+    /// Sequence number of the write that stored this version.
+    pub write_sequence: u64,
+}
+
+/// A chunk as stored: the [`ChunkRecord`] with its vector moved to the `vectors` tree (so an
+/// index rebuild reads only vectors and a search result never decodes one).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StoredChunk {
+    pub document_id: String,
+    /// `vector` is always empty here.
+    pub record: ChunkRecord,
+}
+
+/// A deleted document whose chunk records may still be in the store (until a purge).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Tombstone {
+    /// Internal ids of the deleted chunks not yet purged.
+    pub internal_ids: Vec<u64>,
+    /// Parent positions not yet purged.
+    pub parent_positions: Vec<u32>,
+    /// Sequence number of the delete.
+    pub sequence: u64,
+}
+
+/// Persistent counters, read once at open and then owned by the shard's writer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Counters {
+    pub next_internal_id: u64,
+    pub write_sequence: u64,
+}
+
+/// The sled writes of one shard operation, applied in a single transaction.
+#[derive(Default)]
+pub(crate) struct StoreBatch {
+    pub documents: sled::Batch,
+    pub chunks: sled::Batch,
+    pub vectors: sled::Batch,
+    pub parents: sled::Batch,
+    pub tombstones: sled::Batch,
+    pub meta: sled::Batch,
+}
+
+impl StoreBatch {
+    pub fn set_counters(&mut self, counters: Counters) {
+        self.meta.insert(
+            META_NEXT_INTERNAL_ID,
+            &counters.next_internal_id.to_be_bytes()[..],
+        );
+        self.meta.insert(
+            META_WRITE_SEQUENCE,
+            &counters.write_sequence.to_be_bytes()[..],
+        );
+    }
+
+    pub fn put_document(&mut self, document_id: &str, document: &StoredDocument) -> Result<()> {
+        self.documents
+            .insert(document_id.as_bytes(), encode(document)?);
+        Ok(())
+    }
+
+    pub fn remove_document(&mut self, document_id: &str) {
+        self.documents.remove(document_id.as_bytes());
+    }
+
+    pub fn put_chunk(
+        &mut self,
+        internal_id: u64,
+        chunk: &StoredChunk,
+        vector: &[f32],
+    ) -> Result<()> {
+        let key = internal_id.to_be_bytes();
+        self.chunks.insert(&key[..], encode(chunk)?);
+        self.vectors.insert(&key[..], encode_vector(vector));
+        Ok(())
+    }
+
+    pub fn remove_chunk(&mut self, internal_id: u64) {
+        let key = internal_id.to_be_bytes();
+        self.chunks.remove(&key[..]);
+        self.vectors.remove(&key[..]);
+    }
+
+    pub fn put_parent(&mut self, document_id: &str, parent: &ParentRecord) -> Result<()> {
+        self.parents
+            .insert(parent_key(document_id, parent.position), encode(parent)?);
+        Ok(())
+    }
+
+    pub fn remove_parent(&mut self, document_id: &str, position: u32) {
+        self.parents.remove(parent_key(document_id, position));
+    }
+
+    pub fn put_tombstone(&mut self, document_id: &str, tombstone: &Tombstone) -> Result<()> {
+        self.tombstones
+            .insert(document_id.as_bytes(), encode(tombstone)?);
+        Ok(())
+    }
+
+    pub fn remove_tombstone(&mut self, document_id: &str) {
+        self.tombstones.remove(document_id.as_bytes());
+    }
+}
+
+/// Handle on the shard's sled database and its trees.
+pub(crate) struct ChunkStore {
+    db: sled::Db,
+    documents: sled::Tree,
+    chunks: sled::Tree,
+    vectors: sled::Tree,
+    parents: sled::Tree,
+    tombstones: sled::Tree,
+    meta: sled::Tree,
+}
+
+impl ChunkStore {
+    pub fn open(path: &Path) -> Result<ChunkStore> {
+        let db = sled::Config::new().path(path).open()?;
+        Ok(ChunkStore {
+            documents: db.open_tree("documents")?,
+            chunks: db.open_tree("chunks")?,
+            vectors: db.open_tree("vectors")?,
+            parents: db.open_tree("parents")?,
+            tombstones: db.open_tree("tombstones")?,
+            meta: db.open_tree("meta")?,
+            db,
+        })
+    }
+
+    /// Records the vector dimension on first open and refuses a different one later.
+    pub fn check_dimension(&self, dimension: usize) -> Result<()> {
+        let expected = u64::try_from(dimension)
+            .map_err(|_| StorageError::Invalid(format!("dimension {dimension} is too large")))?;
+        match self.meta_u64(META_DIMENSION)? {
+            Some(stored) if stored != expected => Err(StorageError::DimensionMismatch {
+                expected: usize::try_from(stored).unwrap_or(usize::MAX),
+                actual: dimension,
+            }),
+            Some(_) => Ok(()),
+            None => {
+                self.meta
+                    .insert(META_DIMENSION, &expected.to_be_bytes()[..])?;
+                self.db.flush()?;
+                Ok(())
+            }
+        }
+    }
+
+    pub fn counters(&self) -> Result<Counters> {
+        Ok(Counters {
+            next_internal_id: self.meta_u64(META_NEXT_INTERNAL_ID)?.unwrap_or(0),
+            write_sequence: self.meta_u64(META_WRITE_SEQUENCE)?.unwrap_or(0),
+        })
+    }
+
+    /// Mirrors the text index's committed sequence (informational: the tantivy commit
+    /// payload is authoritative). Not flushed.
+    pub fn record_text_sequence(&self, sequence: u64) -> Result<()> {
+        self.meta
+            .insert(META_TEXT_SEQUENCE, &sequence.to_be_bytes()[..])?;
+        Ok(())
+    }
+
+    pub fn document(&self, document_id: &str) -> Result<Option<StoredDocument>> {
+        self.documents
+            .get(document_id.as_bytes())?
+            .map(|bytes| decode(&bytes))
+            .transpose()
+    }
+
+    pub fn tombstone(&self, document_id: &str) -> Result<Option<Tombstone>> {
+        self.tombstones
+            .get(document_id.as_bytes())?
+            .map(|bytes| decode(&bytes))
+            .transpose()
+    }
+
+    pub fn chunk(&self, internal_id: u64) -> Result<Option<StoredChunk>> {
+        self.chunks
+            .get(internal_id.to_be_bytes())?
+            .map(|bytes| decode(&bytes))
+            .transpose()
+    }
+
+    pub fn vector(&self, internal_id: u64) -> Result<Option<Vec<f32>>> {
+        self.vectors
+            .get(internal_id.to_be_bytes())?
+            .map(|bytes| decode_vector(&bytes))
+            .transpose()
+    }
+
+    pub fn parent(&self, document_id: &str, position: u32) -> Result<Option<ParentRecord>> {
+        self.parents
+            .get(parent_key(document_id, position))?
+            .map(|bytes| decode(&bytes))
+            .transpose()
+    }
+
+    /// Calls `visit` for every live document.
+    pub fn for_each_document(
+        &self,
+        mut visit: impl FnMut(String, StoredDocument) -> Result<()>,
+    ) -> Result<()> {
+        for item in self.documents.iter() {
+            let (key, value) = item?;
+            visit(decode_string(&key)?, decode(&value)?)?;
+        }
+        Ok(())
+    }
+
+    /// Calls `visit` for every tombstone.
+    pub fn for_each_tombstone(
+        &self,
+        mut visit: impl FnMut(String, Tombstone) -> Result<()>,
+    ) -> Result<()> {
+        for item in self.tombstones.iter() {
+            let (key, value) = item?;
+            visit(decode_string(&key)?, decode(&value)?)?;
+        }
+        Ok(())
+    }
+
+    /// Calls `visit` for every stored vector, in internal id order.
+    pub fn for_each_vector(
+        &self,
+        mut visit: impl FnMut(u64, Vec<f32>) -> Result<()>,
+    ) -> Result<()> {
+        for item in self.vectors.iter() {
+            let (key, value) = item?;
+            visit(decode_u64_be(&key)?, decode_vector(&value)?)?;
+        }
+        Ok(())
+    }
+
+    /// Applies `batch` atomically across all trees: all of it or, on error, none of it.
+    /// Durable only after [`Self::flush`].
+    pub fn apply(&self, batch: &StoreBatch) -> Result<()> {
+        let trees = (
+            &self.documents,
+            &self.chunks,
+            &self.vectors,
+            &self.parents,
+            &self.tombstones,
+            &self.meta,
+        );
+        trees
+            .transaction(|(documents, chunks, vectors, parents, tombstones, meta)| {
+                documents.apply_batch(&batch.documents)?;
+                chunks.apply_batch(&batch.chunks)?;
+                vectors.apply_batch(&batch.vectors)?;
+                parents.apply_batch(&batch.parents)?;
+                tombstones.apply_batch(&batch.tombstones)?;
+                meta.apply_batch(&batch.meta)?;
+                Ok::<(), ConflictableTransactionError<StorageError>>(())
+            })
+            .map_err(|error| match error {
+                TransactionError::Abort(error) => error,
+                TransactionError::Storage(error) => StorageError::Sled(error),
+            })
+    }
+
+    /// Writes everything applied so far to disk and fsyncs.
+    pub fn flush(&self) -> Result<()> {
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+fn parent_key(document_id: &str, position: u32) -> Vec<u8> {
+    let id = document_id.as_bytes();
+    let mut key = Vec::with_capacity(id.len() + 8);
+    // The length prefix keeps one document's keys from running into another's.
+    key.extend_from_slice(&u32::try_from(id.len()).unwrap_or(u32::MAX).to_be_bytes());
+    key.extend_from_slice(id);
+    key.extend_from_slice(&position.to_be_bytes());
+    key
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    bincode::serde::encode_to_vec(value, bincode::config::standard())
+        .map_err(|error| StorageError::Corrupt(format!("encode: {error}")))
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    bincode::serde::decode_from_slice(bytes, bincode::config::standard())
+        .map(|(value, _)| value)
+        .map_err(|error| StorageError::Corrupt(format!("decode: {error}")))
+}
+
+fn decode_string(bytes: &[u8]) -> Result<String> {
+    String::from_utf8(bytes.to_vec())
+        .map_err(|_| StorageError::Corrupt("document id is not utf-8".to_owned()))
+}
+
+fn decode_u64_be(bytes: &[u8]) -> Result<u64> {
+    let array: [u8; 8] = bytes
+        .try_into()
+        .map_err(|_| StorageError::Corrupt(format!("u64 record of {} bytes", bytes.len())))?;
+    Ok(u64::from_be_bytes(array))
+}
+
+fn encode_vector(vector: &[f32]) -> Vec<u8> {
+    vector
+        .iter()
+        .flat_map(|value| value.to_le_bytes())
+        .collect()
+}
+
+fn decode_vector(bytes: &[u8]) -> Result<Vec<f32>> {
+    if bytes.len() % 4 != 0 {
+        return Err(StorageError::Corrupt(format!(
+            "vector record of {} bytes",
+            bytes.len()
+        )));
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|quad| f32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]))
+        .collect())
+}
+
+impl ChunkStore {
+    fn meta_u64(&self, name: &[u8]) -> Result<Option<u64>> {
+        self.meta
+            .get(name)?
+            .map(|bytes| decode_u64_be(&bytes))
+            .transpose()
+    }
+}

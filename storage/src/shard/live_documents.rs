@@ -1,0 +1,131 @@
+//! The in-memory view of which chunks are live and what each belongs to, so that search
+//! filters (document ids, metadata equality) and deletes are checked without touching disk.
+//!
+//! A chunk id absent from the map is dead: deleted, replaced, or not yet visible because its
+//! write is still in progress. Both channels drop dead ids, and the dense channel drops them
+//! inside the HNSW search so they do not take places in the top k.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::chunk::{Metadata, SearchFilter};
+
+/// What the filter needs to know about a live document.
+#[derive(Debug, PartialEq)]
+pub(crate) struct LiveDocument {
+    pub document_id: String,
+    pub metadata: Metadata,
+    pub chunk_ids: Vec<u64>,
+}
+
+#[derive(Default)]
+pub(crate) struct LiveDocuments {
+    by_chunk: HashMap<u64, Arc<LiveDocument>>,
+    by_document: HashMap<String, Arc<LiveDocument>>,
+}
+
+impl LiveDocuments {
+    /// Adds a document, replacing (and hiding the chunks of) any previous version.
+    pub fn insert(&mut self, document: LiveDocument) {
+        self.remove(&document.document_id);
+        let document = Arc::new(document);
+        for &id in &document.chunk_ids {
+            self.by_chunk.insert(id, Arc::clone(&document));
+        }
+        self.by_document
+            .insert(document.document_id.clone(), document);
+    }
+
+    /// Removes a document; its chunks become dead.
+    pub fn remove(&mut self, document_id: &str) -> Option<Arc<LiveDocument>> {
+        let document = self.by_document.remove(document_id)?;
+        for id in &document.chunk_ids {
+            self.by_chunk.remove(id);
+        }
+        Some(document)
+    }
+
+    pub fn chunk(&self, internal_id: u64) -> Option<&Arc<LiveDocument>> {
+        self.by_chunk.get(&internal_id)
+    }
+
+    pub fn is_live(&self, internal_id: u64) -> bool {
+        self.by_chunk.contains_key(&internal_id)
+    }
+
+    pub fn document_count(&self) -> usize {
+        self.by_document.len()
+    }
+
+    pub fn chunk_count(&self) -> usize {
+        self.by_chunk.len()
+    }
+
+    /// The live chunks passing a non-empty `filter`, or `None` if the filter is empty or
+    /// passes more than `limit` chunks (then the caller searches the graph with the filter
+    /// instead of scoring every candidate).
+    pub fn matching_chunks(&self, filter: &CompiledFilter<'_>, limit: usize) -> Option<Vec<u64>> {
+        let mut ids = Vec::new();
+        let mut add = |document: &LiveDocument| {
+            if filter.matches(document) {
+                ids.extend_from_slice(&document.chunk_ids);
+            }
+            ids.len() <= limit
+        };
+        match &filter.document_ids {
+            Some(document_ids) => {
+                for id in document_ids {
+                    if let Some(document) = self.by_document.get(*id)
+                        && !add(document)
+                    {
+                        return None;
+                    }
+                }
+            }
+            None => {
+                if filter.metadata.is_empty() {
+                    return None;
+                }
+                for document in self.by_document.values() {
+                    if !add(document) {
+                        return None;
+                    }
+                }
+            }
+        }
+        Some(ids)
+    }
+}
+
+/// A [`SearchFilter`] prepared for many membership checks.
+pub(crate) struct CompiledFilter<'a> {
+    document_ids: Option<HashSet<&'a str>>,
+    metadata: &'a Metadata,
+}
+
+impl<'a> CompiledFilter<'a> {
+    pub fn new(filter: &'a SearchFilter) -> CompiledFilter<'a> {
+        CompiledFilter {
+            document_ids: filter
+                .document_ids
+                .as_ref()
+                .map(|ids| ids.iter().map(String::as_str).collect()),
+            metadata: &filter.metadata,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.document_ids.is_none() && self.metadata.is_empty()
+    }
+
+    pub fn matches(&self, document: &LiveDocument) -> bool {
+        if let Some(ids) = &self.document_ids
+            && !ids.contains(document.document_id.as_str())
+        {
+            return false;
+        }
+        self.metadata
+            .iter()
+            .all(|(key, value)| document.metadata.get(key) == Some(value))
+    }
+}

@@ -1,0 +1,926 @@
+//! One shard replica's indexes, in one directory: a dense HNSW index ([`vector`], in memory),
+//! a BM25 index ([`text`], tantivy in `text/`) and a chunk store ([`chunk_store`], sled in
+//! `chunks/`). [`ShardIndex`] is the only public type; it is `Send + Sync` and every method
+//! takes `&self`: searches run concurrently, writes are serialised by one writer lock.
+//!
+//! # Durability protocol
+//!
+//! The chunk store is the write-ahead record; both indexes are derived from it.
+//!
+//! A write (`write_documents`) happens in three steps:
+//! 1. The whole batch (entries, chunks, vectors, parents, the removal of any previous version
+//!    or tombstone of the same document ids, the next internal id and a new *write sequence*)
+//!    goes into sled in one transaction across all trees, followed by `flush()` (fsync). From
+//!    here the write survives a crash.
+//! 2. The vectors are inserted into the HNSW graph (memory only) and the documents become
+//!    live in the in-memory filter map (old versions' chunks are hidden at the same moment).
+//! 3. For each document, tantivy deletes its `document_id` term and adds its chunks; the
+//!    commit carries the write sequence as payload (`prepare_commit`, `set_payload`,
+//!    `commit`), then the reader reloads. When `write_documents` returns, both channels see
+//!    the batch.
+//!
+//! A delete (`delete_document`) writes a tombstone (and removes the document entry) in one
+//! flushed sled transaction with a new write sequence, hides the chunks in memory (so the HNSW
+//! filter and the BM25 result check drop them at once), then deletes the `document_id` term in
+//! tantivy and commits with the sequence as payload. Chunk records stay until
+//! [`ShardIndex::purge_deleted`], which removes them and rebuilds the HNSW graph without them
+//! when dead points exceed a share of the graph. Re-writing a deleted document id is a new
+//! version: the write clears the tombstone.
+//!
+//! On `open`: the live-document map is read from the chunk store; the HNSW graph is rebuilt
+//! from the stored vectors of live chunks (`parallel_insert`); tantivy is opened (the analyzer
+//! registered again) and its last commit payload read. Every document whose write sequence is
+//! newer than the payload is deleted from tantivy by `document_id` and re-added from the chunk
+//! store, and every tombstone newer than the payload is deleted again; then a commit records
+//! the store's sequence. Replay works from the store's current state, so it is idempotent and a
+//! deleted document is never resurrected by a replay. If the payload is ahead of the store
+//! (which an fsync'd store makes impossible short of tampering), the text index is rebuilt
+//! from scratch. A `kill -9` at any point therefore leaves a shard that `open` makes
+//! consistent: before the flush of step 1 the operation never happened; after it, the
+//! operation is completed by the replay.
+//!
+//! If the tantivy step fails at run time, its uncommitted operations are rolled back and the
+//! same replay runs before the next write; a failed sled flush makes the shard refuse writes
+//! until it is reopened.
+
+mod chunk_store;
+mod live_documents;
+mod text;
+mod vector;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tantivy::IndexWriter;
+use tracing::instrument;
+
+use self::chunk_store::{ChunkStore, Counters, StoreBatch, StoredChunk, StoredDocument, Tombstone};
+use self::live_documents::{CompiledFilter, LiveDocument, LiveDocuments};
+use self::text::{TextChunk, TextIndex};
+use self::vector::{HnswParams, VectorIndex};
+use crate::chunk::{
+    ChunkRecord, ChunkView, DocumentEntry, DocumentWrite, ScoredChunk, SearchFilter, chunk_id,
+};
+use crate::error::{Result, StorageError};
+
+/// A filtered dense search scores candidates exactly (reading their vectors from the chunk
+/// store) when the filter passes at most this many chunks; otherwise it filters inside the
+/// HNSW search.
+const EXACT_SEARCH_MAX_CANDIDATES: usize = 1024;
+/// `purge_deleted` rebuilds the graph when at least this share of its points is dead.
+const REBUILD_DEAD_SHARE: f64 = 0.2;
+/// Vectors inserted into a graph being rebuilt, per block.
+const REBUILD_BLOCK: usize = 8192;
+
+/// Parameters of one shard replica.
+#[derive(Clone, Debug)]
+pub struct ShardConfig {
+    /// Dimension of every vector; fixed when the shard is created.
+    pub dimension: usize,
+    /// HNSW links per node (at most 256).
+    pub hnsw_m: usize,
+    /// HNSW candidate list size while building.
+    pub hnsw_ef_construction: usize,
+    /// HNSW candidate list size while searching; the effective value is `max(this, k)`.
+    pub hnsw_ef_search: usize,
+    /// tantivy indexing memory budget (one indexing thread, at least 15 MB).
+    pub writer_memory_bytes: usize,
+}
+
+impl ShardConfig {
+    pub fn new(dimension: usize) -> Self {
+        ShardConfig {
+            dimension,
+            hnsw_m: 16,
+            hnsw_ef_construction: 200,
+            hnsw_ef_search: 64,
+            writer_memory_bytes: 32 * 1024 * 1024,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let invalid = |message: String| Err(StorageError::Invalid(message));
+        if self.dimension == 0 {
+            return invalid("shard dimension must be positive".to_owned());
+        }
+        if !(2..=vector::MAX_M).contains(&self.hnsw_m) {
+            return invalid(format!(
+                "hnsw_m must be in 2..={}, not {}",
+                vector::MAX_M,
+                self.hnsw_m
+            ));
+        }
+        if self.hnsw_ef_construction == 0 || self.hnsw_ef_search == 0 {
+            return invalid("hnsw ef values must be positive".to_owned());
+        }
+        if !(text::MIN_WRITER_MEMORY_BYTES..=text::MAX_WRITER_MEMORY_BYTES)
+            .contains(&self.writer_memory_bytes)
+        {
+            return invalid(format!(
+                "writer_memory_bytes must be in {}..={}, not {}",
+                text::MIN_WRITER_MEMORY_BYTES,
+                text::MAX_WRITER_MEMORY_BYTES,
+                self.writer_memory_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Counts describing a shard replica.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardStats {
+    /// Live documents.
+    pub documents: u64,
+    /// Live chunks.
+    pub chunks: u64,
+    /// Deleted documents whose tombstone has not been purged.
+    pub tombstones: u64,
+    /// Points in the HNSW graph, including dead ones awaiting a rebuild.
+    pub indexed_vectors: u64,
+    /// Approximate size of the shard directory.
+    pub disk_bytes: u64,
+}
+
+/// One shard replica: HNSW dense index + tantivy BM25 index + sled chunk store.
+pub struct ShardIndex {
+    dir: PathBuf,
+    config: ShardConfig,
+    store: ChunkStore,
+    vectors: VectorIndex,
+    text: TextIndex,
+    live: RwLock<LiveDocuments>,
+    writer: Mutex<Writer>,
+    tombstones: AtomicU64,
+}
+
+/// State owned by the single writer.
+struct Writer {
+    text_writer: IndexWriter,
+    counters: Counters,
+    /// Payload of the last tantivy commit.
+    text_sequence: u64,
+    /// A tantivy step failed: replay the chunk store into tantivy before the next operation.
+    text_stale: bool,
+    /// A sled flush failed: the in-memory state may be ahead of the disk; refuse writes.
+    broken: Option<String>,
+}
+
+/// A document that passed step 1, on its way into the indexes.
+struct StagedDocument {
+    entry: DocumentEntry,
+    chunks: Vec<(u64, ChunkRecord)>,
+    vectors: Vec<(Vec<f32>, u64)>,
+}
+
+struct StagedWrite {
+    sequence: u64,
+    documents: Vec<StagedDocument>,
+}
+
+impl ShardIndex {
+    /// Opens the shard in `dir`, creating it if needed, and recovers from any crash (see the
+    /// module docs).
+    #[instrument(skip_all, fields(dir = %dir.display(), dimension = config.dimension))]
+    pub fn open(dir: &Path, config: ShardConfig) -> Result<ShardIndex> {
+        config.validate()?;
+        let started = Instant::now();
+        std::fs::create_dir_all(dir)?;
+        let store = ChunkStore::open(&dir.join("chunks"))?;
+        store.check_dimension(config.dimension)?;
+        let counters = store.counters()?;
+        let (text, text_writer) = TextIndex::open(&dir.join("text"), config.writer_memory_bytes)?;
+        let text_sequence = text.committed_sequence()?;
+
+        let mut live = LiveDocuments::default();
+        store.for_each_document(|document_id, stored| {
+            live.insert(live_document(document_id, &stored));
+            Ok(())
+        })?;
+        let mut tombstones = 0u64;
+        store.for_each_tombstone(|_, _| {
+            tombstones += 1;
+            Ok(())
+        })?;
+
+        let vectors = VectorIndex::new(
+            HnswParams {
+                dimension: config.dimension,
+                m: config.hnsw_m,
+                ef_construction: config.hnsw_ef_construction,
+            },
+            live.chunk_count(),
+        );
+        let graph_started = Instant::now();
+        let graph = load_graph(&store, &live, &vectors)?;
+        vectors.replace(graph);
+        let graph_seconds = graph_started.elapsed().as_secs_f64();
+        eprintln!("TEMP graph {graph_seconds:.2}s scan-done-at {:.2}s", graph_started.duration_since(started).as_secs_f64());
+
+        let shard = ShardIndex {
+            dir: dir.to_path_buf(),
+            config,
+            store,
+            vectors,
+            text,
+            live: RwLock::new(live),
+            writer: Mutex::new(Writer {
+                text_writer,
+                counters,
+                text_sequence,
+                text_stale: text_sequence != counters.write_sequence,
+                broken: None,
+            }),
+            tombstones: AtomicU64::new(tombstones),
+        };
+        {
+            let mut writer = shard.lock_writer()?;
+            shard.ensure_text_current(&mut writer)?;
+        }
+        let stats = shard.stats();
+        tracing::info!(
+            documents = stats.documents,
+            chunks = stats.chunks,
+            tombstones = stats.tombstones,
+            graph_seconds,
+            seconds = started.elapsed().as_secs_f64(),
+            "shard opened"
+        );
+        Ok(shard)
+    }
+
+    /// Stores `documents` durably and makes them searchable in both channels before
+    /// returning. A document whose id exists already is replaced (its old chunks are removed);
+    /// one that was deleted comes back as a new version. Within the batch, the last of several
+    /// documents with the same id wins.
+    #[instrument(skip_all, fields(documents = documents.len()))]
+    pub fn write_documents(&self, documents: Vec<DocumentWrite>) -> Result<()> {
+        if documents.is_empty() {
+            return Ok(());
+        }
+        let documents = self.prepare(documents)?;
+        let mut writer = self.lock_writer()?;
+        self.ensure_text_current(&mut writer)?;
+        let staged = self.stage_write(&mut writer, documents)?;
+        self.index_write(&mut writer, staged)
+    }
+
+    /// Deletes a document; no search returns it once this returns. Returns whether it existed.
+    #[instrument(skip_all, fields(document_id))]
+    pub fn delete_document(&self, document_id: &str) -> Result<bool> {
+        let mut writer = self.lock_writer()?;
+        self.ensure_text_current(&mut writer)?;
+        let Some(sequence) = self.stage_delete(&mut writer, document_id)? else {
+            return Ok(false);
+        };
+        self.live_write().remove(document_id);
+        self.text.delete_document(&writer.text_writer, document_id);
+        if let Err(error) = self.commit_text(&mut writer, sequence) {
+            // The delete is durable and hidden from both channels; tantivy catches up by
+            // replay before the next operation or on open.
+            tracing::warn!(%error, "text index commit of a delete failed; will replay");
+        }
+        Ok(true)
+    }
+
+    /// The `k` chunks nearest to `vector` (cosine similarity, best first) among those
+    /// passing `filter`.
+    #[instrument(level = "debug", skip_all, fields(k))]
+    pub fn search_dense(
+        &self,
+        vector: &[f32],
+        k: usize,
+        filter: &SearchFilter,
+    ) -> Result<Vec<ScoredChunk>> {
+        let query = vector::normalised(vector, self.config.dimension)?;
+        if k == 0 || filter.document_ids.as_ref().is_some_and(Vec::is_empty) {
+            return Ok(Vec::new());
+        }
+        let compiled = CompiledFilter::new(filter);
+        let candidates = if compiled.is_empty() {
+            None
+        } else {
+            self.live_read()
+                .matching_chunks(&compiled, EXACT_SEARCH_MAX_CANDIDATES)
+        };
+        let hits = match candidates {
+            Some(candidates) => self.exact_dense(&query, k, candidates)?,
+            None => {
+                let ef = self.config.hnsw_ef_search.max(k);
+                let live = self.live_read();
+                let keep = |id: u64| live.chunk(id).is_some_and(|doc| compiled.matches(doc));
+                self.vectors.search(&query, k, ef, Some(&keep))
+            }
+        };
+        self.hydrate(hits, k)
+    }
+
+    /// The `k` best chunks for `query` by BM25 (best first) among those passing `filter`.
+    /// A query with no words left after analysis matches nothing.
+    #[instrument(level = "debug", skip_all, fields(k))]
+    pub fn search_bm25(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &SearchFilter,
+    ) -> Result<Vec<ScoredChunk>> {
+        if k == 0 || filter.document_ids.as_ref().is_some_and(Vec::is_empty) {
+            return Ok(Vec::new());
+        }
+        let tokens = self.text.analyze(query);
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut limit = k;
+        loop {
+            let hits = self.text.search(&tokens, filter, limit)?;
+            let exhausted = hits.len() < limit;
+            let hits: Vec<(u64, f32)> = {
+                let live = self.live_read();
+                hits.into_iter()
+                    .filter(|(id, _)| live.is_live(*id))
+                    .collect()
+            };
+            // Hits can be dead only while a write or delete is between its steps.
+            if hits.len() >= k || exhausted {
+                return self.hydrate(hits, k);
+            }
+            limit = limit.saturating_mul(2);
+        }
+    }
+
+    /// Every chunk of a live document, in position order.
+    pub fn get_chunks(&self, document_id: &str) -> Result<Vec<ChunkView>> {
+        let stored = self
+            .store
+            .document(document_id)?
+            .ok_or_else(|| StorageError::NotFound(format!("document {document_id}")))?;
+        let mut views = Vec::with_capacity(stored.chunk_ids.len());
+        for &id in &stored.chunk_ids {
+            if let Some(chunk) = self.store.chunk(id)? {
+                views.push(self.view(&stored.entry, chunk)?);
+            }
+        }
+        views.sort_by_key(|view| view.position);
+        Ok(views)
+    }
+
+    /// Whether a live (written and not deleted) document has this id.
+    pub fn contains_document(&self, document_id: &str) -> Result<bool> {
+        Ok(self.store.document(document_id)?.is_some())
+    }
+
+    pub fn stats(&self) -> ShardStats {
+        let (documents, chunks) = {
+            let live = self.live_read();
+            (live.document_count(), live.chunk_count())
+        };
+        ShardStats {
+            documents: documents as u64,
+            chunks: chunks as u64,
+            tombstones: self.tombstones.load(Ordering::Relaxed),
+            indexed_vectors: self.vectors.len() as u64,
+            disk_bytes: directory_size(&self.dir),
+        }
+    }
+
+    /// Removes deleted documents' chunks and parents from the chunk store and, when dead
+    /// points make up at least a fifth of the HNSW graph, rebuilds the graph from the live
+    /// vectors and swaps it in. Searches continue throughout (on the old graph until the
+    /// swap; deleted chunks stay hidden by the filter); writes wait. Returns the number of
+    /// chunk records removed.
+    #[instrument(skip_all)]
+    pub fn purge_deleted(&self) -> Result<usize> {
+        let mut writer = self.lock_writer()?;
+        self.ensure_text_current(&mut writer)?;
+        let text_sequence = writer.text_sequence;
+        let mut batch = StoreBatch::default();
+        let mut purged_chunks = 0usize;
+        let mut removed_tombstones = 0u64;
+        self.store.for_each_tombstone(|document_id, tombstone| {
+            purged_chunks += tombstone.internal_ids.len();
+            for &id in &tombstone.internal_ids {
+                batch.remove_chunk(id);
+            }
+            for &position in &tombstone.parent_positions {
+                batch.remove_parent(&document_id, position);
+            }
+            if tombstone.sequence <= text_sequence {
+                batch.remove_tombstone(&document_id);
+                removed_tombstones += 1;
+            } else {
+                // The text index has not applied this delete yet: keep the tombstone so that
+                // the replay deletes the document there.
+                batch.put_tombstone(
+                    &document_id,
+                    &Tombstone {
+                        internal_ids: Vec::new(),
+                        parent_positions: Vec::new(),
+                        sequence: tombstone.sequence,
+                    },
+                )?;
+            }
+            Ok(())
+        })?;
+        if purged_chunks > 0 || removed_tombstones > 0 {
+            self.apply_to_store(&mut writer, &batch)?;
+            self.tombstones
+                .fetch_sub(removed_tombstones, Ordering::Relaxed);
+        }
+
+        let points = self.vectors.len();
+        let live_chunks = self.live_read().chunk_count();
+        let dead = points.saturating_sub(live_chunks);
+        if dead > 0 && dead as f64 >= REBUILD_DEAD_SHARE * points as f64 {
+            let started = Instant::now();
+            let graph = load_graph(&self.store, &self.live_read(), &self.vectors)?;
+            self.vectors.replace(graph);
+            tracing::info!(
+                dead,
+                live_chunks,
+                seconds = started.elapsed().as_secs_f64(),
+                "hnsw graph rebuilt"
+            );
+        }
+        tracing::info!(
+            purged_chunks,
+            removed_tombstones,
+            "deleted documents purged"
+        );
+        Ok(purged_chunks)
+    }
+}
+
+// Write path.
+impl ShardIndex {
+    /// Validates and normalises a batch, keeping the last document of each id.
+    fn prepare(&self, documents: Vec<DocumentWrite>) -> Result<Vec<DocumentWrite>> {
+        let mut seen = HashSet::new();
+        let mut kept = Vec::with_capacity(documents.len());
+        for mut document in documents.into_iter().rev() {
+            if !seen.insert(document.entry.document_id.clone()) {
+                continue;
+            }
+            if document.entry.document_id.is_empty() {
+                return Err(StorageError::Invalid("empty document id".to_owned()));
+            }
+            let mut positions = HashSet::new();
+            for chunk in &mut document.chunks {
+                if !positions.insert(chunk.position) {
+                    return Err(StorageError::Invalid(format!(
+                        "document {} has two chunks at position {}",
+                        document.entry.document_id, chunk.position
+                    )));
+                }
+                chunk.vector = vector::normalised(&chunk.vector, self.config.dimension)?;
+            }
+            let mut parent_positions = HashSet::new();
+            for parent in &document.parents {
+                if !parent_positions.insert(parent.position) {
+                    return Err(StorageError::Invalid(format!(
+                        "document {} has two parents at position {}",
+                        document.entry.document_id, parent.position
+                    )));
+                }
+            }
+            kept.push(document);
+        }
+        kept.reverse();
+        Ok(kept)
+    }
+
+    /// Step 1: the batch goes into the chunk store in one flushed transaction.
+    fn stage_write(
+        &self,
+        writer: &mut Writer,
+        documents: Vec<DocumentWrite>,
+    ) -> Result<StagedWrite> {
+        let sequence = writer.counters.write_sequence + 1;
+        let mut next_internal_id = writer.counters.next_internal_id;
+        let mut batch = StoreBatch::default();
+        let mut cleared_tombstones = 0u64;
+        // Removals first: a batch keeps only the last operation on a key, and a new version
+        // may reuse its predecessor's parent keys.
+        for document in &documents {
+            let document_id = &document.entry.document_id;
+            if let Some(previous) = self.store.document(document_id)? {
+                for id in previous.chunk_ids {
+                    batch.remove_chunk(id);
+                }
+                for position in previous.parent_positions {
+                    batch.remove_parent(document_id, position);
+                }
+            }
+            if let Some(tombstone) = self.store.tombstone(document_id)? {
+                for id in tombstone.internal_ids {
+                    batch.remove_chunk(id);
+                }
+                for position in tombstone.parent_positions {
+                    batch.remove_parent(document_id, position);
+                }
+                batch.remove_tombstone(document_id);
+                cleared_tombstones += 1;
+            }
+        }
+        let mut staged = Vec::with_capacity(documents.len());
+        for document in documents {
+            let DocumentWrite {
+                entry,
+                parents,
+                chunks,
+            } = document;
+            let document_id = entry.document_id.clone();
+            let mut stored_chunks = Vec::with_capacity(chunks.len());
+            let mut vectors = Vec::with_capacity(chunks.len());
+            for mut record in chunks {
+                let id = next_internal_id;
+                next_internal_id += 1;
+                let vector = std::mem::take(&mut record.vector);
+                let stored = StoredChunk {
+                    document_id: document_id.clone(),
+                    record,
+                };
+                batch.put_chunk(id, &stored, &vector)?;
+                vectors.push((vector, id));
+                stored_chunks.push((id, stored.record));
+            }
+            for parent in &parents {
+                batch.put_parent(&document_id, parent)?;
+            }
+            batch.put_document(
+                &document_id,
+                &StoredDocument {
+                    entry: entry.clone(),
+                    chunk_ids: stored_chunks.iter().map(|(id, _)| *id).collect(),
+                    parent_positions: parents.iter().map(|parent| parent.position).collect(),
+                    write_sequence: sequence,
+                },
+            )?;
+            staged.push(StagedDocument {
+                entry,
+                chunks: stored_chunks,
+                vectors,
+            });
+        }
+        let counters = Counters {
+            next_internal_id,
+            write_sequence: sequence,
+        };
+        batch.set_counters(counters);
+        self.apply_to_store(writer, &batch)?;
+        writer.counters = counters;
+        self.tombstones
+            .fetch_sub(cleared_tombstones, Ordering::Relaxed);
+        Ok(StagedWrite {
+            sequence,
+            documents: staged,
+        })
+    }
+
+    /// Steps 2 and 3: HNSW, the live map, then tantivy.
+    fn index_write(&self, writer: &mut Writer, staged: StagedWrite) -> Result<()> {
+        for document in &staged.documents {
+            self.vectors.insert(&document.vectors)?;
+        }
+        {
+            let mut live = self.live_write();
+            for document in &staged.documents {
+                live.insert(LiveDocument {
+                    document_id: document.entry.document_id.clone(),
+                    metadata: document.entry.metadata.clone(),
+                    chunk_ids: document.chunks.iter().map(|(id, _)| *id).collect(),
+                });
+            }
+        }
+        let added = (|| -> Result<()> {
+            for document in &staged.documents {
+                let entry = &document.entry;
+                self.text
+                    .delete_document(&writer.text_writer, &entry.document_id);
+                for (id, record) in &document.chunks {
+                    self.text
+                        .add_chunk(&writer.text_writer, &text_chunk(*id, entry, record))?;
+                }
+            }
+            Ok(())
+        })();
+        if let Err(error) = added {
+            self.text.rollback(&mut writer.text_writer);
+            writer.text_stale = true;
+            return Err(error);
+        }
+        self.commit_text(writer, staged.sequence)
+    }
+
+    /// Step 1 of a delete. Returns the delete's sequence, or `None` if the document is not
+    /// live.
+    fn stage_delete(&self, writer: &mut Writer, document_id: &str) -> Result<Option<u64>> {
+        let Some(stored) = self.store.document(document_id)? else {
+            return Ok(None);
+        };
+        let sequence = writer.counters.write_sequence + 1;
+        let counters = Counters {
+            write_sequence: sequence,
+            ..writer.counters
+        };
+        let mut batch = StoreBatch::default();
+        batch.remove_document(document_id);
+        batch.put_tombstone(
+            document_id,
+            &Tombstone {
+                internal_ids: stored.chunk_ids,
+                parent_positions: stored.parent_positions,
+                sequence,
+            },
+        )?;
+        batch.set_counters(counters);
+        self.apply_to_store(writer, &batch)?;
+        writer.counters = counters;
+        self.tombstones.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(sequence))
+    }
+
+    /// Applies and flushes a store batch. A failed transaction changes nothing; a failed
+    /// flush leaves memory ahead of the disk, so the shard stops taking writes.
+    fn apply_to_store(&self, writer: &mut Writer, batch: &StoreBatch) -> Result<()> {
+        self.store.apply(batch)?;
+        if let Err(error) = self.store.flush() {
+            tracing::error!(%error, "chunk store flush failed; the shard refuses writes until reopened");
+            writer.broken = Some(error.to_string());
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    /// Commits tantivy with `sequence` as payload; on failure schedules a replay.
+    fn commit_text(&self, writer: &mut Writer, sequence: u64) -> Result<()> {
+        match self.text.commit(&mut writer.text_writer, sequence) {
+            Ok(()) => {
+                writer.text_sequence = sequence;
+                writer.text_stale = false;
+                if let Err(error) = self.store.record_text_sequence(sequence) {
+                    tracing::warn!(%error, "could not record the text index sequence");
+                }
+                Ok(())
+            }
+            Err(error) => {
+                writer.text_stale = true;
+                Err(error)
+            }
+        }
+    }
+
+    /// Brings tantivy up to the chunk store if a commit is missing (crash or failure), and
+    /// refuses to go on if the store itself is in doubt.
+    fn ensure_text_current(&self, writer: &mut Writer) -> Result<()> {
+        if let Some(reason) = &writer.broken {
+            return Err(StorageError::Corrupt(format!(
+                "chunk store flush failed earlier ({reason}); reopen the shard"
+            )));
+        }
+        if !writer.text_stale {
+            return Ok(());
+        }
+        let since = writer.text_sequence;
+        let target = writer.counters.write_sequence;
+        let rebuild = since > target;
+        if rebuild {
+            tracing::warn!(
+                since,
+                target,
+                "text index is ahead of the chunk store; rebuilding it"
+            );
+        }
+        let started = Instant::now();
+        let mut replayed_documents = Vec::new();
+        self.store.for_each_document(|document_id, stored| {
+            if rebuild || stored.write_sequence > since {
+                replayed_documents.push((document_id, stored));
+            }
+            Ok(())
+        })?;
+        let mut replayed_deletes = Vec::new();
+        if !rebuild {
+            self.store.for_each_tombstone(|document_id, tombstone| {
+                if tombstone.sequence > since {
+                    replayed_deletes.push(document_id);
+                }
+                Ok(())
+            })?;
+        }
+        let replayed = (|| -> Result<()> {
+            if rebuild {
+                self.text.delete_all(&writer.text_writer)?;
+            }
+            for document_id in &replayed_deletes {
+                self.text.delete_document(&writer.text_writer, document_id);
+            }
+            for (document_id, stored) in &replayed_documents {
+                self.text.delete_document(&writer.text_writer, document_id);
+                for &id in &stored.chunk_ids {
+                    let chunk = self.store.chunk(id)?.ok_or_else(|| {
+                        StorageError::Corrupt(format!("chunk {id} of {document_id} is missing"))
+                    })?;
+                    self.text.add_chunk(
+                        &writer.text_writer,
+                        &text_chunk(id, &stored.entry, &chunk.record),
+                    )?;
+                }
+            }
+            Ok(())
+        })();
+        if let Err(error) = replayed {
+            self.text.rollback(&mut writer.text_writer);
+            return Err(error);
+        }
+        self.commit_text(writer, target)?;
+        tracing::info!(
+            since,
+            target,
+            documents = replayed_documents.len(),
+            deletes = replayed_deletes.len(),
+            seconds = started.elapsed().as_secs_f64(),
+            "text index replayed from the chunk store"
+        );
+        Ok(())
+    }
+}
+
+// Read path.
+impl ShardIndex {
+    /// Scores `candidates` exactly against `query`.
+    fn exact_dense(
+        &self,
+        query: &[f32],
+        k: usize,
+        candidates: Vec<u64>,
+    ) -> Result<Vec<(u64, f32)>> {
+        let mut hits = Vec::with_capacity(candidates.len());
+        for id in candidates {
+            if let Some(vector) = self.store.vector(id)? {
+                hits.push((id, vector::cosine(query, &vector)));
+            }
+        }
+        hits.sort_by(|left, right| right.1.total_cmp(&left.1));
+        hits.truncate(k);
+        Ok(hits)
+    }
+
+    /// Turns `(internal id, score)` hits into chunk views, skipping any that died meanwhile.
+    fn hydrate(&self, hits: Vec<(u64, f32)>, k: usize) -> Result<Vec<ScoredChunk>> {
+        let mut documents: HashMap<String, Option<StoredDocument>> = HashMap::new();
+        let mut results = Vec::with_capacity(hits.len().min(k));
+        for (id, score) in hits {
+            if results.len() == k {
+                break;
+            }
+            let Some(chunk) = self.store.chunk(id)? else {
+                continue;
+            };
+            if !documents.contains_key(&chunk.document_id) {
+                let stored = self.store.document(&chunk.document_id)?;
+                documents.insert(chunk.document_id.clone(), stored);
+            }
+            let Some(Some(stored)) = documents.get(&chunk.document_id) else {
+                continue;
+            };
+            if !stored.chunk_ids.contains(&id) {
+                continue;
+            }
+            results.push(ScoredChunk {
+                chunk: self.view(&stored.entry, chunk)?,
+                score,
+            });
+        }
+        Ok(results)
+    }
+
+    fn view(&self, entry: &DocumentEntry, chunk: StoredChunk) -> Result<ChunkView> {
+        let record = chunk.record;
+        let parent_text = self
+            .store
+            .parent(&entry.document_id, record.parent_position)?
+            .map(|parent| parent.text);
+        Ok(ChunkView {
+            chunk_id: chunk_id(&entry.document_id, record.position),
+            document_id: entry.document_id.clone(),
+            external_id: entry.external_id.clone(),
+            title: entry.title.clone(),
+            position: record.position,
+            text: record.text,
+            parent_text,
+            heading_path: record.heading_path,
+            span: record.span,
+            metadata: entry.metadata.clone(),
+        })
+    }
+}
+
+// Locks.
+impl ShardIndex {
+    fn lock_writer(&self) -> Result<MutexGuard<'_, Writer>> {
+        self.writer.lock().map_err(|_| {
+            StorageError::Corrupt("an earlier write panicked; reopen the shard".to_owned())
+        })
+    }
+
+    fn live_read(&self) -> RwLockReadGuard<'_, LiveDocuments> {
+        self.live.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn live_write(&self) -> RwLockWriteGuard<'_, LiveDocuments> {
+        self.live.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+// Test hooks: stop an operation after step 1, as a crash would.
+#[cfg(test)]
+impl ShardIndex {
+    pub(crate) fn write_chunk_store_only(&self, documents: Vec<DocumentWrite>) -> Result<()> {
+        let documents = self.prepare(documents)?;
+        let mut writer = self.lock_writer()?;
+        self.stage_write(&mut writer, documents).map(drop)
+    }
+
+    pub(crate) fn delete_chunk_store_only(&self, document_id: &str) -> Result<bool> {
+        let mut writer = self.lock_writer()?;
+        Ok(self.stage_delete(&mut writer, document_id)?.is_some())
+    }
+
+    /// Internal ids the tantivy index returns for `query`, unfiltered by liveness.
+    pub(crate) fn raw_bm25_ids(&self, query: &str) -> Result<Vec<u64>> {
+        let tokens = self.text.analyze(query);
+        Ok(self
+            .text
+            .search(&tokens, &SearchFilter::default(), 10_000)?
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect())
+    }
+
+    pub(crate) fn analyze(&self, text: &str) -> Vec<String> {
+        self.text.analyze(text)
+    }
+}
+
+fn live_document(document_id: String, stored: &StoredDocument) -> LiveDocument {
+    LiveDocument {
+        document_id,
+        metadata: stored.entry.metadata.clone(),
+        chunk_ids: stored.chunk_ids.clone(),
+    }
+}
+
+fn text_chunk<'a>(id: u64, entry: &'a DocumentEntry, record: &'a ChunkRecord) -> TextChunk<'a> {
+    TextChunk {
+        internal_id: id,
+        document_id: &entry.document_id,
+        title: &entry.title,
+        text: &record.text,
+        metadata: &entry.metadata,
+    }
+}
+
+/// Builds a graph from the stored vectors of the live chunks.
+fn load_graph(
+    store: &ChunkStore,
+    live: &LiveDocuments,
+    vectors: &VectorIndex,
+) -> Result<vector::Graph> {
+    let graph = vectors.empty_graph(live.chunk_count());
+    let mut block = Vec::with_capacity(REBUILD_BLOCK.min(live.chunk_count()));
+    store.for_each_vector(|id, vector| {
+        if live.is_live(id) {
+            block.push((vector, id));
+            if block.len() == REBUILD_BLOCK {
+                vector::insert_into(&graph, &block)?;
+                block.clear();
+            }
+        }
+        Ok(())
+    })?;
+    vector::insert_into(&graph, &block)?;
+    Ok(graph)
+}
+
+/// Total size of the files under `dir` (errors count as zero).
+fn directory_size(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(metadata) if metadata.is_dir() => directory_size(&entry.path()),
+            Ok(metadata) => metadata.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}

@@ -1,0 +1,1157 @@
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use tempfile::TempDir;
+
+use super::{ShardConfig, ShardIndex};
+use crate::chunk::{
+    ChunkRecord, DocumentEntry, DocumentWrite, Metadata, ParentRecord, ScoredChunk, SearchFilter,
+};
+use crate::error::StorageError;
+
+const DIM: usize = 16;
+
+/// SplitMix64: deterministic test data without a rand dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn next_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    fn unit_vector(&mut self, dimension: usize) -> Vec<f32> {
+        normalise((0..dimension).map(|_| self.next_f32()).collect())
+    }
+}
+
+fn normalise(vector: Vec<f32>) -> Vec<f32> {
+    let norm = vector.iter().map(|v| v * v).sum::<f32>().sqrt();
+    vector.into_iter().map(|v| v / norm).collect()
+}
+
+fn vector_for(seed: u64) -> Vec<f32> {
+    Rng(seed).unit_vector(DIM)
+}
+
+fn metadata(pairs: &[(&str, &str)]) -> Metadata {
+    pairs
+        .iter()
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect()
+}
+
+/// A document with one parent and one chunk per text; chunk `i` gets `vector_for(seed + i)`.
+fn document(id: &str, title: &str, texts: &[&str], seed: u64, meta: Metadata) -> DocumentWrite {
+    DocumentWrite {
+        entry: DocumentEntry {
+            document_id: id.to_owned(),
+            external_id: Some(format!("ext-{id}")),
+            title: title.to_owned(),
+            metadata: meta,
+        },
+        parents: vec![ParentRecord {
+            position: 0,
+            text: format!("parent of {id}: {}", texts.join(" ")),
+            span: (0, 100),
+        }],
+        chunks: texts
+            .iter()
+            .enumerate()
+            .map(|(position, text)| ChunkRecord {
+                position: position as u32,
+                parent_position: 0,
+                text: (*text).to_owned(),
+                heading_path: vec!["Intro".to_owned()],
+                span: (position as u32 * 10, position as u32 * 10 + 10),
+                vector: vector_for(seed + position as u64),
+            })
+            .collect(),
+    }
+}
+
+fn open(dir: &TempDir) -> ShardIndex {
+    ShardIndex::open(dir.path(), ShardConfig::new(DIM)).expect("open shard")
+}
+
+fn no_filter() -> SearchFilter {
+    SearchFilter::default()
+}
+
+fn ids(hits: &[ScoredChunk]) -> Vec<String> {
+    hits.iter().map(|hit| hit.chunk.chunk_id.clone()).collect()
+}
+
+fn documents_of(hits: &[ScoredChunk]) -> HashSet<String> {
+    hits.iter()
+        .map(|hit| hit.chunk.document_id.clone())
+        .collect()
+}
+
+fn sample_documents() -> Vec<DocumentWrite> {
+    vec![
+        document(
+            "apollo",
+            "Moon landing",
+            &[
+                "Apollo eleven landed on the moon",
+                "Astronauts walked on the lunar surface",
+            ],
+            100,
+            metadata(&[("lang", "en"), ("topic", "space")]),
+        ),
+        document(
+            "kitchen",
+            "Cooking pasta",
+            &[
+                "Boil the pasta in salted water",
+                "Drain and add tomato sauce",
+            ],
+            200,
+            metadata(&[("lang", "en"), ("topic", "food")]),
+        ),
+        document(
+            "garden",
+            "Growing tomatoes",
+            &["Tomato plants need sun and water"],
+            300,
+            metadata(&[("lang", "en"), ("topic", "garden")]),
+        ),
+    ]
+}
+
+#[test]
+fn shard_index_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ShardIndex>();
+}
+
+#[test]
+fn write_then_search_both_channels() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    shard.write_documents(sample_documents()).unwrap();
+
+    let dense = shard
+        .search_dense(&vector_for(201), 3, &no_filter())
+        .unwrap();
+    assert_eq!(dense[0].chunk.chunk_id, "kitchen#1");
+    assert!(
+        (dense[0].score - 1.0).abs() < 1e-4,
+        "score {}",
+        dense[0].score
+    );
+    assert!(dense.windows(2).all(|pair| pair[0].score >= pair[1].score));
+    assert_eq!(dense.len(), 3);
+
+    let text = shard
+        .search_bm25("lunar astronauts", 5, &no_filter())
+        .unwrap();
+    assert_eq!(ids(&text), vec!["apollo#1"]);
+    let view = &text[0].chunk;
+    assert_eq!(view.document_id, "apollo");
+    assert_eq!(view.external_id.as_deref(), Some("ext-apollo"));
+    assert_eq!(view.title, "Moon landing");
+    assert_eq!(view.position, 1);
+    assert_eq!(view.heading_path, vec!["Intro".to_owned()]);
+    assert_eq!(view.span, (10, 20));
+    assert!(
+        view.parent_text
+            .as_deref()
+            .unwrap()
+            .starts_with("parent of apollo")
+    );
+    assert_eq!(
+        view.metadata.get("topic").map(String::as_str),
+        Some("space")
+    );
+
+    // The title is searchable too, and BM25 ranks the chunk with more matches first.
+    let tomato = shard.search_bm25("tomato", 5, &no_filter()).unwrap();
+    assert_eq!(
+        documents_of(&tomato),
+        HashSet::from(["kitchen".to_owned(), "garden".to_owned()])
+    );
+    assert_eq!(tomato[0].chunk.document_id, "garden");
+
+    let chunks = shard.get_chunks("kitchen").unwrap();
+    assert_eq!(
+        ids(&chunks
+            .iter()
+            .map(|c| ScoredChunk {
+                chunk: c.clone(),
+                score: 0.0
+            })
+            .collect::<Vec<_>>()),
+        vec!["kitchen#0", "kitchen#1"]
+    );
+    assert!(matches!(
+        shard.get_chunks("nope"),
+        Err(StorageError::NotFound(_))
+    ));
+    assert!(shard.contains_document("garden").unwrap());
+    assert!(!shard.contains_document("nope").unwrap());
+
+    let stats = shard.stats();
+    assert_eq!((stats.documents, stats.chunks, stats.tombstones), (3, 5, 0));
+    assert_eq!(stats.indexed_vectors, 5);
+    assert!(stats.disk_bytes > 0);
+}
+
+#[test]
+fn empty_and_stop_word_queries_match_nothing() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    shard.write_documents(sample_documents()).unwrap();
+    assert!(shard.search_bm25("", 5, &no_filter()).unwrap().is_empty());
+    assert!(
+        shard
+            .search_bm25("the and of , !", 5, &no_filter())
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        shard
+            .search_bm25("pasta", 0, &no_filter())
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        shard
+            .search_dense(&vector_for(1), 0, &no_filter())
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn replacing_a_document_removes_its_old_chunks() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    shard.write_documents(sample_documents()).unwrap();
+    shard
+        .write_documents(vec![document(
+            "kitchen",
+            "Baking bread",
+            &["Knead the dough", "Bake the loaf", "Let it cool"],
+            900,
+            metadata(&[("lang", "en"), ("topic", "baking")]),
+        )])
+        .unwrap();
+
+    assert!(
+        shard
+            .search_bm25("pasta sauce", 10, &no_filter())
+            .unwrap()
+            .is_empty()
+    );
+    let bread = shard.search_bm25("dough", 10, &no_filter()).unwrap();
+    assert_eq!(ids(&bread), vec!["kitchen#0"]);
+    assert_eq!(bread[0].chunk.title, "Baking bread");
+
+    // The old vectors are still in the graph but never returned.
+    let dense = shard
+        .search_dense(&vector_for(200), 10, &no_filter())
+        .unwrap();
+    assert_eq!(dense.len(), 6);
+    assert!(
+        dense
+            .iter()
+            .all(|hit| hit.chunk.document_id != "kitchen" || hit.chunk.title == "Baking bread")
+    );
+    let food = SearchFilter {
+        document_ids: None,
+        metadata: metadata(&[("topic", "food")]),
+    };
+    assert!(
+        shard
+            .search_dense(&vector_for(200), 10, &food)
+            .unwrap()
+            .is_empty()
+    );
+    assert!(shard.search_bm25("pasta", 10, &food).unwrap().is_empty());
+
+    let chunks = shard.get_chunks("kitchen").unwrap();
+    assert_eq!(chunks.len(), 3);
+    let stats = shard.stats();
+    assert_eq!(
+        (stats.documents, stats.chunks, stats.indexed_vectors),
+        (3, 6, 8)
+    );
+
+    // Same id twice in one batch: the last one wins.
+    shard
+        .write_documents(vec![
+            document("twice", "First", &["first version"], 10, Metadata::new()),
+            document("twice", "Second", &["second version"], 20, Metadata::new()),
+        ])
+        .unwrap();
+    let twice = shard.get_chunks("twice").unwrap();
+    assert_eq!(twice.len(), 1);
+    assert_eq!(twice[0].title, "Second");
+    assert!(
+        shard
+            .search_bm25("first", 5, &no_filter())
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn deleted_document_is_never_returned() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    shard.write_documents(sample_documents()).unwrap();
+    assert!(shard.delete_document("apollo").unwrap());
+    assert!(!shard.delete_document("apollo").unwrap());
+    assert!(!shard.delete_document("never-existed").unwrap());
+    assert!(!shard.contains_document("apollo").unwrap());
+
+    // k larger than what is left: everything left, nothing deleted.
+    let dense = shard
+        .search_dense(&vector_for(100), 50, &no_filter())
+        .unwrap();
+    assert_eq!(dense.len(), 3);
+    assert!(!documents_of(&dense).contains("apollo"));
+    assert!(
+        shard
+            .search_bm25("moon lunar apollo", 50, &no_filter())
+            .unwrap()
+            .is_empty()
+    );
+    let water = shard.search_bm25("water moon", 50, &no_filter()).unwrap();
+    assert_eq!(
+        documents_of(&water),
+        HashSet::from(["kitchen".to_owned(), "garden".to_owned()])
+    );
+    // Asking for the deleted document explicitly finds nothing either.
+    let only_apollo = SearchFilter {
+        document_ids: Some(vec!["apollo".to_owned()]),
+        ..SearchFilter::default()
+    };
+    assert!(
+        shard
+            .search_dense(&vector_for(100), 5, &only_apollo)
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        shard
+            .search_bm25("moon", 5, &only_apollo)
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(
+        shard.get_chunks("apollo"),
+        Err(StorageError::NotFound(_))
+    ));
+
+    let stats = shard.stats();
+    assert_eq!((stats.documents, stats.chunks, stats.tombstones), (2, 3, 1));
+}
+
+/// 600 documents of 4 chunks: a metadata filter passing half of them (1200 chunks) goes
+/// through the HNSW filter; a document-id filter is scored exactly. Both fill k.
+#[test]
+fn filters_apply_before_ranking_and_fill_k() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    let mut batch = Vec::new();
+    for index in 0..600u64 {
+        let lang = if index % 2 == 0 { "en" } else { "fr" };
+        let id = format!("doc{index}");
+        batch.push(document(
+            &id,
+            "Shared title",
+            &[
+                "common words here",
+                "more common words",
+                "common again",
+                "last common chunk",
+            ],
+            index * 10,
+            metadata(&[("lang", lang), ("parity", &(index % 3).to_string())]),
+        ));
+        if batch.len() == 100 {
+            shard.write_documents(std::mem::take(&mut batch)).unwrap();
+        }
+    }
+    // A query vector close to an English document's chunk.
+    let query = vector_for(0);
+    let french = SearchFilter {
+        document_ids: None,
+        metadata: metadata(&[("lang", "fr")]),
+    };
+    let hits = shard.search_dense(&query, 50, &french).unwrap();
+    assert_eq!(hits.len(), 50);
+    assert!(hits.iter().all(|hit| hit.chunk.metadata["lang"] == "fr"));
+    assert!(hits.windows(2).all(|pair| pair[0].score >= pair[1].score));
+
+    let narrow = SearchFilter {
+        document_ids: None,
+        metadata: metadata(&[("lang", "fr"), ("parity", "1")]),
+    };
+    let hits = shard.search_dense(&query, 30, &narrow).unwrap();
+    assert_eq!(hits.len(), 30);
+    assert!(
+        hits.iter()
+            .all(|hit| hit.chunk.metadata["lang"] == "fr" && hit.chunk.metadata["parity"] == "1")
+    );
+
+    let two = SearchFilter {
+        document_ids: Some(vec![
+            "doc7".to_owned(),
+            "doc300".to_owned(),
+            "missing".to_owned(),
+        ]),
+        ..SearchFilter::default()
+    };
+    let hits = shard.search_dense(&query, 10, &two).unwrap();
+    assert_eq!(hits.len(), 8);
+    assert_eq!(
+        documents_of(&hits),
+        HashSet::from(["doc7".to_owned(), "doc300".to_owned()])
+    );
+    let hits = shard.search_bm25("common", 10, &two).unwrap();
+    assert_eq!(hits.len(), 8);
+    assert_eq!(
+        documents_of(&hits),
+        HashSet::from(["doc7".to_owned(), "doc300".to_owned()])
+    );
+
+    let hits = shard.search_bm25("common words", 40, &french).unwrap();
+    assert_eq!(hits.len(), 40);
+    assert!(hits.iter().all(|hit| hit.chunk.metadata["lang"] == "fr"));
+    let both = SearchFilter {
+        document_ids: Some(vec!["doc7".to_owned(), "doc8".to_owned()]),
+        metadata: metadata(&[("lang", "fr")]),
+    };
+    assert_eq!(
+        documents_of(&shard.search_bm25("common", 10, &both).unwrap()),
+        HashSet::from(["doc7".to_owned()])
+    );
+    assert_eq!(
+        documents_of(&shard.search_dense(&query, 10, &both).unwrap()),
+        HashSet::from(["doc7".to_owned()])
+    );
+
+    let none = SearchFilter {
+        document_ids: Some(Vec::new()),
+        ..SearchFilter::default()
+    };
+    assert!(shard.search_dense(&query, 10, &none).unwrap().is_empty());
+    assert!(shard.search_bm25("common", 10, &none).unwrap().is_empty());
+    let unknown = SearchFilter {
+        document_ids: None,
+        metadata: metadata(&[("lang", "de")]),
+    };
+    assert!(shard.search_dense(&query, 10, &unknown).unwrap().is_empty());
+    assert!(
+        shard
+            .search_bm25("common", 10, &unknown)
+            .unwrap()
+            .is_empty()
+    );
+
+    // Deleting most French documents: the filter still fills k from the rest.
+    for index in (1..500u64).step_by(2) {
+        assert!(shard.delete_document(&format!("doc{index}")).unwrap());
+    }
+    let hits = shard.search_dense(&query, 50, &french).unwrap();
+    assert_eq!(hits.len(), 50);
+    assert!(hits.iter().all(|hit| {
+        let number: u64 = hit.chunk.document_id[3..].parse().unwrap();
+        number >= 500 && hit.chunk.metadata["lang"] == "fr"
+    }));
+    let hits = shard.search_bm25("common", 400, &french).unwrap();
+    assert_eq!(hits.len(), 200);
+}
+
+#[test]
+fn reopen_returns_the_same_results() {
+    let dir = TempDir::new().unwrap();
+    let (dense_before, text_before) = {
+        let shard = open(&dir);
+        shard.write_documents(sample_documents()).unwrap();
+        shard.delete_document("garden").unwrap();
+        (
+            shard
+                .search_dense(&vector_for(100), 10, &no_filter())
+                .unwrap(),
+            shard
+                .search_bm25("pasta moon water", 10, &no_filter())
+                .unwrap(),
+        )
+    };
+    let shard = open(&dir);
+    let dense_after = shard
+        .search_dense(&vector_for(100), 10, &no_filter())
+        .unwrap();
+    let text_after = shard
+        .search_bm25("pasta moon water", 10, &no_filter())
+        .unwrap();
+    assert_eq!(ids(&dense_before), ids(&dense_after));
+    for (before, after) in dense_before.iter().zip(&dense_after) {
+        assert!((before.score - after.score).abs() < 1e-5);
+        assert_eq!(before.chunk, after.chunk);
+    }
+    assert_eq!(text_before, text_after);
+    // New writes continue with fresh internal ids.
+    shard
+        .write_documents(vec![document(
+            "late",
+            "Late",
+            &["arrived after reopen"],
+            5,
+            Metadata::new(),
+        )])
+        .unwrap();
+    assert_eq!(
+        ids(&shard.search_bm25("arrived", 5, &no_filter()).unwrap()),
+        vec!["late#0"]
+    );
+    assert_eq!(shard.stats().chunks, 5);
+}
+
+#[test]
+fn crash_after_the_chunk_store_step_is_replayed_on_open() {
+    let dir = TempDir::new().unwrap();
+    {
+        let shard = open(&dir);
+        shard.write_documents(sample_documents()).unwrap();
+        // A replacement and a new document reach sled, then the process "dies".
+        shard
+            .write_chunk_store_only(vec![
+                document(
+                    "kitchen",
+                    "Soup",
+                    &["Simmer the lentil soup"],
+                    700,
+                    Metadata::new(),
+                ),
+                document(
+                    "orphan",
+                    "Orphan",
+                    &["Zeppelins crossed the ocean"],
+                    800,
+                    Metadata::new(),
+                ),
+            ])
+            .unwrap();
+        assert!(
+            shard
+                .search_bm25("zeppelins", 5, &no_filter())
+                .unwrap()
+                .is_empty()
+        );
+    }
+    let shard = open(&dir);
+    assert_eq!(
+        ids(&shard.search_bm25("zeppelins", 5, &no_filter()).unwrap()),
+        vec!["orphan#0"]
+    );
+    assert_eq!(
+        ids(&shard.search_bm25("lentil", 5, &no_filter()).unwrap()),
+        vec!["kitchen#0"]
+    );
+    assert!(
+        shard
+            .search_bm25("pasta", 5, &no_filter())
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        shard.raw_bm25_ids("pasta").unwrap().is_empty(),
+        "old version left in tantivy"
+    );
+    let dense = shard
+        .search_dense(&vector_for(800), 1, &no_filter())
+        .unwrap();
+    assert_eq!(ids(&dense), vec!["orphan#0"]);
+    assert_eq!(shard.stats().chunks, 5);
+}
+
+#[test]
+fn crash_in_the_middle_of_a_delete_is_completed_on_open() {
+    let dir = TempDir::new().unwrap();
+    {
+        let shard = open(&dir);
+        shard.write_documents(sample_documents()).unwrap();
+        assert!(shard.delete_chunk_store_only("apollo").unwrap());
+    }
+    let shard = open(&dir);
+    assert!(
+        shard.raw_bm25_ids("moon").unwrap().is_empty(),
+        "delete not replayed into tantivy"
+    );
+    assert!(
+        shard
+            .search_bm25("moon", 5, &no_filter())
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        !documents_of(
+            &shard
+                .search_dense(&vector_for(100), 10, &no_filter())
+                .unwrap()
+        )
+        .contains("apollo")
+    );
+    assert_eq!(shard.stats().tombstones, 1);
+}
+
+#[test]
+fn tombstones_survive_reopen_and_purge() {
+    let dir = TempDir::new().unwrap();
+    {
+        let shard = open(&dir);
+        shard.write_documents(sample_documents()).unwrap();
+        assert!(shard.delete_document("apollo").unwrap());
+    }
+    {
+        let shard = open(&dir);
+        assert!(!shard.contains_document("apollo").unwrap());
+        assert!(
+            shard
+                .search_bm25("moon", 5, &no_filter())
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            !documents_of(
+                &shard
+                    .search_dense(&vector_for(100), 10, &no_filter())
+                    .unwrap()
+            )
+            .contains("apollo")
+        );
+        let stats = shard.stats();
+        assert_eq!(
+            (
+                stats.documents,
+                stats.chunks,
+                stats.tombstones,
+                stats.indexed_vectors
+            ),
+            (2, 3, 1, 3)
+        );
+        assert_eq!(shard.purge_deleted().unwrap(), 2);
+        assert_eq!(shard.stats().tombstones, 0);
+        assert_eq!(shard.purge_deleted().unwrap(), 0);
+    }
+    let shard = open(&dir);
+    assert!(!shard.contains_document("apollo").unwrap());
+    assert!(
+        shard
+            .search_bm25("moon", 5, &no_filter())
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(shard.stats().indexed_vectors, 3);
+}
+
+#[test]
+fn rewriting_a_deleted_document_brings_a_new_version() {
+    let dir = TempDir::new().unwrap();
+    {
+        let shard = open(&dir);
+        shard.write_documents(sample_documents()).unwrap();
+        shard.delete_document("apollo").unwrap();
+        shard
+            .write_documents(vec![document(
+                "apollo",
+                "Mars",
+                &["Rovers on the red planet"],
+                400,
+                Metadata::new(),
+            )])
+            .unwrap();
+        assert_eq!(shard.stats().tombstones, 0);
+        assert_eq!(
+            ids(&shard.search_bm25("rovers", 5, &no_filter()).unwrap()),
+            vec!["apollo#0"]
+        );
+        assert!(
+            shard
+                .search_bm25("moon", 5, &no_filter())
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(shard.purge_deleted().unwrap(), 0);
+    }
+    let shard = open(&dir);
+    assert_eq!(shard.get_chunks("apollo").unwrap().len(), 1);
+    assert_eq!(
+        ids(&shard
+            .search_dense(&vector_for(400), 1, &no_filter())
+            .unwrap()),
+        vec!["apollo#0"]
+    );
+}
+
+#[test]
+fn purge_rebuilds_the_graph_without_dead_points() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    let documents = (0..200u64)
+        .map(|index| {
+            document(
+                &format!("d{index}"),
+                "T",
+                &["alpha", "beta"],
+                index * 7,
+                Metadata::new(),
+            )
+        })
+        .collect();
+    shard.write_documents(documents).unwrap();
+    for index in 0..100u64 {
+        shard.delete_document(&format!("d{index}")).unwrap();
+    }
+    assert_eq!(shard.stats().indexed_vectors, 400);
+    assert_eq!(shard.purge_deleted().unwrap(), 200);
+    let stats = shard.stats();
+    assert_eq!(
+        (stats.indexed_vectors, stats.chunks, stats.tombstones),
+        (200, 200, 0)
+    );
+    let hits = shard
+        .search_dense(&vector_for(150 * 7), 300, &no_filter())
+        .unwrap();
+    assert_eq!(hits.len(), 200);
+    assert_eq!(hits[0].chunk.chunk_id, "d150#0");
+    assert!(shard.search_bm25("alpha", 300, &no_filter()).unwrap().len() == 100);
+}
+
+#[test]
+fn chinese_text_is_found_by_a_chinese_query_sharing_a_word() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    shard
+        .write_documents(vec![
+            document(
+                "zh1",
+                "自然语言处理",
+                &["我们在北京大学学习自然语言处理和机器学习"],
+                1,
+                Metadata::new(),
+            ),
+            document(
+                "zh2",
+                "天气",
+                &["今天上海的天气很好，适合散步"],
+                2,
+                Metadata::new(),
+            ),
+            document(
+                "en",
+                "English",
+                &["Natural language processing in English"],
+                3,
+                Metadata::new(),
+            ),
+        ])
+        .unwrap();
+    let tokens = shard.analyze("我们在北京大学学习");
+    assert!(tokens.contains(&"北京".to_owned()), "{tokens:?}");
+    assert!(!tokens.iter().any(|token| token.trim().is_empty()));
+    let hits = shard
+        .search_bm25("机器学习的方法", 5, &no_filter())
+        .unwrap();
+    assert_eq!(hits[0].chunk.document_id, "zh1");
+    let hits = shard.search_bm25("上海天气", 5, &no_filter()).unwrap();
+    assert_eq!(documents_of(&hits), HashSet::from(["zh2".to_owned()]));
+    let hits = shard.search_bm25("北京", 5, &no_filter()).unwrap();
+    assert_eq!(documents_of(&hits), HashSet::from(["zh1".to_owned()]));
+}
+
+#[test]
+fn english_stemming_matches_word_forms() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    shard
+        .write_documents(vec![
+            document(
+                "runner",
+                "Sport",
+                &["The dog runs in the park every morning."],
+                1,
+                Metadata::new(),
+            ),
+            document(
+                "other",
+                "Other",
+                &["A cat sleeps on the sofa."],
+                2,
+                Metadata::new(),
+            ),
+        ])
+        .unwrap();
+    assert_eq!(
+        ids(&shard.search_bm25("running", 5, &no_filter()).unwrap()),
+        vec!["runner#0"]
+    );
+    assert_eq!(
+        ids(&shard.search_bm25("Sleeping cats", 5, &no_filter()).unwrap()),
+        vec!["other#0"]
+    );
+    assert_eq!(
+        shard.analyze("The Running, of the DOGS!"),
+        vec!["run".to_owned(), "dog".to_owned()]
+    );
+}
+
+#[test]
+fn wrong_dimensions_and_bad_vectors_are_rejected() {
+    let dir = TempDir::new().unwrap();
+    {
+        let shard = open(&dir);
+        let mut bad = document("bad", "Bad", &["text"], 1, Metadata::new());
+        bad.chunks[0].vector = vec![0.5; DIM + 1];
+        assert!(matches!(
+            shard.write_documents(vec![bad.clone()]),
+            Err(StorageError::DimensionMismatch { expected: DIM, actual })
+                if actual == DIM + 1
+        ));
+        bad.chunks[0].vector = vec![0.0; DIM];
+        assert!(matches!(
+            shard.write_documents(vec![bad.clone()]),
+            Err(StorageError::Invalid(_))
+        ));
+        bad.chunks[0].vector = vec![f32::NAN; DIM];
+        assert!(matches!(
+            shard.write_documents(vec![bad]),
+            Err(StorageError::Invalid(_))
+        ));
+        assert!(matches!(
+            shard.search_dense(&[1.0, 0.0], 5, &no_filter()),
+            Err(StorageError::DimensionMismatch { .. })
+        ));
+        assert_eq!(shard.stats().documents, 0);
+
+        // Vectors that are not unit length are normalised.
+        let mut loud = document("loud", "Loud", &["text"], 1, Metadata::new());
+        loud.chunks[0]
+            .vector
+            .iter_mut()
+            .for_each(|value| *value *= 3.0);
+        shard.write_documents(vec![loud]).unwrap();
+        let hits = shard.search_dense(&vector_for(1), 1, &no_filter()).unwrap();
+        assert!((hits[0].score - 1.0).abs() < 1e-4);
+    }
+    // The dimension is fixed at creation.
+    assert!(matches!(
+        ShardIndex::open(dir.path(), ShardConfig::new(DIM * 2)),
+        Err(StorageError::DimensionMismatch { expected: DIM, .. })
+    ));
+}
+
+#[test]
+fn invalid_configs_are_errors_not_exits() {
+    let dir = TempDir::new().unwrap();
+    let config = ShardConfig {
+        hnsw_m: 300,
+        ..ShardConfig::new(DIM)
+    };
+    assert!(matches!(
+        ShardIndex::open(dir.path(), config),
+        Err(StorageError::Invalid(_))
+    ));
+    let config = ShardConfig {
+        writer_memory_bytes: 1_000_000,
+        ..ShardConfig::new(DIM)
+    };
+    assert!(matches!(
+        ShardIndex::open(dir.path(), config),
+        Err(StorageError::Invalid(_))
+    ));
+    assert!(matches!(
+        ShardIndex::open(dir.path(), ShardConfig::new(0)),
+        Err(StorageError::Invalid(_))
+    ));
+}
+
+#[test]
+fn searches_run_while_writing() {
+    let dir = TempDir::new().unwrap();
+    let shard = Arc::new(open(&dir));
+    shard.write_documents(sample_documents()).unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..3u64)
+        .map(|reader| {
+            let shard = Arc::clone(&shard);
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || {
+                let mut searches = 0;
+                while !done.load(Ordering::Relaxed) {
+                    let dense = shard
+                        .search_dense(&vector_for(reader), 10, &no_filter())
+                        .unwrap();
+                    assert!(!dense.is_empty());
+                    let text = shard.search_bm25("water words", 10, &no_filter()).unwrap();
+                    assert!(!text.is_empty());
+                    // The permanent documents are always there.
+                    let hits = shard.search_bm25("tomato", 10, &no_filter()).unwrap();
+                    assert_eq!(documents_of(&hits).len(), 2);
+                    searches += 1;
+                }
+                searches
+            })
+        })
+        .collect();
+    let mut expected: HashSet<String> = ["apollo", "kitchen", "garden"].map(String::from).into();
+    for round in 0..20u64 {
+        let batch = (0..10u64)
+            .map(|index| {
+                let id = format!("r{}", (round * 10 + index) % 50);
+                expected.insert(id.clone());
+                document(
+                    &id,
+                    "Round",
+                    &["some words", "more words"],
+                    round * 100 + index,
+                    Metadata::new(),
+                )
+            })
+            .collect();
+        shard.write_documents(batch).unwrap();
+        let deleted = format!("r{}", round * 3 % 50);
+        assert_eq!(
+            shard.delete_document(&deleted).unwrap(),
+            expected.remove(&deleted)
+        );
+    }
+    done.store(true, Ordering::Relaxed);
+    for reader in readers {
+        assert!(reader.join().unwrap() > 0);
+    }
+    assert_eq!(shard.stats().documents, expected.len() as u64);
+}
+
+/// Clustered unit vectors: `clusters` random centres, points = centre + noise.
+fn clustered_vectors(
+    rng: &mut Rng,
+    count: usize,
+    clusters: usize,
+    dimension: usize,
+) -> Vec<Vec<f32>> {
+    let centres: Vec<Vec<f32>> = (0..clusters).map(|_| rng.unit_vector(dimension)).collect();
+    (0..count)
+        .map(|index| {
+            let centre = &centres[index % clusters];
+            normalise(
+                centre
+                    .iter()
+                    .map(|value| value + 0.08 * rng.next_f32())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+fn dot(left: &[f32], right: &[f32]) -> f32 {
+    left.iter().zip(right).map(|(a, b)| a * b).sum()
+}
+
+#[test]
+fn hnsw_recall_at_10_against_brute_force() {
+    const DIMENSION: usize = 384;
+    let dir = TempDir::new().unwrap();
+    let shard = ShardIndex::open(dir.path(), ShardConfig::new(DIMENSION)).unwrap();
+    let mut rng = Rng(42);
+    let data = clustered_vectors(&mut rng, 2000, 40, DIMENSION);
+    let queries = clustered_vectors(&mut rng, 50, 40, DIMENSION);
+    let documents: Vec<DocumentWrite> = data
+        .iter()
+        .enumerate()
+        .map(|(index, vector)| DocumentWrite {
+            entry: DocumentEntry {
+                document_id: format!("v{index}"),
+                external_id: None,
+                title: String::new(),
+                metadata: Metadata::new(),
+            },
+            parents: Vec::new(),
+            chunks: vec![ChunkRecord {
+                position: 0,
+                parent_position: 0,
+                text: format!("vector {index}"),
+                heading_path: Vec::new(),
+                span: (0, 0),
+                vector: vector.clone(),
+            }],
+        })
+        .collect();
+    for batch in documents.chunks(500) {
+        shard.write_documents(batch.to_vec()).unwrap();
+    }
+    let mut found = 0;
+    let started = Instant::now();
+    for query in &queries {
+        let mut exact: Vec<(usize, f32)> = data
+            .iter()
+            .enumerate()
+            .map(|(index, vector)| (index, dot(query, vector)))
+            .collect();
+        exact.sort_by(|left, right| right.1.total_cmp(&left.1));
+        let truth: HashSet<String> = exact[..10]
+            .iter()
+            .map(|(index, _)| format!("v{index}"))
+            .collect();
+        let hits = shard.search_dense(query, 10, &no_filter()).unwrap();
+        assert_eq!(hits.len(), 10);
+        found += hits
+            .iter()
+            .filter(|hit| truth.contains(&hit.chunk.document_id))
+            .count();
+    }
+    let recall = found as f64 / (queries.len() * 10) as f64;
+    println!(
+        "hnsw recall@10 = {recall:.4} ({} queries, {:.2} ms/query incl. brute force)",
+        queries.len(),
+        started.elapsed().as_secs_f64() * 1000.0 / queries.len() as f64
+    );
+    assert!(recall >= 0.99, "recall@10 {recall}");
+}
+
+/// Not a test: measures write throughput and reopen time for 10k chunks of 384-d.
+/// `cargo test -p sift-storage --release shard::tests::measure -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn measure_write_throughput_and_reopen_time() {
+    const DIMENSION: usize = 384;
+    const CHUNKS_PER_DOCUMENT: usize = 5;
+    let dir = TempDir::new().unwrap();
+    let mut rng = Rng(7);
+    let vectors = clustered_vectors(&mut rng, 10_000, 100, DIMENSION);
+    let words = [
+        "protein",
+        "cell",
+        "gene",
+        "expression",
+        "cancer",
+        "immune",
+        "receptor",
+        "binding",
+        "mouse",
+        "clinical",
+    ];
+    let documents: Vec<DocumentWrite> = vectors
+        .chunks(CHUNKS_PER_DOCUMENT)
+        .enumerate()
+        .map(|(index, vectors)| DocumentWrite {
+            entry: DocumentEntry {
+                document_id: format!("doc{index}"),
+                external_id: None,
+                title: format!("Title {index} {}", words[index % words.len()]),
+                metadata: metadata(&[("source", "bench")]),
+            },
+            parents: vec![ParentRecord {
+                position: 0,
+                text: "parent ".repeat(200),
+                span: (0, 1400),
+            }],
+            chunks: vectors
+                .iter()
+                .enumerate()
+                .map(|(position, vector)| ChunkRecord {
+                    position: position as u32,
+                    parent_position: 0,
+                    text: (0..60)
+                        .map(|w| words[(index + position + w * 7) % words.len()])
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    heading_path: vec!["Abstract".to_owned()],
+                    span: (0, 400),
+                    vector: vector.clone(),
+                })
+                .collect(),
+        })
+        .collect();
+    {
+        let shard = ShardIndex::open(dir.path(), ShardConfig::new(DIMENSION)).unwrap();
+        let started = Instant::now();
+        for batch in documents.chunks(100) {
+            shard.write_documents(batch.to_vec()).unwrap();
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        println!(
+            "write: {} chunks in {seconds:.2} s = {:.0} chunks/s (batches of 100 documents x {CHUNKS_PER_DOCUMENT} chunks)",
+            vectors.len(),
+            vectors.len() as f64 / seconds
+        );
+        println!("stats: {:?}", shard.stats());
+    }
+    let started = Instant::now();
+    let shard = ShardIndex::open(dir.path(), ShardConfig::new(DIMENSION)).unwrap();
+    println!(
+        "reopen with {} chunks: {:.2} s",
+        shard.stats().chunks,
+        started.elapsed().as_secs_f64()
+    );
+    let started = Instant::now();
+    for query in vectors.iter().take(200) {
+        shard.search_dense(query, 10, &no_filter()).unwrap();
+    }
+    println!(
+        "dense search: {:.3} ms/query",
+        started.elapsed().as_secs_f64() * 1000.0 / 200.0
+    );
+    let started = Instant::now();
+    for index in 0..200 {
+        shard
+            .search_bm25(
+                &format!("{} {}", words[index % 10], words[(index * 3) % 10]),
+                10,
+                &no_filter(),
+            )
+            .unwrap();
+    }
+    println!(
+        "bm25 search: {:.3} ms/query",
+        started.elapsed().as_secs_f64() * 1000.0 / 200.0
+    );
+}
+
+#[test]
+#[ignore]
+fn temp_graph_timing() {
+    let mut rng = Rng(7);
+    let vectors = clustered_vectors(&mut rng, 10_000, 100, 384);
+    let params = super::vector::HnswParams { dimension: 384, m: 16, ef_construction: 200 };
+    let index = super::vector::VectorIndex::new(params, 10_000);
+    let points: Vec<(Vec<f32>, u64)> = vectors.iter().cloned().zip(0u64..).collect();
+    let started = Instant::now();
+    let graph = index.empty_graph(10_000);
+    super::vector::insert_into(&graph, &points).unwrap();
+    println!("parallel build 10k: {:.2}s", started.elapsed().as_secs_f64());
+    index.replace(graph);
+    let started = Instant::now();
+    for query in vectors.iter().take(200) {
+        index.search(query, 10, 64, None);
+    }
+    println!("unfiltered: {:.3} ms/query", started.elapsed().as_secs_f64() * 1000.0 / 200.0);
+    let keep = |_id: u64| true;
+    let started = Instant::now();
+    for query in vectors.iter().take(200) {
+        index.search(query, 10, 64, Some(&keep));
+    }
+    println!("filtered: {:.3} ms/query", started.elapsed().as_secs_f64() * 1000.0 / 200.0);
+    let graph = index.empty_graph(10_000);
+    let started = Instant::now();
+    for (vector, id) in points.iter() {
+        graph.insert((vector.as_slice(), *id as usize));
+    }
+    println!("serial 10k inserts: {:.2}s", started.elapsed().as_secs_f64());
+}

@@ -1,0 +1,341 @@
+//! The BM25 channel: a tantivy index of the shard's chunks.
+//!
+//! Schema: `internal_id` (u64, fast + stored + indexed) links a hit back to the chunk store;
+//! `document_id` and `meta` (`key=value`, multi-valued) are raw `STRING` terms for deletes and
+//! filters; `title` and `text` are analysed by the `sift` analyzer: jieba (search mode, so CJK
+//! text is split into overlapping words) -> drop whitespace/punctuation tokens -> drop tokens
+//! over 40 bytes -> lower case -> English stop words -> English stemmer.
+//!
+//! Queries are analysed with the same analyzer and become an OR of term queries over `text`
+//! and `title` (BM25). The `QueryParser` is not used: it turns a multi-token CJK word into a
+//! phrase query, which is wrong for recall-oriented retrieval.
+//!
+//! Every commit carries the shard's write sequence as its payload; on open, the shard replays
+//! chunk-store writes newer than that payload (see [`crate::shard`]).
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use tantivy::collector::TopDocs;
+use tantivy::query::{BooleanQuery, ConstScoreQuery, Occur, Query, TermQuery, TermSetQuery};
+use tantivy::schema::{
+    FAST, Field, INDEXED, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions,
+};
+use tantivy::tokenizer::{
+    Language, LowerCaser, RemoveLongFilter, Stemmer, StopWordFilter, TextAnalyzer, Token,
+    TokenFilter, TokenStream, Tokenizer,
+};
+use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term};
+use tantivy_jieba::JiebaTokenizer;
+
+use crate::chunk::{Metadata, SearchFilter};
+use crate::error::{Result, StorageError};
+
+/// Name under which the analyzer is registered (tokenizers are not stored in the index: it
+/// is registered again on every open).
+pub(crate) const ANALYZER: &str = "sift";
+/// Tokens longer than this many bytes are dropped.
+const MAX_TOKEN_BYTES: usize = 40;
+/// tantivy refuses less per indexing thread.
+pub(crate) const MIN_WRITER_MEMORY_BYTES: usize = 15_000_000;
+/// tantivy refuses more per indexing thread.
+pub(crate) const MAX_WRITER_MEMORY_BYTES: usize = 4_000_000_000;
+
+const FIELD_INTERNAL_ID: &str = "internal_id";
+const FIELD_DOCUMENT_ID: &str = "document_id";
+const FIELD_TITLE: &str = "title";
+const FIELD_TEXT: &str = "text";
+const FIELD_META: &str = "meta";
+
+/// One chunk as the text index sees it.
+pub(crate) struct TextChunk<'a> {
+    pub internal_id: u64,
+    pub document_id: &'a str,
+    pub title: &'a str,
+    pub text: &'a str,
+    pub metadata: &'a Metadata,
+}
+
+#[derive(Clone, Copy)]
+struct Fields {
+    internal_id: Field,
+    document_id: Field,
+    title: Field,
+    text: Field,
+    meta: Field,
+}
+
+/// The shard's tantivy index and its reader. The `IndexWriter` is handed out by
+/// [`TextIndex::open`] and owned by the shard's writer lock.
+pub(crate) struct TextIndex {
+    index: Index,
+    reader: IndexReader,
+    fields: Fields,
+    analyzer: TextAnalyzer,
+}
+
+impl TextIndex {
+    /// Opens the index in `path`, creating it if there is none.
+    pub fn open(path: &Path, writer_memory_bytes: usize) -> Result<(TextIndex, IndexWriter)> {
+        std::fs::create_dir_all(path)?;
+        let index = if path.join("meta.json").exists() {
+            Index::open_in_dir(path)?
+        } else {
+            Index::create_in_dir(path, schema())?
+        };
+        let analyzer = analyzer()?;
+        index.tokenizers().register(ANALYZER, analyzer.clone());
+        let schema = index.schema();
+        let field = |name: &str| {
+            schema
+                .get_field(name)
+                .map_err(|_| StorageError::Corrupt(format!("text index has no field `{name}`")))
+        };
+        let fields = Fields {
+            internal_id: field(FIELD_INTERNAL_ID)?,
+            document_id: field(FIELD_DOCUMENT_ID)?,
+            title: field(FIELD_TITLE)?,
+            text: field(FIELD_TEXT)?,
+            meta: field(FIELD_META)?,
+        };
+        // One indexing thread: a node hosts many shards on few cores.
+        let writer = index.writer_with_num_threads(1, writer_memory_bytes)?;
+        let reader = index
+            .reader_builder()
+            .reload_policy(ReloadPolicy::Manual)
+            .try_into()?;
+        Ok((
+            TextIndex {
+                index,
+                reader,
+                fields,
+                analyzer,
+            },
+            writer,
+        ))
+    }
+
+    /// The write sequence stored with the last commit (0 for a new index).
+    pub fn committed_sequence(&self) -> Result<u64> {
+        match self.index.load_metas()?.payload {
+            None => Ok(0),
+            Some(payload) => payload.parse().map_err(|_| {
+                StorageError::Corrupt(format!("text index commit payload `{payload}`"))
+            }),
+        }
+    }
+
+    /// The distinct analysed tokens of `text`, in first-seen order.
+    pub fn analyze(&self, text: &str) -> Vec<String> {
+        let mut analyzer = self.analyzer.clone();
+        let mut stream = analyzer.token_stream(text);
+        let mut seen = HashSet::new();
+        let mut tokens = Vec::new();
+        while stream.advance() {
+            let token = &stream.token().text;
+            if seen.insert(token.clone()) {
+                tokens.push(token.clone());
+            }
+        }
+        tokens
+    }
+
+    pub fn add_chunk(&self, writer: &IndexWriter, chunk: &TextChunk<'_>) -> Result<()> {
+        let mut document = TantivyDocument::default();
+        document.add_u64(self.fields.internal_id, chunk.internal_id);
+        document.add_text(self.fields.document_id, chunk.document_id);
+        document.add_text(self.fields.title, chunk.title);
+        document.add_text(self.fields.text, chunk.text);
+        for (key, value) in chunk.metadata {
+            document.add_text(self.fields.meta, meta_term(key, value));
+        }
+        writer.add_document(document)?;
+        Ok(())
+    }
+
+    /// Deletes every chunk of `document_id` added before this call (including uncommitted).
+    pub fn delete_document(&self, writer: &IndexWriter, document_id: &str) {
+        writer.delete_term(Term::from_field_text(self.fields.document_id, document_id));
+    }
+
+    /// Deletes everything (for a full rebuild from the chunk store).
+    pub fn delete_all(&self, writer: &IndexWriter) -> Result<()> {
+        writer.delete_all_documents()?;
+        Ok(())
+    }
+
+    /// Commits with `sequence` as payload and makes the commit visible to searches. On
+    /// failure the uncommitted operations are rolled back; the caller must replay them.
+    pub fn commit(&self, writer: &mut IndexWriter, sequence: u64) -> Result<()> {
+        let committed = (|| -> tantivy::Result<()> {
+            let mut prepared = writer.prepare_commit()?;
+            prepared.set_payload(&sequence.to_string());
+            prepared.commit()?;
+            Ok(())
+        })();
+        if let Err(error) = committed {
+            if let Err(rollback_error) = writer.rollback() {
+                tracing::warn!(%rollback_error, "text index rollback failed");
+            }
+            return Err(error.into());
+        }
+        self.reader.reload()?;
+        Ok(())
+    }
+
+    /// Discards uncommitted operations (after a failure half-way through a batch).
+    pub fn rollback(&self, writer: &mut IndexWriter) {
+        if let Err(error) = writer.rollback() {
+            tracing::warn!(%error, "text index rollback failed");
+        }
+    }
+
+    /// BM25 search for `tokens` (already analysed), restricted by `filter`: the best `limit`
+    /// chunks as `(internal id, score)`, best first.
+    pub fn search(
+        &self,
+        tokens: &[String],
+        filter: &SearchFilter,
+        limit: usize,
+    ) -> Result<Vec<(u64, f32)>> {
+        if tokens.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut should: Vec<(Occur, Box<dyn Query>)> = Vec::with_capacity(tokens.len() * 2);
+        for token in tokens {
+            for field in [self.fields.text, self.fields.title] {
+                should.push((
+                    Occur::Should,
+                    Box::new(TermQuery::new(
+                        Term::from_field_text(field, token),
+                        IndexRecordOption::WithFreqs,
+                    )),
+                ));
+            }
+        }
+        let mut clauses: Vec<(Occur, Box<dyn Query>)> =
+            vec![(Occur::Must, Box::new(BooleanQuery::new(should)))];
+        // Filters match or not; they add nothing to the score.
+        if let Some(document_ids) = &filter.document_ids {
+            let terms = document_ids
+                .iter()
+                .map(|id| Term::from_field_text(self.fields.document_id, id));
+            clauses.push((Occur::Must, zero_score(Box::new(TermSetQuery::new(terms)))));
+        }
+        for (key, value) in &filter.metadata {
+            let term = Term::from_field_text(self.fields.meta, &meta_term(key, value));
+            clauses.push((
+                Occur::Must,
+                zero_score(Box::new(TermQuery::new(term, IndexRecordOption::Basic))),
+            ));
+        }
+        let query = BooleanQuery::new(clauses);
+        let searcher = self.reader.searcher();
+        let top = searcher.search(&query, &TopDocs::with_limit(limit).order_by_score())?;
+        let mut columns = std::collections::HashMap::new();
+        let mut hits = Vec::with_capacity(top.len());
+        for (score, address) in top {
+            if !columns.contains_key(&address.segment_ord) {
+                let column = searcher
+                    .segment_reader(address.segment_ord)
+                    .fast_fields()
+                    .u64(FIELD_INTERNAL_ID)?;
+                columns.insert(address.segment_ord, column);
+            }
+            let internal_id = columns
+                .get(&address.segment_ord)
+                .and_then(|column| column.first(address.doc_id))
+                .ok_or_else(|| {
+                    StorageError::Corrupt("text index hit without internal id".to_owned())
+                })?;
+            hits.push((internal_id, score));
+        }
+        Ok(hits)
+    }
+}
+
+fn zero_score(query: Box<dyn Query>) -> Box<dyn Query> {
+    Box::new(ConstScoreQuery::new(query, 0.0))
+}
+
+fn meta_term(key: &str, value: &str) -> String {
+    format!("{key}={value}")
+}
+
+fn schema() -> Schema {
+    let mut builder = Schema::builder();
+    builder.add_u64_field(FIELD_INTERNAL_ID, FAST | STORED | INDEXED);
+    builder.add_text_field(FIELD_DOCUMENT_ID, STRING);
+    let analysed = TextOptions::default().set_indexing_options(
+        TextFieldIndexing::default()
+            .set_tokenizer(ANALYZER)
+            .set_index_option(IndexRecordOption::WithFreqs),
+    );
+    builder.add_text_field(FIELD_TITLE, analysed.clone());
+    builder.add_text_field(FIELD_TEXT, analysed);
+    builder.add_text_field(FIELD_META, STRING);
+    builder.build()
+}
+
+/// The `sift` analyzer, used for indexing and for queries.
+pub(crate) fn analyzer() -> Result<TextAnalyzer> {
+    let stop_words = StopWordFilter::new(Language::English)
+        .ok_or_else(|| StorageError::Invalid("no English stop word list".to_owned()))?;
+    Ok(TextAnalyzer::builder(JiebaTokenizer::new())
+        .filter(WordsOnly)
+        .filter(RemoveLongFilter::limit(MAX_TOKEN_BYTES))
+        .filter(LowerCaser)
+        .filter(stop_words)
+        .filter(Stemmer::new(Language::English))
+        .build())
+}
+
+/// Drops tokens without a letter or digit: jieba emits spaces and punctuation as tokens.
+#[derive(Clone)]
+struct WordsOnly;
+
+impl TokenFilter for WordsOnly {
+    type Tokenizer<T: Tokenizer> = WordsOnlyTokenizer<T>;
+
+    fn transform<T: Tokenizer>(self, tokenizer: T) -> WordsOnlyTokenizer<T> {
+        WordsOnlyTokenizer { inner: tokenizer }
+    }
+}
+
+#[derive(Clone)]
+struct WordsOnlyTokenizer<T> {
+    inner: T,
+}
+
+impl<T: Tokenizer> Tokenizer for WordsOnlyTokenizer<T> {
+    type TokenStream<'a> = WordsOnlyStream<T::TokenStream<'a>>;
+
+    fn token_stream<'a>(&'a mut self, text: &'a str) -> Self::TokenStream<'a> {
+        WordsOnlyStream {
+            tail: self.inner.token_stream(text),
+        }
+    }
+}
+
+struct WordsOnlyStream<T> {
+    tail: T,
+}
+
+impl<T: TokenStream> TokenStream for WordsOnlyStream<T> {
+    fn advance(&mut self) -> bool {
+        while self.tail.advance() {
+            if self.tail.token().text.chars().any(char::is_alphanumeric) {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn token(&self) -> &Token {
+        self.tail.token()
+    }
+
+    fn token_mut(&mut self) -> &mut Token {
+        self.tail.token_mut()
+    }
+}
