@@ -66,7 +66,9 @@ impl Embedders {
                     "embedding_model_unavailable",
                     format!(
                         "the embedded model {EMBEDDED_MODEL} is not loaded: {}",
-                        self.local_error.as_deref().unwrap_or("no model directory configured")
+                        self.local_error
+                            .as_deref()
+                            .unwrap_or("no model directory configured")
                     ),
                 )
             });
@@ -75,7 +77,10 @@ impl Embedders {
         known.push(EMBEDDED_MODEL);
         Err(SiftError::invalid(
             "unknown_embedding_model",
-            format!("unknown embedding model {name:?}; known: {}", known.join(", ")),
+            format!(
+                "unknown embedding model {name:?}; known: {}",
+                known.join(", ")
+            ),
         ))
     }
 }
@@ -91,21 +96,29 @@ pub struct NodeContext {
 
 impl NodeContext {
     /// Embeds `texts` with `embedder`, reusing cached vectors and caching new ones.
-    pub async fn embed_cached(&self, embedder: &Embedder, texts: Vec<String>) -> Result<Vec<Vec<f32>>> {
+    pub async fn embed_cached(
+        &self,
+        embedder: &Embedder,
+        texts: Vec<String>,
+    ) -> Result<Vec<Vec<f32>>> {
         let model = embedder.model_name().to_string();
         let dimension = embedder.dimension();
         let mut vectors: Vec<Option<Vec<f32>>> = Vec::with_capacity(texts.len());
         let mut missing_positions = Vec::new();
         let mut missing_texts = Vec::new();
         for (position, text) in texts.iter().enumerate() {
-            let cached = self.embedding_cache.get(&model, text, dimension).unwrap_or(None);
+            let cached = self
+                .embedding_cache
+                .get(&model, text, dimension)
+                .unwrap_or(None);
             if cached.is_none() {
                 missing_positions.push(position);
                 missing_texts.push(text.clone());
             }
             vectors.push(cached);
         }
-        metrics::counter!("sift_embedding_cache_hits_total").increment((texts.len() - missing_texts.len()) as u64);
+        metrics::counter!("sift_embedding_cache_hits_total")
+            .increment((texts.len() - missing_texts.len()) as u64);
         if !missing_texts.is_empty() {
             let computed = embedder.embed(missing_texts.clone()).await?;
             if computed.len() != missing_texts.len() {
@@ -116,7 +129,11 @@ impl NodeContext {
                 ))
                 .into());
             }
-            for ((position, text), vector) in missing_positions.into_iter().zip(&missing_texts).zip(computed) {
+            for ((position, text), vector) in missing_positions
+                .into_iter()
+                .zip(&missing_texts)
+                .zip(computed)
+            {
                 if vector.len() != dimension {
                     return Err(EmbeddingError::DimensionMismatch {
                         expected: dimension,

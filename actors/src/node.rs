@@ -15,7 +15,8 @@ use sift_cluster::placement::shard_for_document;
 use sift_storage::chunk::{ChunkView, Metadata, SearchFilter};
 use sift_storage::embedding_cache::EmbeddingCache;
 use sift_storage::meta::{
-    DocSource, DocStatus, DocumentCounts, DocumentRecord, KbRecord, KbSettings, MetaOp, MetaOutcome, SledMetaStore,
+    DocSource, DocStatus, DocumentCounts, DocumentRecord, KbRecord, KbSettings, MetaOp,
+    MetaOutcome, SledMetaStore,
 };
 use tokio::sync::broadcast;
 use tracing::{info, warn};
@@ -156,7 +157,11 @@ pub struct SiftNode {
 impl SiftNode {
     /// Opens the data directory, starts the actor tree, reopens every shard and resumes
     /// unfinished ingestion.
-    pub async fn start(data_dir: &Path, options: NodeOptions, embedders: Embedders) -> Result<SiftNode> {
+    pub async fn start(
+        data_dir: &Path,
+        options: NodeOptions,
+        embedders: Embedders,
+    ) -> Result<SiftNode> {
         let started = Instant::now();
         std::fs::create_dir_all(data_dir).map_err(|e| SiftError::Storage(e.into()))?;
         let meta_dir = data_dir.join("meta");
@@ -164,8 +169,16 @@ impl SiftNode {
             .await
             .map_err(|e| SiftError::Internal(e.to_string()))??;
         let store = Arc::new(store);
-        let embedding_cache = EmbeddingCache::new(store.db().open_tree("embedding_cache").map_err(sled_error)?);
-        let raw = RawStore::open(data_dir.join("raw"), store.db().open_tree("raw_texts").map_err(sled_error)?)?;
+        let embedding_cache = EmbeddingCache::new(
+            store
+                .db()
+                .open_tree("embedding_cache")
+                .map_err(sled_error)?,
+        );
+        let raw = RawStore::open(
+            data_dir.join("raw"),
+            store.db().open_tree("raw_texts").map_err(sled_error)?,
+        )?;
         let meta = MetaHandle::new(LocalMeta::new(store.clone()));
         let registry = ShardRegistry::default();
         let (shards, _) = Actor::spawn(
@@ -221,7 +234,13 @@ impl SiftNode {
         for kb in store.list_kbs()? {
             self.open_shards(&kb).await?;
             for tombstone in store.tombstones(&kb.id)? {
-                pipeline::delete_from_shard(&self.context, &kb.id, tombstone.shard, &tombstone.document_id).await;
+                pipeline::delete_from_shard(
+                    &self.context,
+                    &kb.id,
+                    tombstone.shard,
+                    &tombstone.document_id,
+                )
+                .await;
                 let _ = self.context.raw.remove(&tombstone.document_id);
             }
         }
@@ -230,7 +249,11 @@ impl SiftNode {
             unfinished.entry(record.kb_id).or_default().push(record.id);
         }
         for (kb_id, ids) in unfinished {
-            info!(kb_id, documents = ids.len(), "resuming unfinished ingestion");
+            info!(
+                kb_id,
+                documents = ids.len(),
+                "resuming unfinished ingestion"
+            );
             for batch in ids.chunks(JOB_DOCUMENTS) {
                 let queue = self.queue.clone();
                 let job = IngestJob {
@@ -266,7 +289,9 @@ impl SiftNode {
             .await;
         match call {
             Ok(CallResult::Success(outcome)) => outcome,
-            _ => Err(SiftError::Internal("the shard supervisor did not answer".into())),
+            _ => Err(SiftError::Internal(
+                "the shard supervisor did not answer".into(),
+            )),
         }
     }
 
@@ -303,11 +328,17 @@ impl SiftNode {
                 message: format!("a knowledge base named {:?} already exists", request.name),
             });
         }
-        let embedding_model = request.embedding_model.clone().unwrap_or_else(|| EMBEDDED_MODEL.to_string());
+        let embedding_model = request
+            .embedding_model
+            .clone()
+            .unwrap_or_else(|| EMBEDDED_MODEL.to_string());
         let embedder = self.context.embedders.get(&embedding_model)?;
         let shards = request.shards.unwrap_or(2);
         if !(1..=64).contains(&shards) {
-            return Err(SiftError::invalid("invalid_settings", "shards must be between 1 and 64"));
+            return Err(SiftError::invalid(
+                "invalid_settings",
+                "shards must be between 1 and 64",
+            ));
         }
         let mut settings = KbSettings {
             shards,
@@ -337,16 +368,25 @@ impl SiftNode {
             created_at_ms: now,
             updated_at_ms: now,
         };
-        let outcome = self.context.meta.propose(MetaOp::CreateKb(kb)).await.map_err(conflict_as_kb_exists)?;
+        let outcome = self
+            .context
+            .meta
+            .propose(MetaOp::CreateKb(kb))
+            .await
+            .map_err(conflict_as_kb_exists)?;
         let MetaOutcome::Kb(kb) = outcome else {
-            return Err(SiftError::Internal(format!("unexpected outcome {outcome:?}")));
+            return Err(SiftError::Internal(format!(
+                "unexpected outcome {outcome:?}"
+            )));
         };
         self.open_shards(&kb).await?;
         self.kb_view(kb)
     }
 
     pub fn find_kb(&self, kb: &str) -> Result<KbRecord> {
-        self.store().find_kb(kb)?.ok_or_else(|| SiftError::kb_not_found(kb))
+        self.store()
+            .find_kb(kb)?
+            .ok_or_else(|| SiftError::kb_not_found(kb))
     }
 
     pub fn get_kb(&self, kb: &str) -> Result<KbView> {
@@ -375,7 +415,11 @@ impl SiftNode {
                 "shards is fixed when the knowledge base is created",
             ));
         }
-        if request.embedding_model.as_ref().is_some_and(|m| *m != kb.settings.embedding_model) {
+        if request
+            .embedding_model
+            .as_ref()
+            .is_some_and(|m| *m != kb.settings.embedding_model)
+        {
             return Err(SiftError::invalid(
                 "immutable_setting",
                 "embedding_model is fixed when the knowledge base is created",
@@ -408,9 +452,18 @@ impl SiftNode {
 
     pub async fn delete_kb(&self, kb: &str) -> Result<()> {
         let kb = self.find_kb(kb)?;
-        let outcome = self.context.meta.propose(MetaOp::DeleteKb { kb_id: kb.id.clone() }).await?;
+        let outcome = self
+            .context
+            .meta
+            .propose(MetaOp::DeleteKb {
+                kb_id: kb.id.clone(),
+            })
+            .await?;
         let kb_id = kb.id.clone();
-        let call = self.shards.call(|reply| ShardsMessage::DropKb { kb_id, reply }, None).await;
+        let call = self
+            .shards
+            .call(|reply| ShardsMessage::DropKb { kb_id, reply }, None)
+            .await;
         if !matches!(call, Ok(CallResult::Success(Ok(())))) {
             warn!(kb_id = %kb.id, "dropping the shards of a deleted knowledge base failed");
         }
@@ -426,7 +479,11 @@ impl SiftNode {
 
     /// Registers bulk texts and queues them. All-or-nothing validation: one bad document
     /// rejects the request and stores nothing.
-    pub async fn add_texts(&self, kb: &str, documents: Vec<NewTextDocument>) -> Result<Vec<AddedDocument>> {
+    pub async fn add_texts(
+        &self,
+        kb: &str,
+        documents: Vec<NewTextDocument>,
+    ) -> Result<Vec<AddedDocument>> {
         let kb = self.find_kb(kb)?;
         if documents.is_empty() {
             return Err(SiftError::invalid("empty_request", "documents is empty"));
@@ -541,10 +598,16 @@ impl SiftNode {
             .await
             .map_err(|e| SiftError::Internal(e.to_string()))??;
         let mut added = self.register(&kb, vec![record]).await?;
-        added.pop().ok_or_else(|| SiftError::Internal("registration returned nothing".into()))
+        added
+            .pop()
+            .ok_or_else(|| SiftError::Internal("registration returned nothing".into()))
     }
 
-    async fn register(&self, kb: &KbRecord, records: Vec<DocumentRecord>) -> Result<Vec<AddedDocument>> {
+    async fn register(
+        &self,
+        kb: &KbRecord,
+        records: Vec<DocumentRecord>,
+    ) -> Result<Vec<AddedDocument>> {
         let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
         // Admission first: if the queue is full nothing is registered and the raw data goes.
         let jobs: Vec<IngestJob> = ids
@@ -559,7 +622,9 @@ impl SiftNode {
             for id in &ids {
                 let _ = self.context.raw.remove(id);
             }
-            return Err(SiftError::QueueFull { retry_after_secs: 2 });
+            return Err(SiftError::QueueFull {
+                retry_after_secs: 2,
+            });
         }
         let outcome = self
             .context
@@ -570,7 +635,9 @@ impl SiftNode {
             })
             .await?;
         let MetaOutcome::Registered(registered) = outcome else {
-            return Err(SiftError::Internal(format!("unexpected outcome {outcome:?}")));
+            return Err(SiftError::Internal(format!(
+                "unexpected outcome {outcome:?}"
+            )));
         };
         let mut added = Vec::with_capacity(registered.len());
         for (entry, submitted_id) in registered.into_iter().zip(&ids) {
@@ -578,7 +645,8 @@ impl SiftNode {
                 let _ = self.context.raw.remove(submitted_id);
             }
             if let Some(old) = &entry.replaced {
-                pipeline::delete_from_shard(&self.context, &kb.id, old.shard, &old.document_id).await;
+                pipeline::delete_from_shard(&self.context, &kb.id, old.shard, &old.document_id)
+                    .await;
                 let _ = self.context.raw.remove(&old.document_id);
             }
             added.push(AddedDocument {
@@ -610,9 +678,16 @@ impl SiftNode {
             .ok_or_else(|| SiftError::document_not_found(document))
     }
 
-    pub fn list_documents(&self, kb: &str, after: Option<&str>, limit: usize) -> Result<Vec<DocumentRecord>> {
+    pub fn list_documents(
+        &self,
+        kb: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DocumentRecord>> {
         let kb = self.find_kb(kb)?;
-        Ok(self.store().list_documents(&kb.id, after, limit.clamp(1, 1000))?)
+        Ok(self
+            .store()
+            .list_documents(&kb.id, after, limit.clamp(1, 1000))?)
     }
 
     /// Deletes a document: a tombstone in metadata first (from then on no search returns it),
@@ -650,7 +725,10 @@ impl SiftNode {
             })?;
         let document_id = record.id.clone();
         match actor
-            .call(|reply| ShardMessage::Chunks { document_id, reply }, Some(self.context.options.shard_deadline))
+            .call(
+                |reply| ShardMessage::Chunks { document_id, reply },
+                Some(self.context.options.shard_deadline),
+            )
             .await
         {
             Ok(CallResult::Success(outcome)) => outcome,
@@ -672,7 +750,10 @@ impl SiftNode {
             return Err(SiftError::invalid("empty_query", "query is empty"));
         }
         if text.chars().count() > 8192 {
-            return Err(SiftError::invalid("query_too_long", "query is longer than 8192 characters"));
+            return Err(SiftError::invalid(
+                "query_too_long",
+                "query is longer than 8192 characters",
+            ));
         }
         let top_k = query.top_k.unwrap_or(10);
         if top_k == 0 || top_k > MAX_TOP_K {
@@ -704,11 +785,20 @@ impl SiftNode {
         let weights = query.weights.clone().unwrap_or_default();
         let dense_weight = weights.dense.unwrap_or(1.0);
         let bm25_weight = weights.bm25.unwrap_or(1.0);
-        if !(dense_weight.is_finite() && bm25_weight.is_finite()) || dense_weight < 0.0 || bm25_weight < 0.0 {
-            return Err(SiftError::invalid("invalid_weights", "channel weights must be finite and >= 0"));
+        if !(dense_weight.is_finite() && bm25_weight.is_finite())
+            || dense_weight < 0.0
+            || bm25_weight < 0.0
+        {
+            return Err(SiftError::invalid(
+                "invalid_weights",
+                "channel weights must be finite and >= 0",
+            ));
         }
         if !(dense && dense_weight > 0.0 || bm25 && bm25_weight > 0.0) {
-            return Err(SiftError::invalid("invalid_weights", "every requested channel has weight 0"));
+            return Err(SiftError::invalid(
+                "invalid_weights",
+                "every requested channel has weight 0",
+            ));
         }
         let rrf_k = query.rrf_k.unwrap_or(60.0);
         if !(rrf_k.is_finite() && rrf_k >= 1.0) {
@@ -716,7 +806,10 @@ impl SiftNode {
         }
         let candidates = query.candidates.unwrap_or(top_k.max(50));
         if candidates < top_k || candidates > 1000 {
-            return Err(SiftError::invalid("invalid_candidates", "candidates must be between top_k and 1000"));
+            return Err(SiftError::invalid(
+                "invalid_candidates",
+                "candidates must be between top_k and 1000",
+            ));
         }
         let filters = query.filters.clone().unwrap_or_default();
         let filter = SearchFilter {
@@ -726,7 +819,10 @@ impl SiftNode {
         let embed_started = Instant::now();
         let vector = if dense {
             let embedder = self.context.embedders.get(&kb.settings.embedding_model)?;
-            let mut vectors = self.context.embed_cached(&embedder, vec![text.clone()]).await?;
+            let mut vectors = self
+                .context
+                .embed_cached(&embedder, vec![text.clone()])
+                .await?;
             Some(vectors.pop().unwrap_or_default())
         } else {
             None
@@ -790,7 +886,9 @@ fn conflict_as_kb_exists(error: SiftError) -> SiftError {
 fn validate_kb_name(name: &str) -> Result<()> {
     let valid = !name.is_empty()
         && name.len() <= 64
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && !name.starts_with('.')
         && uuid::Uuid::parse_str(name).is_err();
     if valid {
@@ -878,7 +976,10 @@ fn metadata_from_json(map: serde_json::Map<String, serde_json::Value>) -> Result
             }
         };
         if key.is_empty() || key.contains('=') {
-            return Err(SiftError::invalid("invalid_metadata", "metadata keys must be non-empty without '='"));
+            return Err(SiftError::invalid(
+                "invalid_metadata",
+                "metadata keys must be non-empty without '='",
+            ));
         }
         metadata.insert(key, value);
     }

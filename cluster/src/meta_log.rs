@@ -43,7 +43,11 @@ impl LocalMeta {
         })
         .await
         .map_err(|error| ClusterError::Dropped(error.to_string()))?;
-        let label = if outcome.is_ok() { "applied" } else { "refused" };
+        let label = if outcome.is_ok() {
+            "applied"
+        } else {
+            "refused"
+        };
         metrics::counter!("sift_meta_proposals_total", "outcome" => label).increment(1);
         metrics::histogram!("sift_meta_apply_seconds").record(started.elapsed().as_secs_f64());
         Ok(outcome?)

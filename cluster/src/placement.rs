@@ -18,7 +18,10 @@ mod tests {
 
     #[test]
     fn stable_and_balanced() {
-        assert_eq!(shard_for_document("doc-1", 4), shard_for_document("doc-1", 4));
+        assert_eq!(
+            shard_for_document("doc-1", 4),
+            shard_for_document("doc-1", 4)
+        );
         let mut counts = [0u32; 4];
         for i in 0..4000 {
             counts[shard_for_document(&format!("doc-{i}"), 4) as usize] += 1;

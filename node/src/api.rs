@@ -20,9 +20,9 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use sift_actors::SiftError;
+use sift_actors::SiftNode;
 use sift_actors::events::DocumentEvent;
 use sift_actors::node::{CreateKb, NewTextDocument, SearchQuery, UpdateKb, Upload};
-use sift_actors::SiftNode;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::broadcast;
 
@@ -42,14 +42,20 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .route("/v1/kbs", post(create_kb).get(list_kbs))
-        .route("/v1/kbs/{kb}", get(get_kb).patch(update_kb).delete(delete_kb))
+        .route(
+            "/v1/kbs/{kb}",
+            get(get_kb).patch(update_kb).delete(delete_kb),
+        )
         .route(
             "/v1/kbs/{kb}/documents",
             post(add_documents)
                 .get(list_documents)
                 .layer(DefaultBodyLimit::disable()),
         )
-        .route("/v1/kbs/{kb}/documents/{doc}", get(get_document).delete(delete_document))
+        .route(
+            "/v1/kbs/{kb}/documents/{doc}",
+            get(get_document).delete(delete_document),
+        )
         .route("/v1/kbs/{kb}/documents/{doc}/events", get(document_events))
         .route("/v1/kbs/{kb}/documents/{doc}/chunks", get(document_chunks))
         .route("/v1/kbs/{kb}/search", post(search))
@@ -84,7 +90,8 @@ impl ApiError {
 
 impl From<SiftError> for ApiError {
     fn from(error: SiftError) -> Self {
-        let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status =
+            StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let retry_after_secs = match &error {
             SiftError::QueueFull { retry_after_secs } => Some(*retry_after_secs),
             _ => None,
@@ -105,10 +112,10 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = Json(json!({ "error": { "code": self.code, "message": self.message } }));
         let mut response = (self.status, body).into_response();
-        if let Some(seconds) = self.retry_after_secs {
-            if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
-                response.headers_mut().insert(header::RETRY_AFTER, value);
-            }
+        if let Some(seconds) = self.retry_after_secs
+            && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
+        {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
         }
         response
     }
@@ -137,9 +144,11 @@ fn json_rejection(rejection: JsonRejection) -> ApiError {
             "unsupported_media_type",
             "expected a JSON body with content-type application/json",
         ),
-        JsonRejection::BytesRejection(_) => {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", rejection.body_text())
-        }
+        JsonRejection::BytesRejection(_) => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            rejection.body_text(),
+        ),
         other => ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", other.body_text()),
     }
 }
@@ -149,7 +158,11 @@ async fn not_found() -> ApiError {
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
 }
 
 async fn count_requests(request: Request, next: axum::middleware::Next) -> Response {
@@ -189,7 +202,10 @@ async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     )
 }
 
-async fn create_kb(State(state): State<AppState>, ApiJson(request): ApiJson<CreateKb>) -> ApiResult<impl IntoResponse> {
+async fn create_kb(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<CreateKb>,
+) -> ApiResult<impl IntoResponse> {
     let kb = state.node.create_kb(request).await?;
     Ok((StatusCode::CREATED, Json(kb)))
 }
@@ -198,7 +214,10 @@ async fn list_kbs(State(state): State<AppState>) -> ApiResult<impl IntoResponse>
     Ok(Json(json!({ "kbs": state.node.list_kbs()? })))
 }
 
-async fn get_kb(State(state): State<AppState>, Path(kb): Path<String>) -> ApiResult<impl IntoResponse> {
+async fn get_kb(
+    State(state): State<AppState>,
+    Path(kb): Path<String>,
+) -> ApiResult<impl IntoResponse> {
     Ok(Json(state.node.get_kb(&kb)?))
 }
 
@@ -210,7 +229,10 @@ async fn update_kb(
     Ok(Json(state.node.update_kb(&kb, request).await?))
 }
 
-async fn delete_kb(State(state): State<AppState>, Path(kb): Path<String>) -> ApiResult<impl IntoResponse> {
+async fn delete_kb(
+    State(state): State<AppState>,
+    Path(kb): Path<String>,
+) -> ApiResult<impl IntoResponse> {
     state.node.delete_kb(&kb).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -239,7 +261,13 @@ async fn add_documents(
     if content_type.starts_with("multipart/form-data") {
         let multipart = Multipart::from_request(request, &state)
             .await
-            .map_err(|rejection| ApiError::new(StatusCode::BAD_REQUEST, "invalid_multipart", rejection.body_text()))?;
+            .map_err(|rejection| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_multipart",
+                    rejection.body_text(),
+                )
+            })?;
         let upload = receive_upload(&state, multipart).await?;
         let temp = upload.temp_path.clone();
         let outcome = state.node.add_upload(&kb, upload).await;
@@ -256,8 +284,9 @@ async fn add_documents(
                     format!("JSON bodies are limited to {} bytes", state.max_json_bytes),
                 )
             })?;
-        let bulk: BulkDocuments = serde_json::from_slice(&body)
-            .map_err(|error| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", error.to_string()))?;
+        let bulk: BulkDocuments = serde_json::from_slice(&body).map_err(|error| {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", error.to_string())
+        })?;
         let added = state.node.add_texts(&kb, bulk.documents).await?;
         Ok((StatusCode::ACCEPTED, Json(json!({ "documents": added }))).into_response())
     } else {
@@ -290,7 +319,11 @@ fn check_file_name(name: &str) -> ApiResult<()> {
 
 async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult<Upload> {
     let multipart_error = |error: axum::extract::multipart::MultipartError| {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_multipart", error.body_text())
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_multipart",
+            error.body_text(),
+        )
     };
     let mut file: Option<(PathBuf, String, u64, String)> = None;
     let mut external_id = None;
@@ -300,7 +333,11 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
             match field.name().unwrap_or("") {
                 "file" => {
                     if file.is_some() {
-                        return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_multipart", "one file per request"));
+                        return Err(ApiError::new(
+                            StatusCode::BAD_REQUEST,
+                            "invalid_multipart",
+                            "one file per request",
+                        ));
                     }
                     let name = field.file_name().unwrap_or("").to_string();
                     check_file_name(&name)?;
@@ -318,7 +355,10 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
                             return Err(ApiError::new(
                                 StatusCode::PAYLOAD_TOO_LARGE,
                                 "payload_too_large",
-                                format!("the file is larger than the limit of {} bytes", state.max_upload_bytes),
+                                format!(
+                                    "the file is larger than the limit of {} bytes",
+                                    state.max_upload_bytes
+                                ),
                             ));
                         }
                         hasher.update(&chunk);
@@ -337,9 +377,14 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
                 "external_id" => external_id = Some(field.text().await.map_err(multipart_error)?),
                 "metadata" => {
                     let text = field.text().await.map_err(multipart_error)?;
-                    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text).map_err(|e| {
-                        ApiError::new(StatusCode::BAD_REQUEST, "invalid_metadata", format!("metadata: {e}"))
-                    })?;
+                    let map: serde_json::Map<String, serde_json::Value> =
+                        serde_json::from_str(&text).map_err(|e| {
+                            ApiError::new(
+                                StatusCode::BAD_REQUEST,
+                                "invalid_metadata",
+                                format!("metadata: {e}"),
+                            )
+                        })?;
                     for (key, value) in map {
                         let value = match value {
                             serde_json::Value::String(s) => s,
@@ -375,11 +420,19 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
         return Err(error);
     }
     let Some((temp_path, file_name, size_bytes, content_hash)) = file else {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "missing_file", "no `file` field in the upload"));
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "missing_file",
+            "no `file` field in the upload",
+        ));
     };
     if size_bytes == 0 {
         let _ = tokio::fs::remove_file(&temp_path).await;
-        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "empty_document", "the file is empty"));
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "empty_document",
+            "the file is empty",
+        ));
     }
     Ok(Upload {
         temp_path,
@@ -404,7 +457,9 @@ async fn list_documents(
     Query(page): Query<Page>,
 ) -> ApiResult<impl IntoResponse> {
     let limit = page.limit.unwrap_or(100);
-    let documents = state.node.list_documents(&kb, page.after.as_deref(), limit)?;
+    let documents = state
+        .node
+        .list_documents(&kb, page.after.as_deref(), limit)?;
     let next = if documents.len() == limit.clamp(1, 1000) {
         documents.last().map(|d| d.id.clone())
     } else {
@@ -432,7 +487,9 @@ async fn document_chunks(
     State(state): State<AppState>,
     Path((kb, doc)): Path<(String, String)>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(json!({ "chunks": state.node.document_chunks(&kb, &doc).await? })))
+    Ok(Json(
+        json!({ "chunks": state.node.document_chunks(&kb, &doc).await? }),
+    ))
 }
 
 /// Progress of one document as server-sent events: the current status first, then every
@@ -473,7 +530,10 @@ async fn document_events(
                     Ok(_) => continue,
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         // Missed events: re-read the current status instead.
-                        match progress.node.get_document(&progress.kb, &progress.document_id) {
+                        match progress
+                            .node
+                            .get_document(&progress.kb, &progress.document_id)
+                        {
                             Ok(record) => break DocumentEvent::from_record(&record),
                             Err(_) => return None,
                         }
@@ -483,7 +543,11 @@ async fn document_events(
             },
         };
         progress.done = event.is_final();
-        let name = if event.deleted { "deleted" } else { event.status.as_str() };
+        let name = if event.deleted {
+            "deleted"
+        } else {
+            event.status.as_str()
+        };
         let sse = Event::default()
             .event(name)
             .json_data(&event)

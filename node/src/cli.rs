@@ -16,10 +16,19 @@ use serde_json::{Value, json};
 use crate::config::Config;
 
 #[derive(Parser, Debug)]
-#[command(name = "sift", version, about = "Sift: agentic retrieval-augmented generation on a cluster of equal nodes")]
+#[command(
+    name = "sift",
+    version,
+    about = "Sift: agentic retrieval-augmented generation on a cluster of equal nodes"
+)]
 pub struct Cli {
     /// Base URL of the node client commands talk to.
-    #[arg(long, global = true, env = "SIFT_NODE", default_value = "http://127.0.0.1:7700")]
+    #[arg(
+        long,
+        global = true,
+        env = "SIFT_NODE",
+        default_value = "http://127.0.0.1:7700"
+    )]
     pub node: String,
     #[command(subcommand)]
     pub command: Command,
@@ -112,7 +121,11 @@ pub enum KbCommand {
 #[derive(Debug)]
 pub enum CliError {
     /// The node answered with an error.
-    Refused { status: u16, code: String, message: String },
+    Refused {
+        status: u16,
+        code: String,
+        message: String,
+    },
     /// The node could not be reached.
     Unreachable(String),
     Other(anyhow::Error),
@@ -127,7 +140,11 @@ impl From<anyhow::Error> for CliError {
 impl std::fmt::Display for CliError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CliError::Refused { status, code, message } => write!(f, "error {status} {code}: {message}"),
+            CliError::Refused {
+                status,
+                code,
+                message,
+            } => write!(f, "error {status} {code}: {message}"),
             CliError::Unreachable(message) => write!(f, "cannot reach the node: {message}"),
             CliError::Other(error) => write!(f, "error: {error:#}"),
         }
@@ -139,11 +156,18 @@ pub fn run() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => {
             let _ = error.print();
-            return if error.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+            return if error.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     crate::telemetry::init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: starting the runtime: {error}");
@@ -178,11 +202,18 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
             channels,
             json,
         } => {
-            let channels: Option<Vec<String>> =
-                channels.map(|c| c.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect());
+            let channels: Option<Vec<String>> = channels.map(|c| {
+                c.split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            });
             let answer = client.search(&kb, &query, top_k, channels).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&answer).unwrap_or_default()
+                );
             } else {
                 print_hits(&query, &answer);
             }
@@ -194,7 +225,9 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
 
 /// Builds the layered config for `sift serve`: file, then environment, then flags.
 pub fn serve_config(args: &ServeArgs) -> anyhow::Result<Config> {
-    let env: BTreeMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("SIFT_")).collect();
+    let env: BTreeMap<String, String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("SIFT_"))
+        .collect();
     let mut file = Config::load(args.config.as_deref(), &env)?;
     if let Some(dir) = &args.data_dir {
         file.data_dir = Some(dir.clone());
@@ -257,7 +290,10 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
             let fields = [
                 ("shards", shards.map(Value::from)),
                 ("chunk_tokens", chunk_tokens.map(Value::from)),
-                ("chunk_overlap_tokens", chunk_overlap_tokens.map(Value::from)),
+                (
+                    "chunk_overlap_tokens",
+                    chunk_overlap_tokens.map(Value::from),
+                ),
                 ("embedding_model", embedding_model.map(Value::from)),
                 ("language", language.map(Value::from)),
             ];
@@ -267,11 +303,18 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
                 }
             }
             let kb = client.post_json("/v1/kbs", &body).await?;
-            println!("created knowledge base {} ({})", kb["name"].as_str().unwrap_or(""), kb["id"].as_str().unwrap_or(""));
+            println!(
+                "created knowledge base {} ({})",
+                kb["name"].as_str().unwrap_or(""),
+                kb["id"].as_str().unwrap_or("")
+            );
         }
         KbCommand::List => {
             let answer = client.get("/v1/kbs").await?;
-            println!("{:<24} {:<38} {:>6} {:>8} {:>8} {:>8}", "NAME", "ID", "SHARDS", "DOCS", "READY", "FAILED");
+            println!(
+                "{:<24} {:<38} {:>6} {:>8} {:>8} {:>8}",
+                "NAME", "ID", "SHARDS", "DOCS", "READY", "FAILED"
+            );
             for kb in answer["kbs"].as_array().into_iter().flatten() {
                 println!(
                     "{:<24} {:<38} {:>6} {:>8} {:>8} {:>8}",
@@ -286,7 +329,10 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
         }
         KbCommand::Get { kb } => {
             let answer = client.get(&format!("/v1/kbs/{kb}")).await?;
-            println!("{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&answer).unwrap_or_default()
+            );
         }
         KbCommand::Delete { kb } => {
             client.delete(&format!("/v1/kbs/{kb}")).await?;
@@ -297,7 +343,9 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
 }
 
 /// File extensions `ingest` picks up when walking a folder.
-const INGESTED_EXTENSIONS: [&str; 8] = ["txt", "text", "md", "markdown", "html", "htm", "json", "jsonl"];
+const INGESTED_EXTENSIONS: [&str; 8] = [
+    "txt", "text", "md", "markdown", "html", "htm", "json", "jsonl",
+];
 
 fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
@@ -314,11 +362,9 @@ fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
                 for entry in entries {
                     if entry.is_dir() {
                         stack.push(entry);
-                    } else if entry
-                        .extension()
-                        .and_then(|e| e.to_str())
-                        .is_some_and(|e| INGESTED_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
-                    {
+                    } else if entry.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+                        INGESTED_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str())
+                    }) {
                         files.push(entry);
                     }
                 }
@@ -332,7 +378,12 @@ fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
 
 /// Uploads every file, then (when `wait`) shows a progress bar until all are ready or failed.
 /// Returns the document ids of the accepted files.
-pub async fn ingest(client: &Client, kb: &str, paths: &[PathBuf], wait: bool) -> Result<Vec<String>, CliError> {
+pub async fn ingest(
+    client: &Client,
+    kb: &str,
+    paths: &[PathBuf],
+    wait: bool,
+) -> Result<Vec<String>, CliError> {
     let files = collect_files(paths)?;
     if files.is_empty() {
         return Err(CliError::Other(anyhow::anyhow!("no files to ingest")));
@@ -386,7 +437,11 @@ pub async fn ingest(client: &Client, kb: &str, paths: &[PathBuf], wait: bool) ->
                     Some("ready") => bar.inc(1),
                     Some("failed") => {
                         failed += 1;
-                        bar.println(format!("{}: failed: {}", doc["title"].as_str().unwrap_or(&id), doc["error"]));
+                        bar.println(format!(
+                            "{}: failed: {}",
+                            doc["title"].as_str().unwrap_or(&id),
+                            doc["error"]
+                        ));
                         bar.inc(1);
                     }
                     _ => still.push(id),
@@ -426,7 +481,13 @@ pub fn print_hits(query: &str, answer: &Value) {
             .strip_prefix("[Context:")
             .and_then(|rest| rest.split_once('\n').map(|(_, body)| body))
             .unwrap_or(text);
-        let snippet: String = body.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(160).collect();
+        let snippet: String = body
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .chars()
+            .take(160)
+            .collect();
         let channels = hit["channels"]
             .as_object()
             .map(|c| {
@@ -440,7 +501,11 @@ pub fn print_hits(query: &str, answer: &Value) {
             "  [{}] {}{} (score {:.4}; {channels})",
             n + 1,
             hit["title"].as_str().unwrap_or(""),
-            if heading.is_empty() { String::new() } else { format!(" › {}", heading.join(" › ")) },
+            if heading.is_empty() {
+                String::new()
+            } else {
+                format!(" › {}", heading.join(" › "))
+            },
             hit["score"].as_f64().unwrap_or(0.0),
         );
         println!("      \"{snippet}…\"");
@@ -452,7 +517,11 @@ pub fn print_hits(query: &str, answer: &Value) {
         );
     }
     if let Some(failed) = answer["failed_shards"].as_array().filter(|f| !f.is_empty()) {
-        println!("  partial: {} shard(s) failed: {}", failed.len(), Value::Array(failed.clone()));
+        println!(
+            "  partial: {} shard(s) failed: {}",
+            failed.len(),
+            Value::Array(failed.clone())
+        );
     }
 }
 
@@ -474,45 +543,72 @@ impl Client {
     }
 
     async fn answer(&self, request: reqwest::RequestBuilder) -> Result<Value, CliError> {
-        let response = request.send().await.map_err(|e| CliError::Unreachable(format!("{} ({e})", self.base)))?;
+        let response = request
+            .send()
+            .await
+            .map_err(|e| CliError::Unreachable(format!("{} ({e})", self.base)))?;
         let status = response.status();
-        let body = response.bytes().await.map_err(|e| CliError::Unreachable(e.to_string()))?;
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| CliError::Unreachable(e.to_string()))?;
         let value: Value = if body.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&body).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()))
+            serde_json::from_slice(&body)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()))
         };
         if status.is_success() {
             Ok(value)
         } else {
             Err(CliError::Refused {
                 status: status.as_u16(),
-                code: value["error"]["code"].as_str().unwrap_or("unknown").to_string(),
-                message: value["error"]["message"].as_str().map(String::from).unwrap_or_else(|| value.to_string()),
+                code: value["error"]["code"]
+                    .as_str()
+                    .unwrap_or("unknown")
+                    .to_string(),
+                message: value["error"]["message"]
+                    .as_str()
+                    .map(String::from)
+                    .unwrap_or_else(|| value.to_string()),
             })
         }
     }
 
     pub async fn get(&self, path: &str) -> Result<Value, CliError> {
-        self.answer(self.http.get(format!("{}{path}", self.base))).await
+        self.answer(self.http.get(format!("{}{path}", self.base)))
+            .await
     }
 
     pub async fn delete(&self, path: &str) -> Result<Value, CliError> {
-        self.answer(self.http.delete(format!("{}{path}", self.base))).await
+        self.answer(self.http.delete(format!("{}{path}", self.base)))
+            .await
     }
 
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<Value, CliError> {
-        self.answer(self.http.post(format!("{}{path}", self.base)).json(body)).await
+        self.answer(self.http.post(format!("{}{path}", self.base)).json(body))
+            .await
     }
 
     pub async fn upload(&self, kb: &str, file: &Path) -> Result<Value, CliError> {
         let bytes = tokio::fs::read(file)
             .await
             .with_context(|| format!("reading {}", file.display()))?;
-        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("upload").to_string();
-        let form = reqwest::multipart::Form::new().part("file", reqwest::multipart::Part::bytes(bytes).file_name(name));
-        self.answer(self.http.post(format!("{}/v1/kbs/{kb}/documents", self.base)).multipart(form))
-            .await
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("upload")
+            .to_string();
+        let form = reqwest::multipart::Form::new().part(
+            "file",
+            reqwest::multipart::Part::bytes(bytes).file_name(name),
+        );
+        self.answer(
+            self.http
+                .post(format!("{}/v1/kbs/{kb}/documents", self.base))
+                .multipart(form),
+        )
+        .await
     }
 
     pub async fn search(

@@ -78,14 +78,18 @@ impl Config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .with_context(|| format!("reading config file {}", path.display()))?;
-                toml::from_str::<FileConfig>(&text).with_context(|| format!("parsing config file {}", path.display()))?
+                toml::from_str::<FileConfig>(&text)
+                    .with_context(|| format!("parsing config file {}", path.display()))?
             }
             None => FileConfig::default(),
         };
         let get = |name: &str| env.get(name).filter(|v| !v.is_empty()).cloned();
         let parse = |name: &str| -> anyhow::Result<Option<u64>> {
             get(name)
-                .map(|v| v.parse::<u64>().with_context(|| format!("{name} must be a number")))
+                .map(|v| {
+                    v.parse::<u64>()
+                        .with_context(|| format!("{name} must be a number"))
+                })
                 .transpose()
         };
         if let Some(v) = get("SIFT_DATA_DIR") {
@@ -118,23 +122,32 @@ impl Config {
     /// Checks a layered config and fills defaults.
     pub fn check(file: FileConfig) -> anyhow::Result<Config> {
         let listen_text = file.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
-        let listen: SocketAddr = listen_text
-            .parse()
-            .with_context(|| format!("listen address {listen_text:?} is not HOST:PORT (an IP address and a port)"))?;
+        let listen: SocketAddr = listen_text.parse().with_context(|| {
+            format!("listen address {listen_text:?} is not HOST:PORT (an IP address and a port)")
+        })?;
         let defaults = NodeOptions::default();
         let options = NodeOptions {
             shard_deadline: file
                 .shard_deadline_ms
                 .map(Duration::from_millis)
                 .unwrap_or(defaults.shard_deadline),
-            search_permits_per_shard: file.search_permits_per_shard.unwrap_or(defaults.search_permits_per_shard),
-            ingest_queue_capacity: file.ingest_queue_capacity.unwrap_or(defaults.ingest_queue_capacity),
+            search_permits_per_shard: file
+                .search_permits_per_shard
+                .unwrap_or(defaults.search_permits_per_shard),
+            ingest_queue_capacity: file
+                .ingest_queue_capacity
+                .unwrap_or(defaults.ingest_queue_capacity),
             ingest_workers: file.ingest_workers.unwrap_or(defaults.ingest_workers),
             shard_write_timeout: defaults.shard_write_timeout,
             debug_faults: file.debug_faults.unwrap_or(false),
         };
-        if options.ingest_queue_capacity == 0 || options.ingest_workers == 0 || options.search_permits_per_shard == 0 {
-            bail!("ingest_queue_capacity, ingest_workers and search_permits_per_shard must be at least 1");
+        if options.ingest_queue_capacity == 0
+            || options.ingest_workers == 0
+            || options.search_permits_per_shard == 0
+        {
+            bail!(
+                "ingest_queue_capacity, ingest_workers and search_permits_per_shard must be at least 1"
+            );
         }
         if options.shard_deadline.is_zero() {
             bail!("shard_deadline_ms must be at least 1");
@@ -143,12 +156,15 @@ impl Config {
             if name == sift_actors::EMBEDDED_MODEL {
                 bail!("remote embedder name {name:?} is reserved for the embedded model");
             }
-            if !(remote.base_url.starts_with("http://") || remote.base_url.starts_with("https://")) {
+            if !(remote.base_url.starts_with("http://") || remote.base_url.starts_with("https://"))
+            {
                 bail!("embedding.remote.{name}.base_url must start with http:// or https://");
             }
         }
         Ok(Config {
-            data_dir: file.data_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            data_dir: file
+                .data_dir
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
             listen,
             max_upload_bytes: file.max_upload_bytes.unwrap_or(64 * 1024 * 1024),
             max_json_bytes: file.max_json_bytes.unwrap_or(256 * 1024 * 1024),

@@ -26,7 +26,8 @@ pub async fn run(data_dir: &Path, samples: &Path) -> Result<(), CliError> {
         )));
     }
     if data_dir.exists() {
-        std::fs::remove_dir_all(data_dir).with_context(|| format!("wiping {}", data_dir.display()))?;
+        std::fs::remove_dir_all(data_dir)
+            .with_context(|| format!("wiping {}", data_dir.display()))?;
     }
     let file = FileConfig {
         data_dir: Some(data_dir.to_path_buf()),
@@ -37,7 +38,11 @@ pub async fn run(data_dir: &Path, samples: &Path) -> Result<(), CliError> {
     file.embedding.model_dir = std::env::var_os("SIFT_MODEL_DIR").map(Into::into);
     let config = Config::check(file)?;
     let running = crate::server::start(config).await?;
-    println!("sift demo: a node on {} with data in {}", running.url(), data_dir.display());
+    println!(
+        "sift demo: a node on {} with data in {}",
+        running.url(),
+        data_dir.display()
+    );
     let outcome = demo(&Client::new(&running.url()), samples).await;
     running.shutdown().await;
     outcome
@@ -51,8 +56,13 @@ async fn demo(client: &Client, samples: &Path) -> Result<(), CliError> {
             ready["embedded_model_error"]
         )));
     }
-    client.post_json("/v1/kbs", &json!({ "name": "demo", "shards": 2 })).await?;
-    println!("created knowledge base demo (2 shards); ingesting {}", samples.display());
+    client
+        .post_json("/v1/kbs", &json!({ "name": "demo", "shards": 2 }))
+        .await?;
+    println!(
+        "created knowledge base demo (2 shards); ingesting {}",
+        samples.display()
+    );
     let ids = ingest(client, "demo", &[samples.to_path_buf()], true).await?;
     let kb = client.get("/v1/kbs/demo").await?;
     println!(

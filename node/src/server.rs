@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sift_actors::models::embedding::{
-    Embedder, LocalEmbedderOptions, MiniLmEmbedder, OpenAiEmbedder, OpenAiEmbedderConfig, resolve_model_dir,
+    Embedder, LocalEmbedderOptions, MiniLmEmbedder, OpenAiEmbedder, OpenAiEmbedderConfig,
+    resolve_model_dir,
 };
 use sift_actors::{Embedders, SiftNode};
 use tokio::sync::oneshot;
@@ -50,7 +51,8 @@ pub async fn load_embedders(config: &Config) -> anyhow::Result<Embedders> {
                 options.batch_size = batch.max(1);
             }
             let shown = dir.display().to_string();
-            let loaded = tokio::task::spawn_blocking(move || MiniLmEmbedder::load(&dir, options)).await?;
+            let loaded =
+                tokio::task::spawn_blocking(move || MiniLmEmbedder::load(&dir, options)).await?;
             match loaded {
                 Ok(model) => {
                     info!(dir = %shown, "embedded model loaded");
@@ -63,7 +65,8 @@ pub async fn load_embedders(config: &Config) -> anyhow::Result<Embedders> {
             }
         }
         None => {
-            let message = "model files not found: run scripts/fetch-model.sh or set SIFT_MODEL_DIR".to_string();
+            let message = "model files not found: run scripts/fetch-model.sh or set SIFT_MODEL_DIR"
+                .to_string();
             warn!("{message}");
             embedders.local_error = Some(message);
         }
@@ -84,7 +87,9 @@ pub async fn load_embedders(config: &Config) -> anyhow::Result<Embedders> {
         let embedder = OpenAiEmbedder::connect(client)
             .await
             .with_context(|| format!("connecting embedding.remote.{name}"))?;
-        embedders.remote.insert(name.clone(), Embedder::OpenAi(Arc::new(embedder)));
+        embedders
+            .remote
+            .insert(name.clone(), Embedder::OpenAi(Arc::new(embedder)));
     }
     Ok(embedders)
 }

@@ -13,7 +13,8 @@ pub fn prometheus() -> PrometheusHandle {
     PROMETHEUS
         .get_or_init(|| {
             let seconds = [
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0, 60.0,
             ];
             let handle = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
@@ -38,22 +39,55 @@ pub fn prometheus() -> PrometheusHandle {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_counter!("sift_ingest_documents_total", "documents ingested, by final status");
+    describe_counter!(
+        "sift_ingest_documents_total",
+        "documents ingested, by final status"
+    );
     describe_counter!("sift_ingest_chunks_total", "chunks written to shards");
-    describe_counter!("sift_ingest_chunks_embedded_total", "chunks embedded (cache hits included)");
-    describe_counter!("sift_ingest_rejected_total", "ingestion requests refused because the queue was full");
-    describe_gauge!("sift_ingest_queue_depth", "ingestion jobs waiting in the queue");
-    describe_histogram!("sift_ingest_stage_seconds", "time per ingestion stage, by stage");
+    describe_counter!(
+        "sift_ingest_chunks_embedded_total",
+        "chunks embedded (cache hits included)"
+    );
+    describe_counter!(
+        "sift_ingest_rejected_total",
+        "ingestion requests refused because the queue was full"
+    );
+    describe_gauge!(
+        "sift_ingest_queue_depth",
+        "ingestion jobs waiting in the queue"
+    );
+    describe_histogram!(
+        "sift_ingest_stage_seconds",
+        "time per ingestion stage, by stage"
+    );
     describe_histogram!("sift_ingest_job_seconds", "time per ingestion job");
-    describe_histogram!("sift_search_seconds", "search latency at the node, embedding included");
-    describe_histogram!("sift_search_channel_seconds", "slowest shard's time per retrieval channel");
+    describe_histogram!(
+        "sift_search_seconds",
+        "search latency at the node, embedding included"
+    );
+    describe_histogram!(
+        "sift_search_channel_seconds",
+        "slowest shard's time per retrieval channel"
+    );
     describe_counter!("sift_search_leaf_total", "leaf searches by outcome");
     describe_gauge!("sift_shards", "shard replicas open on this node");
-    describe_histogram!("sift_shard_write_seconds", "time to write a batch into a shard replica");
-    describe_counter!("sift_actor_restarts_total", "actors restarted by their supervisor, by kind");
+    describe_histogram!(
+        "sift_shard_write_seconds",
+        "time to write a batch into a shard replica"
+    );
+    describe_counter!(
+        "sift_actor_restarts_total",
+        "actors restarted by their supervisor, by kind"
+    );
     describe_counter!("sift_meta_proposals_total", "metadata ops by outcome");
-    describe_histogram!("sift_meta_apply_seconds", "time to commit and apply a metadata op");
-    describe_counter!("sift_embedding_cache_hits_total", "embeddings served from the cache");
+    describe_histogram!(
+        "sift_meta_apply_seconds",
+        "time to commit and apply a metadata op"
+    );
+    describe_counter!(
+        "sift_embedding_cache_hits_total",
+        "embeddings served from the cache"
+    );
     describe_counter!("sift_http_requests_total", "HTTP requests by status class");
     sift_actors::models::embedding::describe_metrics();
 }

@@ -61,6 +61,10 @@ mod tests {
         cache.put("m1", "hello", &[0.5, -0.25]).unwrap();
         assert_eq!(cache.get("m1", "hello", 2).unwrap(), Some(vec![0.5, -0.25]));
         assert_eq!(cache.get("m2", "hello", 2).unwrap(), None);
-        assert_eq!(cache.get("m1", "hello", 3).unwrap(), None, "wrong dimension is a miss");
+        assert_eq!(
+            cache.get("m1", "hello", 3).unwrap(),
+            None,
+            "wrong dimension is a miss"
+        );
     }
 }

@@ -101,8 +101,10 @@ impl DocStatus {
 }
 
 /// Where the raw bytes of a document are kept until (and after) it is indexed.
+/// Externally tagged (serde's default) so that bincode, which cannot decode internally tagged
+/// enums, can carry ops between nodes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum DocSource {
     /// A file upload stored under the node's raw directory.
     Upload { file_name: String, format: String },
@@ -195,7 +197,10 @@ pub struct Registered {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum MetaOutcome {
     Kb(KbRecord),
-    KbDeleted { kb: KbRecord, documents: Vec<Tombstone> },
+    KbDeleted {
+        kb: KbRecord,
+        documents: Vec<Tombstone>,
+    },
     Registered(Vec<Registered>),
     /// Status updates: the records as they now are; ids no longer present are skipped.
     Statuses(Vec<DocumentRecord>),
@@ -365,7 +370,11 @@ impl SledMetaStore {
     }
 
     /// Looks a document up by id, then by external id.
-    pub fn find_document(&self, kb_id: &str, id_or_external: &str) -> Result<Option<DocumentRecord>> {
+    pub fn find_document(
+        &self,
+        kb_id: &str,
+        id_or_external: &str,
+    ) -> Result<Option<DocumentRecord>> {
         if let Some(doc) = self.get_document(kb_id, id_or_external)? {
             return Ok(Some(doc));
         }
@@ -506,7 +515,9 @@ impl SledMetaStore {
                 }
                 let mut outcomes = Vec::with_capacity(documents.len());
                 for doc in documents {
-                    if let Some(existing) = pending.get::<DocumentRecord>(&doc_key(kb_id, &doc.id))? {
+                    if let Some(existing) =
+                        pending.get::<DocumentRecord>(&doc_key(kb_id, &doc.id))?
+                    {
                         // A retried registration of the same id.
                         outcomes.push(Registered {
                             record: existing,
@@ -515,24 +526,25 @@ impl SledMetaStore {
                         });
                         continue;
                     }
-                    if let Some(existing_id) = pending.get_str(&hash_key(kb_id, &doc.content_hash))? {
-                        if let Some(existing) =
+                    if let Some(existing_id) =
+                        pending.get_str(&hash_key(kb_id, &doc.content_hash))?
+                        && let Some(existing) =
                             pending.get::<DocumentRecord>(&doc_key(kb_id, &existing_id))?
-                        {
-                            outcomes.push(Registered {
-                                record: existing,
-                                duplicate: true,
-                                replaced: None,
-                            });
-                            continue;
-                        }
+                    {
+                        outcomes.push(Registered {
+                            record: existing,
+                            duplicate: true,
+                            replaced: None,
+                        });
+                        continue;
                     }
                     let mut replaced = None;
                     if let Some(external_id) = &doc.external_id {
-                        if let Some(old_id) = pending.get_str(&ext_key(kb_id, external_id))? {
-                            if let Some(old) = pending.get::<DocumentRecord>(&doc_key(kb_id, &old_id))? {
-                                replaced = Some(self.tombstone(pending, &old, doc.created_at_ms)?);
-                            }
+                        if let Some(old_id) = pending.get_str(&ext_key(kb_id, external_id))?
+                            && let Some(old) =
+                                pending.get::<DocumentRecord>(&doc_key(kb_id, &old_id))?
+                        {
+                            replaced = Some(self.tombstone(pending, &old, doc.created_at_ms)?);
                         }
                         pending.put_str(ext_key(kb_id, external_id), &doc.id);
                     }
@@ -576,7 +588,9 @@ impl SledMetaStore {
                 let Some(doc) = pending.get::<DocumentRecord>(&doc_key(kb_id, document_id))? else {
                     return Ok(MetaOutcome::Unchanged);
                 };
-                Ok(MetaOutcome::DocumentDeleted(self.tombstone(pending, &doc, *at_ms)?))
+                Ok(MetaOutcome::DocumentDeleted(
+                    self.tombstone(pending, &doc, *at_ms)?,
+                ))
             }
             MetaOp::ForgetTombstone { kb_id, document_id } => {
                 pending.remove(tomb_key(kb_id, document_id));
@@ -585,15 +599,24 @@ impl SledMetaStore {
         }
     }
 
-    fn tombstone(&self, pending: &mut Pending<'_>, doc: &DocumentRecord, at_ms: u64) -> Result<Tombstone> {
+    fn tombstone(
+        &self,
+        pending: &mut Pending<'_>,
+        doc: &DocumentRecord,
+        at_ms: u64,
+    ) -> Result<Tombstone> {
         let kb_id = &doc.kb_id;
         pending.remove(doc_key(kb_id, &doc.id));
-        if let Some(external_id) = &doc.external_id {
-            if pending.get_str(&ext_key(kb_id, external_id))?.as_deref() == Some(doc.id.as_str()) {
-                pending.remove(ext_key(kb_id, external_id));
-            }
+        if let Some(external_id) = &doc.external_id
+            && pending.get_str(&ext_key(kb_id, external_id))?.as_deref() == Some(doc.id.as_str())
+        {
+            pending.remove(ext_key(kb_id, external_id));
         }
-        if pending.get_str(&hash_key(kb_id, &doc.content_hash))?.as_deref() == Some(doc.id.as_str()) {
+        if pending
+            .get_str(&hash_key(kb_id, &doc.content_hash))?
+            .as_deref()
+            == Some(doc.id.as_str())
+        {
             pending.remove(hash_key(kb_id, &doc.content_hash));
         }
         let tomb = Tombstone {
@@ -608,7 +631,10 @@ impl SledMetaStore {
 
 impl MetaStateMachine for SledMetaStore {
     fn apply(&self, index: u64, op: &MetaOp) -> Result<MetaOutcome> {
-        let _guard = self.apply_lock.lock().unwrap_or_else(|poison| poison.into_inner());
+        let _guard = self
+            .apply_lock
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
         if index <= self.applied_index() {
             return Ok(MetaOutcome::Unchanged);
         }

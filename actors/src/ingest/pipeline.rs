@@ -11,7 +11,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use futures::future::join_all;
 use ractor::rpc::CallResult;
 use sift_storage::chunk::{ChunkRecord, DocumentEntry, DocumentWrite, ParentRecord};
-use sift_storage::meta::{DocSource, DocStatus, DocumentRecord, KbRecord, MetaOp, MetaOutcome, StatusUpdate};
+use sift_storage::meta::{
+    DocSource, DocStatus, DocumentRecord, KbRecord, MetaOp, MetaOutcome, StatusUpdate,
+};
 use tracing::{info, instrument, warn};
 
 use super::chunk::{ChunkerConfig, chunk_document};
@@ -93,16 +95,16 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     };
     let mut works: Vec<Work> = Vec::new();
     for id in &job.document_ids {
-        if let Some(record) = store.get_document(&kb.id, id)? {
-            if !record.status.is_terminal() {
-                works.push(Work {
-                    record,
-                    parsed: None,
-                    write: None,
-                    embed_texts: Vec::new(),
-                    failure: None,
-                });
-            }
+        if let Some(record) = store.get_document(&kb.id, id)?
+            && !record.status.is_terminal()
+        {
+            works.push(Work {
+                record,
+                parsed: None,
+                write: None,
+                embed_texts: Vec::new(),
+                failure: None,
+            });
         }
     }
     if works.is_empty() {
@@ -117,8 +119,9 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     works = blocking(move || {
         for work in &mut works {
             let parsed = raw.load(&work.record).and_then(|bytes| {
-                let format = source_format(&work.record)
-                    .ok_or_else(|| SiftError::invalid("unsupported_type", "unknown source format"))?;
+                let format = source_format(&work.record).ok_or_else(|| {
+                    SiftError::invalid("unsupported_type", "unknown source format")
+                })?;
                 Ok(parse_document(&bytes, format, &options)?)
             });
             match parsed {
@@ -136,14 +139,18 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     let config = chunker_config(&kb);
     works = blocking(move || {
         for work in &mut works {
-            let Some(parsed) = work.parsed.take() else { continue };
+            let Some(parsed) = work.parsed.take() else {
+                continue;
+            };
             let chunked = chunk_document(&parsed.text, parsed.markdown, &config);
             if chunked.children.is_empty() {
                 work.fail("the document has no text to index");
                 continue;
             }
             let explicit_title = parsed.title.clone().or_else(|| match work.record.source {
-                DocSource::Text { .. } if !work.record.title.is_empty() => Some(work.record.title.clone()),
+                DocSource::Text { .. } if !work.record.title.is_empty() => {
+                    Some(work.record.title.clone())
+                }
                 _ => None,
             });
             work.embed_texts = chunked
@@ -228,25 +235,36 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
     for (position, work) in works.iter().enumerate() {
         if work.failure.is_none() && work.write.is_some() {
-            by_shard.entry(work.record.shard).or_default().push(position);
+            by_shard
+                .entry(work.record.shard)
+                .or_default()
+                .push(position);
         }
     }
     let mut works = works;
     let writes = by_shard.into_iter().map(|(shard, positions)| {
-        let documents: Vec<DocumentWrite> = positions.iter().filter_map(|&p| works[p].write.clone()).collect();
+        let documents: Vec<DocumentWrite> = positions
+            .iter()
+            .filter_map(|&p| works[p].write.clone())
+            .collect();
         let actor = context.registry.actor(&kb.id, shard);
         let timeout = context.options.shard_write_timeout;
         async move {
             let outcome = match actor {
                 None => Err(format!("shard {shard} is not running on this node")),
                 Some(actor) => match actor
-                    .call(|reply| ShardMessage::Write { documents, reply }, Some(timeout))
+                    .call(
+                        |reply| ShardMessage::Write { documents, reply },
+                        Some(timeout),
+                    )
                     .await
                 {
                     Ok(CallResult::Success(Ok(()))) => Ok(()),
                     Ok(CallResult::Success(Err(error))) => Err(error.to_string()),
                     Ok(CallResult::Timeout) => Err(format!("shard {shard} write timed out")),
-                    Ok(CallResult::SenderError) => Err(format!("shard {shard} stopped during the write")),
+                    Ok(CallResult::SenderError) => {
+                        Err(format!("shard {shard} stopped during the write"))
+                    }
                     Err(error) => Err(format!("shard {shard} unreachable: {error}")),
                 },
             };
@@ -322,7 +340,12 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
 }
 
 /// Moves the job's live, not-yet-failed documents to `status`; drops documents deleted meanwhile.
-async fn set_stage(context: &NodeContext, kb: &KbRecord, works: Vec<Work>, status: DocStatus) -> Result<Vec<Work>> {
+async fn set_stage(
+    context: &NodeContext,
+    kb: &KbRecord,
+    works: Vec<Work>,
+    status: DocStatus,
+) -> Result<Vec<Work>> {
     let updates: Vec<StatusUpdate> = works
         .iter()
         .filter(|work| work.failure.is_none())
@@ -373,7 +396,8 @@ pub async fn fail_unfinished(context: &NodeContext, job: &IngestJob, reason: &st
     if updates.is_empty() {
         return;
     }
-    metrics::counter!("sift_ingest_documents_total", "status" => "failed").increment(updates.len() as u64);
+    metrics::counter!("sift_ingest_documents_total", "status" => "failed")
+        .increment(updates.len() as u64);
     if let Err(error) = context
         .meta
         .propose(MetaOp::SetDocumentStatus {
@@ -403,12 +427,16 @@ pub async fn delete_from_shard(context: &NodeContext, kb_id: &str, shard: u32, d
         )
         .await;
     if !matches!(call, Ok(CallResult::Success(Ok(_)))) {
-        warn!(kb_id, shard, document_id, "deleting a document from its shard failed");
+        warn!(
+            kb_id,
+            shard, document_id, "deleting a document from its shard failed"
+        );
     }
 }
 
 fn record_stage(stage: &'static str, started: Instant) {
-    metrics::histogram!("sift_ingest_stage_seconds", "stage" => stage).record(started.elapsed().as_secs_f64());
+    metrics::histogram!("sift_ingest_stage_seconds", "stage" => stage)
+        .record(started.elapsed().as_secs_f64());
 }
 
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T> {

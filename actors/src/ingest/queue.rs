@@ -40,7 +40,9 @@ impl IngestQueue {
             }
             Err(mpsc::error::TrySendError::Full(_)) => {
                 metrics::counter!("sift_ingest_rejected_total").increment(1);
-                Err(SiftError::QueueFull { retry_after_secs: 2 })
+                Err(SiftError::QueueFull {
+                    retry_after_secs: 2,
+                })
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {
                 Err(SiftError::Internal("the ingestion queue is closed".into()))

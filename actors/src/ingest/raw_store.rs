@@ -55,7 +55,9 @@ impl RawStore {
                 .get(record.id.as_bytes())
                 .map_err(storage)?
                 .map(|bytes| bytes.to_vec())
-                .ok_or_else(|| SiftError::Internal(format!("raw text of document {} is missing", record.id))),
+                .ok_or_else(|| {
+                    SiftError::Internal(format!("raw text of document {} is missing", record.id))
+                }),
         }
     }
 

@@ -64,7 +64,9 @@ impl Actor for IngestWorker {
 }
 
 fn lock(in_flight: &InFlight) -> std::sync::MutexGuard<'_, HashMap<ActorId, IngestJob>> {
-    in_flight.lock().unwrap_or_else(|poison| poison.into_inner())
+    in_flight
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner())
 }
 
 /// Starts and restarts the workers. A worker that crashes fails the documents of the job it
@@ -128,12 +130,17 @@ impl Actor for IngestSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match event {
             SupervisionEvent::ActorFailed(cell, failure) => {
-                metrics::counter!("sift_actor_restarts_total", "kind" => "ingest_worker").increment(1);
+                metrics::counter!("sift_actor_restarts_total", "kind" => "ingest_worker")
+                    .increment(1);
                 let job = lock(&state.in_flight).remove(&cell.get_id());
                 warn!(%failure, "ingestion worker failed; restarting it");
                 if let Some(job) = job {
-                    pipeline::fail_unfinished(&state.context, &job, &format!("ingestion worker crashed: {failure}"))
-                        .await;
+                    pipeline::fail_unfinished(
+                        &state.context,
+                        &job,
+                        &format!("ingestion worker crashed: {failure}"),
+                    )
+                    .await;
                 }
                 if let Err(error) = state.spawn_worker(&myself).await {
                     error!(%error, "restarting ingestion worker failed");

@@ -42,11 +42,14 @@ pub struct FusedHit<K> {
     pub channels: Vec<(Channel, ChannelHitInfo)>,
 }
 
+/// One channel's input to fusion: the channel, its weight, its hits `(key, score)` best first.
+pub type RankedList<K> = (Channel, f64, Vec<(K, f32)>);
+
 /// Fuses ranked lists. `lists` holds, per channel, its weight and its hits as `(key, score)`
 /// best first. Channels with weight 0 still show in `channels` (for explain) but add nothing.
 /// Ties on the fused score break by the best single-channel rank, then by key, so results are
 /// deterministic.
-pub fn rrf_fuse<K>(lists: &[(Channel, f64, Vec<(K, f32)>)], k: f64) -> Vec<FusedHit<K>>
+pub fn rrf_fuse<K>(lists: &[RankedList<K>], k: f64) -> Vec<FusedHit<K>>
 where
     K: Clone + Eq + std::hash::Hash + Ord,
 {
@@ -75,7 +78,13 @@ where
         }
     }
     let mut hits: Vec<FusedHit<K>> = fused.into_values().collect();
-    let best_rank = |hit: &FusedHit<K>| hit.channels.iter().map(|(_, info)| info.rank).min().unwrap_or(usize::MAX);
+    let best_rank = |hit: &FusedHit<K>| {
+        hit.channels
+            .iter()
+            .map(|(_, info)| info.rank)
+            .min()
+            .unwrap_or(usize::MAX)
+    };
     hits.sort_by(|a, b| {
         b.score
             .total_cmp(&a.score)
@@ -94,14 +103,23 @@ mod tests {
     fn agreement_wins_and_weights_apply() {
         let dense = vec![("a", 0.9), ("b", 0.8), ("c", 0.7)];
         let bm25 = vec![("b", 12.0), ("c", 9.0), ("d", 3.0)];
-        let fused = rrf_fuse(&[(Channel::Dense, 1.0, dense.clone()), (Channel::Bm25, 1.0, bm25.clone())], 60.0);
+        let fused = rrf_fuse(
+            &[
+                (Channel::Dense, 1.0, dense.clone()),
+                (Channel::Bm25, 1.0, bm25.clone()),
+            ],
+            60.0,
+        );
         let order: Vec<_> = fused.iter().map(|h| h.key).collect();
         assert_eq!(order, vec!["b", "c", "a", "d"]);
         let b = &fused[0];
         assert!((b.score - (1.0 / 62.0 + 1.0 / 61.0)).abs() < 1e-12);
         assert_eq!(b.channels.len(), 2);
         // Zero weight on BM25: dense order alone.
-        let fused = rrf_fuse(&[(Channel::Dense, 1.0, dense), (Channel::Bm25, 0.0, bm25)], 60.0);
+        let fused = rrf_fuse(
+            &[(Channel::Dense, 1.0, dense), (Channel::Bm25, 0.0, bm25)],
+            60.0,
+        );
         let order: Vec<_> = fused.iter().take(3).map(|h| h.key).collect();
         assert_eq!(order, vec!["a", "b", "c"]);
     }

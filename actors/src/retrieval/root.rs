@@ -73,7 +73,11 @@ pub struct RootSearch {
 }
 
 impl RootSearch {
-    pub fn new(registry: ShardRegistry, meta: Arc<SledMetaStore>, shard_deadline: Duration) -> Self {
+    pub fn new(
+        registry: ShardRegistry,
+        meta: Arc<SledMetaStore>,
+        shard_deadline: Duration,
+    ) -> Self {
         RootSearch {
             registry,
             meta,
@@ -111,8 +115,12 @@ impl RootSearch {
                 let outcome = match call {
                     Ok(CallResult::Success(Ok(response))) => Ok(response),
                     Ok(CallResult::Success(Err(error))) => Err(error.to_string()),
-                    Ok(CallResult::Timeout) => Err(format!("no answer within {} ms", deadline.as_millis())),
-                    Ok(CallResult::SenderError) => Err("shard replica stopped before answering".to_string()),
+                    Ok(CallResult::Timeout) => {
+                        Err(format!("no answer within {} ms", deadline.as_millis()))
+                    }
+                    Ok(CallResult::SenderError) => {
+                        Err("shard replica stopped before answering".to_string())
+                    }
                     Err(error) => Err(format!("shard replica unreachable: {error}")),
                 };
                 (shard, outcome)
@@ -141,18 +149,33 @@ impl RootSearch {
             timings.bm25_ms = timings.bm25_ms.max(response.bm25_seconds * 1e3);
         }
         if request.vector.is_some() {
-            metrics::histogram!("sift_search_channel_seconds", "channel" => "dense").record(timings.dense_ms / 1e3);
+            metrics::histogram!("sift_search_channel_seconds", "channel" => "dense")
+                .record(timings.dense_ms / 1e3);
         }
         if request.bm25 {
-            metrics::histogram!("sift_search_channel_seconds", "channel" => "bm25").record(timings.bm25_ms / 1e3);
+            metrics::histogram!("sift_search_channel_seconds", "channel" => "bm25")
+                .record(timings.bm25_ms / 1e3);
         }
         let mut live = LiveDocuments::new(&self.meta, &request.kb_id);
-        let dense = merge_channel(responses.iter().flat_map(|r| r.dense.iter()), request.candidates, &mut live);
-        let bm25 = merge_channel(responses.iter().flat_map(|r| r.bm25.iter()), request.candidates, &mut live);
+        let dense = merge_channel(
+            responses.iter().flat_map(|r| r.dense.iter()),
+            request.candidates,
+            &mut live,
+        );
+        let bm25 = merge_channel(
+            responses.iter().flat_map(|r| r.bm25.iter()),
+            request.candidates,
+            &mut live,
+        );
         let mut chunks: HashMap<String, ChunkView> = HashMap::new();
         let mut lists = Vec::new();
         for (channel, weight, hits, enabled) in [
-            (Channel::Dense, request.dense_weight, dense, request.vector.is_some()),
+            (
+                Channel::Dense,
+                request.dense_weight,
+                dense,
+                request.vector.is_some(),
+            ),
             (Channel::Bm25, request.bm25_weight, bm25, request.bm25),
         ] {
             if !enabled {
@@ -233,7 +256,10 @@ impl<'a> LiveDocuments<'a> {
             return *live;
         }
         // On a metadata read error keep the hit: the shard already filters its tombstones.
-        let live = !self.meta.is_tombstoned(self.kb_id, document_id).unwrap_or(false);
+        let live = !self
+            .meta
+            .is_tombstoned(self.kb_id, document_id)
+            .unwrap_or(false);
         self.known.insert(document_id.to_string(), live);
         live
     }

@@ -64,10 +64,14 @@ impl ShardRegistry {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<ShardKey, ShardEntry>> {
-        self.entries.read().unwrap_or_else(|poison| poison.into_inner())
+        self.entries
+            .read()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<ShardKey, ShardEntry>> {
-        self.entries.write().unwrap_or_else(|poison| poison.into_inner())
+        self.entries
+            .write()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 }

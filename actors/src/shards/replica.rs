@@ -61,13 +61,18 @@ impl Actor for ShardReplica {
             ShardMessage::Write { documents, reply } => {
                 let index = state.index.clone();
                 let started = Instant::now();
-                let outcome = blocking(move || index.write_documents(documents).map_err(SiftError::from)).await;
-                metrics::histogram!("sift_shard_write_seconds").record(started.elapsed().as_secs_f64());
+                let outcome =
+                    blocking(move || index.write_documents(documents).map_err(SiftError::from))
+                        .await;
+                metrics::histogram!("sift_shard_write_seconds")
+                    .record(started.elapsed().as_secs_f64());
                 let _ = reply.send(outcome);
             }
             ShardMessage::Delete { document_id, reply } => {
                 let index = state.index.clone();
-                let outcome = blocking(move || index.delete_document(&document_id).map_err(SiftError::from)).await;
+                let outcome =
+                    blocking(move || index.delete_document(&document_id).map_err(SiftError::from))
+                        .await;
                 let _ = reply.send(outcome);
             }
             ShardMessage::Search { request, reply } => {
@@ -83,7 +88,8 @@ impl Actor for ShardReplica {
             }
             ShardMessage::Chunks { document_id, reply } => {
                 let index = state.index.clone();
-                let outcome = blocking(move || index.get_chunks(&document_id).map_err(SiftError::from)).await;
+                let outcome =
+                    blocking(move || index.get_chunks(&document_id).map_err(SiftError::from)).await;
                 let _ = reply.send(outcome);
             }
             ShardMessage::Stats { reply } => {
@@ -100,7 +106,9 @@ impl Actor for ShardReplica {
     }
 }
 
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|error| SiftError::Internal(format!("shard task failed: {error}")))?

@@ -158,13 +158,14 @@ impl Actor for ShardsSupervisor {
                 }
                 metrics::gauge!("sift_shards").set(state.registry.len() as f64);
                 let dir = state.data_dir.join(&kb_id);
-                let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
-                    Ok(()) => Ok(()),
-                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                    Err(error) => Err(SiftError::from(sift_storage::StorageError::from(error))),
-                })
-                .await
-                .unwrap_or_else(|error| Err(SiftError::Internal(error.to_string())));
+                let removed =
+                    tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+                        Ok(()) => Ok(()),
+                        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                        Err(error) => Err(SiftError::from(sift_storage::StorageError::from(error))),
+                    })
+                    .await
+                    .unwrap_or_else(|error| Err(SiftError::Internal(error.to_string())));
                 let _ = reply.send(removed);
             }
         }

@@ -24,6 +24,9 @@ use sled::transaction::{ConflictableTransactionError, TransactionError};
 use crate::chunk::{ChunkRecord, DocumentEntry, ParentRecord};
 use crate::error::{Result, StorageError};
 
+/// sled's page cache per shard (its default, 1 GiB, is too much for many shards a node).
+const CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
 const META_NEXT_INTERNAL_ID: &[u8] = b"next_internal_id";
 const META_WRITE_SEQUENCE: &[u8] = b"write_sequence";
 const META_TEXT_SEQUENCE: &[u8] = b"text_committed_sequence";
@@ -153,7 +156,10 @@ pub(crate) struct ChunkStore {
 
 impl ChunkStore {
     pub fn open(path: &Path) -> Result<ChunkStore> {
-        let db = sled::Config::new().path(path).open()?;
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(CACHE_BYTES)
+            .open()?;
         Ok(ChunkStore {
             documents: db.open_tree("documents")?,
             chunks: db.open_tree("chunks")?,
@@ -345,7 +351,7 @@ fn encode_vector(vector: &[f32]) -> Vec<u8> {
 }
 
 fn decode_vector(bytes: &[u8]) -> Result<Vec<f32>> {
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err(StorageError::Corrupt(format!(
             "vector record of {} bytes",
             bytes.len()

@@ -49,6 +49,10 @@ impl LiveDocuments {
         self.by_chunk.get(&internal_id)
     }
 
+    pub fn chunk_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.by_chunk.keys().copied()
+    }
+
     pub fn is_live(&self, internal_id: u64) -> bool {
         self.by_chunk.contains_key(&internal_id)
     }

@@ -1,6 +1,6 @@
-//! One shard replica's indexes, in one directory: a dense HNSW index ([`vector`], in memory),
-//! a BM25 index ([`text`], tantivy in `text/`) and a chunk store ([`chunk_store`], sled in
-//! `chunks/`). [`ShardIndex`] is the only public type; it is `Send + Sync` and every method
+//! One shard replica's indexes, in one directory: a dense HNSW index ([`vector`], in memory,
+//! snapshots in `hnsw/`), a BM25 index ([`text`], tantivy in `text/`) and a chunk store
+//! ([`chunk_store`], sled in `chunks/`). [`ShardIndex`] is the only public type; it is `Send + Sync` and every method
 //! takes `&self`: searches run concurrently, writes are serialised by one writer lock.
 //!
 //! # Durability protocol
@@ -27,9 +27,12 @@
 //! when dead points exceed a share of the graph. Re-writing a deleted document id is a new
 //! version: the write clears the tombstone.
 //!
-//! On `open`: the live-document map is read from the chunk store; the HNSW graph is rebuilt
-//! from the stored vectors of live chunks (`parallel_insert`); tantivy is opened (the analyzer
-//! registered again) and its last commit payload read. Every document whose write sequence is
+//! On `open`: the live-document map is read from the chunk store; the HNSW graph is loaded
+//! from its latest snapshot (`hnsw/`, saved every time the graph has grown by a quarter, at
+//! least 2000 points) and given the live chunks it lacks, or, without a usable snapshot,
+//! rebuilt from the stored vectors of live chunks (`parallel_insert`). Snapshots are only a
+//! shortcut: any snapshot, however old, plus the catch-up gives the same live set. Tantivy is
+//! opened (the analyzer registered again) and its last commit payload read. Every document whose write sequence is
 //! newer than the payload is deleted from tantivy by `document_id` and re-added from the chunk
 //! store, and every tombstone newer than the payload is deleted again; then a commit records
 //! the store's sequence. Replay works from the store's current state, so it is idempotent and a
@@ -74,8 +77,13 @@ use crate::error::{Result, StorageError};
 /// store) when the filter passes at most this many chunks; otherwise it filters inside the
 /// HNSW search.
 const EXACT_SEARCH_MAX_CANDIDATES: usize = 1024;
+/// Subdirectory of the HNSW snapshot.
+const HNSW_DIR: &str = "hnsw";
 /// `purge_deleted` rebuilds the graph when at least this share of its points is dead.
 const REBUILD_DEAD_SHARE: f64 = 0.2;
+/// A write saves a new HNSW snapshot once the graph has grown by this many points, or by a
+/// quarter of its size at the last snapshot if that is more.
+const SNAPSHOT_MIN_NEW_POINTS: usize = 2000;
 /// Vectors inserted into a graph being rebuilt, per block.
 const REBUILD_BLOCK: usize = 8192;
 
@@ -171,6 +179,8 @@ struct Writer {
     text_stale: bool,
     /// A sled flush failed: the in-memory state may be ahead of the disk; refuse writes.
     broken: Option<String>,
+    /// Points in the graph at the last HNSW snapshot (saved or loaded).
+    snapshot_points: usize,
 }
 
 /// A document that passed step 1, on its way into the indexes.
@@ -210,19 +220,23 @@ impl ShardIndex {
             Ok(())
         })?;
 
-        let vectors = VectorIndex::new(
-            HnswParams {
-                dimension: config.dimension,
-                m: config.hnsw_m,
-                ef_construction: config.hnsw_ef_construction,
-            },
-            live.chunk_count(),
-        );
+        let params = HnswParams {
+            dimension: config.dimension,
+            m: config.hnsw_m,
+            ef_construction: config.hnsw_ef_construction,
+        };
+        let vectors = VectorIndex::new(params, live.chunk_count());
         let graph_started = Instant::now();
-        let graph = load_graph(&store, &live, &vectors)?;
+        let (graph, snapshot_points) = match vector::load_snapshot(params, &dir.join(HNSW_DIR)) {
+            Some(graph) => {
+                let snapshot_points = graph.get_nb_point();
+                catch_up_graph(&store, &live, &graph)?;
+                (graph, snapshot_points)
+            }
+            None => (load_graph(&store, &live, &vectors)?, 0),
+        };
         vectors.replace(graph);
         let graph_seconds = graph_started.elapsed().as_secs_f64();
-        eprintln!("TEMP graph {graph_seconds:.2}s scan-done-at {:.2}s", graph_started.duration_since(started).as_secs_f64());
 
         let shard = ShardIndex {
             dir: dir.to_path_buf(),
@@ -237,12 +251,14 @@ impl ShardIndex {
                 text_sequence,
                 text_stale: text_sequence != counters.write_sequence,
                 broken: None,
+                snapshot_points,
             }),
             tombstones: AtomicU64::new(tombstones),
         };
         {
             let mut writer = shard.lock_writer()?;
             shard.ensure_text_current(&mut writer)?;
+            shard.maybe_snapshot(&mut writer);
         }
         let stats = shard.stats();
         tracing::info!(
@@ -250,6 +266,7 @@ impl ShardIndex {
             chunks = stats.chunks,
             tombstones = stats.tombstones,
             graph_seconds,
+            from_snapshot = snapshot_points > 0,
             seconds = started.elapsed().as_secs_f64(),
             "shard opened"
         );
@@ -269,11 +286,15 @@ impl ShardIndex {
         let mut writer = self.lock_writer()?;
         self.ensure_text_current(&mut writer)?;
         let staged = self.stage_write(&mut writer, documents)?;
-        self.index_write(&mut writer, staged)
+        self.index_write(&mut writer, staged)?;
+        self.maybe_snapshot(&mut writer);
+        Ok(())
     }
 
     /// Deletes a document; no search returns it once this returns. Returns whether it existed.
-    #[instrument(skip_all, fields(document_id))]
+    /// Once the tombstone is durable the delete has happened: a failure of the later tantivy
+    /// commit is logged and repaired by replay, not returned.
+    #[instrument(skip_all, fields(document_id = %document_id))]
     pub fn delete_document(&self, document_id: &str) -> Result<bool> {
         let mut writer = self.lock_writer()?;
         self.ensure_text_current(&mut writer)?;
@@ -292,7 +313,7 @@ impl ShardIndex {
 
     /// The `k` chunks nearest to `vector` (cosine similarity, best first) among those
     /// passing `filter`.
-    #[instrument(level = "debug", skip_all, fields(k))]
+    #[instrument(level = "debug", skip_all, fields(k = k))]
     pub fn search_dense(
         &self,
         vector: &[f32],
@@ -315,6 +336,10 @@ impl ShardIndex {
             None => {
                 let ef = self.config.hnsw_ef_search.max(k);
                 let live = self.live_read();
+                // Always filtered, even with nothing to hide: hnsw_rs then explores until its
+                // candidate list is exhausted instead of stopping early, which costs about
+                // twice the time and buys recall (0.998 against 0.93 at ef 64 on the clustered
+                // test data).
                 let keep = |id: u64| live.chunk(id).is_some_and(|doc| compiled.matches(doc));
                 self.vectors.search(&query, k, ef, Some(&keep))
             }
@@ -324,7 +349,7 @@ impl ShardIndex {
 
     /// The `k` best chunks for `query` by BM25 (best first) among those passing `filter`.
     /// A query with no words left after analysis matches nothing.
-    #[instrument(level = "debug", skip_all, fields(k))]
+    #[instrument(level = "debug", skip_all, fields(k = k))]
     pub fn search_bm25(
         &self,
         query: &str,
@@ -442,6 +467,7 @@ impl ShardIndex {
             let started = Instant::now();
             let graph = load_graph(&self.store, &self.live_read(), &self.vectors)?;
             self.vectors.replace(graph);
+            self.snapshot(&mut writer);
             tracing::info!(
                 dead,
                 live_chunks,
@@ -585,10 +611,15 @@ impl ShardIndex {
     }
 
     /// Steps 2 and 3: HNSW, the live map, then tantivy.
-    fn index_write(&self, writer: &mut Writer, staged: StagedWrite) -> Result<()> {
-        for document in &staged.documents {
-            self.vectors.insert(&document.vectors)?;
-        }
+    fn index_write(&self, writer: &mut Writer, mut staged: StagedWrite) -> Result<()> {
+        // One call for the whole batch, so that large batches are inserted in parallel.
+        let points: Vec<(Vec<f32>, u64)> = staged
+            .documents
+            .iter_mut()
+            .flat_map(|document| std::mem::take(&mut document.vectors))
+            .collect();
+        self.vectors.insert(&points)?;
+        drop(points);
         {
             let mut live = self.live_write();
             for document in &staged.documents {
@@ -645,6 +676,30 @@ impl ShardIndex {
         writer.counters = counters;
         self.tombstones.fetch_add(1, Ordering::Relaxed);
         Ok(Some(sequence))
+    }
+
+    /// Saves an HNSW snapshot if the graph has grown enough since the last one.
+    fn maybe_snapshot(&self, writer: &mut Writer) {
+        let grown = self.vectors.len().saturating_sub(writer.snapshot_points);
+        if grown >= SNAPSHOT_MIN_NEW_POINTS.max(writer.snapshot_points / 4) {
+            self.snapshot(writer);
+        }
+    }
+
+    /// Saves an HNSW snapshot (under the writer lock, so no insert runs). A failure only
+    /// costs restart time: it is logged, and retried after the next threshold.
+    fn snapshot(&self, writer: &mut Writer) {
+        let started = Instant::now();
+        let points = self.vectors.len();
+        match self.vectors.save_snapshot(&self.dir.join(HNSW_DIR)) {
+            Ok(points) => tracing::info!(
+                points,
+                seconds = started.elapsed().as_secs_f64(),
+                "hnsw snapshot saved"
+            ),
+            Err(error) => tracing::warn!(%error, "hnsw snapshot failed"),
+        }
+        writer.snapshot_points = points;
     }
 
     /// Applies and flushes a store batch. A failed transaction changes nothing; a failed
@@ -908,6 +963,24 @@ fn load_graph(
     })?;
     vector::insert_into(&graph, &block)?;
     Ok(graph)
+}
+
+/// Inserts into a graph loaded from a snapshot the live chunks it lacks.
+fn catch_up_graph(store: &ChunkStore, live: &LiveDocuments, graph: &vector::Graph) -> Result<()> {
+    let present = vector::point_ids(graph);
+    let mut missing: Vec<u64> = live
+        .chunk_ids()
+        .filter(|id| !present.contains(id))
+        .collect();
+    missing.sort_unstable();
+    let mut points = Vec::with_capacity(missing.len());
+    for id in missing {
+        let vector = store.vector(id)?.ok_or_else(|| {
+            StorageError::Corrupt(format!("vector of live chunk {id} is missing"))
+        })?;
+        points.push((vector, id));
+    }
+    vector::insert_into(graph, &points)
 }
 
 /// Total size of the files under `dir` (errors count as zero).

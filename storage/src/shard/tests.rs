@@ -939,6 +939,117 @@ fn searches_run_while_writing() {
     assert_eq!(shard.stats().documents, expected.len() as u64);
 }
 
+fn single_chunk_documents(range: std::ops::Range<u64>) -> Vec<DocumentWrite> {
+    range
+        .map(|index| {
+            document(
+                &format!("s{index}"),
+                "Snapshot",
+                &[&format!("chunk number {index}")],
+                index * 3,
+                Metadata::new(),
+            )
+        })
+        .collect()
+}
+
+fn snapshot_description(dir: &TempDir) -> Option<serde_json::Value> {
+    let json = std::fs::read(dir.path().join("hnsw/current/snapshot.json")).ok()?;
+    serde_json::from_slice(&json).ok()
+}
+
+#[test]
+fn hnsw_snapshot_is_loaded_and_caught_up_on_reopen() {
+    let dir = TempDir::new().unwrap();
+    let expected = {
+        let shard = open(&dir);
+        for start in (0..2500).step_by(500) {
+            shard
+                .write_documents(single_chunk_documents(start..start + 500))
+                .unwrap();
+        }
+        // Saved at 2000 points; 500 more since.
+        assert_eq!(snapshot_description(&dir).unwrap()["points"], 2000);
+        for index in 0..5 {
+            shard.delete_document(&format!("s{index}")).unwrap();
+        }
+        shard
+            .write_documents(single_chunk_documents(2500..2510))
+            .unwrap();
+        (0..2510)
+            .step_by(97)
+            .map(|index| {
+                shard
+                    .search_dense(&vector_for(index * 3), 5, &no_filter())
+                    .unwrap()
+            })
+            .collect::<Vec<_>>()
+    };
+    let shard = open(&dir);
+    // 2000 from the snapshot (5 of them dead) + 510 caught up.
+    let stats = shard.stats();
+    assert_eq!((stats.indexed_vectors, stats.chunks), (2510, 2505));
+    let after: Vec<_> = (0..2510)
+        .step_by(97)
+        .map(|index| {
+            shard
+                .search_dense(&vector_for(index * 3), 5, &no_filter())
+                .unwrap()
+        })
+        .collect();
+    for (before, after) in expected.iter().zip(&after) {
+        assert_eq!(before[0].chunk.chunk_id, after[0].chunk.chunk_id);
+    }
+    assert_eq!(
+        ids(&shard
+            .search_dense(&vector_for(2509 * 3), 1, &no_filter())
+            .unwrap()),
+        vec!["s2509#0"]
+    );
+    assert!(
+        shard.search_dense(&vector_for(0), 1, &no_filter()).unwrap()[0]
+            .chunk
+            .document_id
+            != "s0"
+    );
+    // Purging rebuilds only past the dead share; the graph stays as it is here.
+    assert_eq!(shard.purge_deleted().unwrap(), 5);
+    assert_eq!(shard.stats().indexed_vectors, 2510);
+}
+
+#[test]
+fn damaged_hnsw_snapshot_falls_back_to_a_rebuild() {
+    let dir = TempDir::new().unwrap();
+    {
+        let shard = open(&dir);
+        shard
+            .write_documents(single_chunk_documents(0..2000))
+            .unwrap();
+        shard.delete_document("s5").unwrap();
+    }
+    let description = snapshot_description(&dir).unwrap();
+    let data = dir.path().join(format!(
+        "hnsw/current/{}.hnsw.data",
+        description["basename"].as_str().unwrap()
+    ));
+    let mut bytes = std::fs::read(&data).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xFF;
+    std::fs::write(&data, bytes).unwrap();
+    let shard = open(&dir);
+    // Rebuilt from the live chunks: the snapshot would have brought the dead point along.
+    assert_eq!(shard.stats().indexed_vectors, 1999);
+    assert_eq!(
+        ids(&shard
+            .search_dense(&vector_for(1234 * 3), 1, &no_filter())
+            .unwrap()),
+        vec!["s1234#0"]
+    );
+}
+
+/// Per-component noise around a cluster centre: points of one cluster have cosine 0.57.
+const NOISE: f32 = 0.08;
+
 /// Clustered unit vectors: `clusters` random centres, points = centre + noise.
 fn clustered_vectors(
     rng: &mut Rng,
@@ -953,7 +1064,7 @@ fn clustered_vectors(
             normalise(
                 centre
                     .iter()
-                    .map(|value| value + 0.08 * rng.next_f32())
+                    .map(|value| value + NOISE * rng.next_f32())
                     .collect(),
             )
         })
@@ -993,7 +1104,10 @@ fn hnsw_recall_at_10_against_brute_force() {
             }],
         })
         .collect();
-    for batch in documents.chunks(500) {
+    // Batches under 64 chunks are inserted serially, and hnsw_rs draws levels from a seeded
+    // generator: the graph, and so this test, is deterministic. (Parallel inserts vary:
+    // 0.992 to 1.0 over runs.)
+    for batch in documents.chunks(50) {
         shard.write_documents(batch.to_vec()).unwrap();
     }
     let mut found = 0;
@@ -1122,36 +1236,116 @@ fn measure_write_throughput_and_reopen_time() {
         "bm25 search: {:.3} ms/query",
         started.elapsed().as_secs_f64() * 1000.0 / 200.0
     );
+    drop(shard);
+    std::fs::remove_dir_all(dir.path().join("hnsw")).unwrap();
+    let started = Instant::now();
+    let shard = ShardIndex::open(dir.path(), ShardConfig::new(DIMENSION)).unwrap();
+    println!(
+        "reopen with {} chunks, no hnsw snapshot (rebuild): {:.2} s",
+        shard.stats().chunks,
+        started.elapsed().as_secs_f64()
+    );
 }
 
+/// Not a test: BM25 nDCG@10 on SciFact (test queries), with the title given as the document
+/// title (the shard indexes it into the text field) and, for comparison, prefixed to the chunk
+/// text by hand; both score 0.678 (a separate title field OR'd in scored 0.665). `SIFT_SCIFACT_DIR` (default `/work/shared/data/scifact`) holds
+/// `corpus.jsonl`, `queries.jsonl` and `qrels/test.tsv`.
+/// `cargo test -p sift-storage shard::tests::scifact -- --ignored --nocapture`
 #[test]
 #[ignore]
-fn temp_graph_timing() {
-    let mut rng = Rng(7);
-    let vectors = clustered_vectors(&mut rng, 10_000, 100, 384);
-    let params = super::vector::HnswParams { dimension: 384, m: 16, ef_construction: 200 };
-    let index = super::vector::VectorIndex::new(params, 10_000);
-    let points: Vec<(Vec<f32>, u64)> = vectors.iter().cloned().zip(0u64..).collect();
-    let started = Instant::now();
-    let graph = index.empty_graph(10_000);
-    super::vector::insert_into(&graph, &points).unwrap();
-    println!("parallel build 10k: {:.2}s", started.elapsed().as_secs_f64());
-    index.replace(graph);
-    let started = Instant::now();
-    for query in vectors.iter().take(200) {
-        index.search(query, 10, 64, None);
+fn scifact_bm25_ndcg_at_10() {
+    use std::collections::HashMap;
+    let root = std::path::PathBuf::from(
+        std::env::var("SIFT_SCIFACT_DIR").unwrap_or_else(|_| "/work/shared/data/scifact".into()),
+    );
+    let read_jsonl = |name: &str| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(root.join(name))
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    };
+    let corpus = read_jsonl("corpus.jsonl");
+    let queries: HashMap<String, String> = read_jsonl("queries.jsonl")
+        .into_iter()
+        .map(|query| {
+            (
+                query["_id"].as_str().unwrap().to_owned(),
+                query["text"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let mut qrels: HashMap<String, HashSet<String>> = HashMap::new();
+    for line in std::fs::read_to_string(root.join("qrels/test.tsv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+    {
+        let fields: Vec<&str> = line.split('\t').collect();
+        if fields[2] != "0" {
+            qrels
+                .entry(fields[0].to_owned())
+                .or_default()
+                .insert(fields[1].to_owned());
+        }
     }
-    println!("unfiltered: {:.3} ms/query", started.elapsed().as_secs_f64() * 1000.0 / 200.0);
-    let keep = |_id: u64| true;
-    let started = Instant::now();
-    for query in vectors.iter().take(200) {
-        index.search(query, 10, 64, Some(&keep));
+    for title_in_text in [false, true] {
+        let dir = TempDir::new().unwrap();
+        let shard = open(&dir);
+        let documents: Vec<DocumentWrite> = corpus
+            .iter()
+            .enumerate()
+            .map(|(index, record)| {
+                let title = record["title"].as_str().unwrap();
+                let text = record["text"].as_str().unwrap();
+                let (title, text) = if title_in_text {
+                    (String::new(), format!("{title}\n{text}"))
+                } else {
+                    (title.to_owned(), text.to_owned())
+                };
+                let mut written = document(
+                    record["_id"].as_str().unwrap(),
+                    &title,
+                    &[&text],
+                    index as u64,
+                    Metadata::new(),
+                );
+                written.parents.clear();
+                written
+            })
+            .collect();
+        let started = Instant::now();
+        for batch in documents.chunks(500) {
+            shard.write_documents(batch.to_vec()).unwrap();
+        }
+        let indexing = started.elapsed().as_secs_f64();
+        let mut total = 0.0;
+        for (query_id, relevant) in &qrels {
+            let hits = shard
+                .search_bm25(&queries[query_id], 10, &no_filter())
+                .unwrap();
+            let dcg: f64 = hits
+                .iter()
+                .enumerate()
+                .filter(|(_, hit)| relevant.contains(&hit.chunk.document_id))
+                .map(|(rank, _)| 1.0 / (rank as f64 + 2.0).log2())
+                .sum();
+            let ideal: f64 = (0..relevant.len().min(10))
+                .map(|rank| 1.0 / (rank as f64 + 2.0).log2())
+                .sum();
+            total += dcg / ideal;
+        }
+        println!(
+            "scifact bm25 nDCG@10 = {:.4} (title {}, {} queries, {} documents indexed in {indexing:.1} s)",
+            total / qrels.len() as f64,
+            if title_in_text {
+                "prefixed to the chunk text"
+            } else {
+                "as the document title"
+            },
+            qrels.len(),
+            corpus.len()
+        );
     }
-    println!("filtered: {:.3} ms/query", started.elapsed().as_secs_f64() * 1000.0 / 200.0);
-    let graph = index.empty_graph(10_000);
-    let started = Instant::now();
-    for (vector, id) in points.iter() {
-        graph.insert((vector.as_slice(), *id as usize));
-    }
-    println!("serial 10k inserts: {:.2}s", started.elapsed().as_secs_f64());
 }

@@ -2,18 +2,22 @@
 //!
 //! Schema: `internal_id` (u64, fast + stored + indexed) links a hit back to the chunk store;
 //! `document_id` and `meta` (`key=value`, multi-valued) are raw `STRING` terms for deletes and
-//! filters; `title` and `text` are analysed by the `sift` analyzer: jieba (search mode, so CJK
-//! text is split into overlapping words) -> drop whitespace/punctuation tokens -> drop tokens
-//! over 40 bytes -> lower case -> English stop words -> English stemmer.
+//! filters; `text` holds the document title and the chunk text (two values of one field),
+//! analysed by the `sift` analyzer: jieba (search mode, so CJK text is split into overlapping
+//! words) -> drop whitespace/punctuation tokens -> drop tokens over 40 bytes -> lower case ->
+//! English stop words -> English stemmer. The title goes into `text` rather than a field of
+//! its own because that scores better: BM25 nDCG@10 on SciFact is 0.678 against 0.665 with a
+//! separate `title` field OR'd in (the BEIR "flat" and "multifield" figures, reproduced).
 //!
 //! Queries are analysed with the same analyzer and become an OR of term queries over `text`
-//! and `title` (BM25). The `QueryParser` is not used: it turns a multi-token CJK word into a
+//! (BM25). The `QueryParser` is not used: it turns a multi-token CJK word into a
 //! phrase query, which is wrong for recall-oriented retrieval.
 //!
 //! Every commit carries the shard's write sequence as its payload; on open, the shard replays
 //! chunk-store writes newer than that payload (see [`crate::shard`]).
 
 use std::collections::HashSet;
+use std::collections::hash_map::Entry;
 use std::path::Path;
 
 use tantivy::collector::TopDocs;
@@ -43,7 +47,6 @@ pub(crate) const MAX_WRITER_MEMORY_BYTES: usize = 4_000_000_000;
 
 const FIELD_INTERNAL_ID: &str = "internal_id";
 const FIELD_DOCUMENT_ID: &str = "document_id";
-const FIELD_TITLE: &str = "title";
 const FIELD_TEXT: &str = "text";
 const FIELD_META: &str = "meta";
 
@@ -60,7 +63,6 @@ pub(crate) struct TextChunk<'a> {
 struct Fields {
     internal_id: Field,
     document_id: Field,
-    title: Field,
     text: Field,
     meta: Field,
 }
@@ -94,7 +96,6 @@ impl TextIndex {
         let fields = Fields {
             internal_id: field(FIELD_INTERNAL_ID)?,
             document_id: field(FIELD_DOCUMENT_ID)?,
-            title: field(FIELD_TITLE)?,
             text: field(FIELD_TEXT)?,
             meta: field(FIELD_META)?,
         };
@@ -144,7 +145,9 @@ impl TextIndex {
         let mut document = TantivyDocument::default();
         document.add_u64(self.fields.internal_id, chunk.internal_id);
         document.add_text(self.fields.document_id, chunk.document_id);
-        document.add_text(self.fields.title, chunk.title);
+        if !chunk.title.is_empty() {
+            document.add_text(self.fields.text, chunk.title);
+        }
         document.add_text(self.fields.text, chunk.text);
         for (key, value) in chunk.metadata {
             document.add_text(self.fields.meta, meta_term(key, value));
@@ -201,18 +204,18 @@ impl TextIndex {
         if tokens.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
-        let mut should: Vec<(Occur, Box<dyn Query>)> = Vec::with_capacity(tokens.len() * 2);
-        for token in tokens {
-            for field in [self.fields.text, self.fields.title] {
-                should.push((
+        let should: Vec<(Occur, Box<dyn Query>)> = tokens
+            .iter()
+            .map(|token| -> (Occur, Box<dyn Query>) {
+                (
                     Occur::Should,
                     Box::new(TermQuery::new(
-                        Term::from_field_text(field, token),
+                        Term::from_field_text(self.fields.text, token),
                         IndexRecordOption::WithFreqs,
                     )),
-                ));
-            }
-        }
+                )
+            })
+            .collect();
         let mut clauses: Vec<(Occur, Box<dyn Query>)> =
             vec![(Occur::Must, Box::new(BooleanQuery::new(should)))];
         // Filters match or not; they add nothing to the score.
@@ -235,19 +238,18 @@ impl TextIndex {
         let mut columns = std::collections::HashMap::new();
         let mut hits = Vec::with_capacity(top.len());
         for (score, address) in top {
-            if !columns.contains_key(&address.segment_ord) {
-                let column = searcher
-                    .segment_reader(address.segment_ord)
-                    .fast_fields()
-                    .u64(FIELD_INTERNAL_ID)?;
-                columns.insert(address.segment_ord, column);
-            }
-            let internal_id = columns
-                .get(&address.segment_ord)
-                .and_then(|column| column.first(address.doc_id))
-                .ok_or_else(|| {
-                    StorageError::Corrupt("text index hit without internal id".to_owned())
-                })?;
+            let column = match columns.entry(address.segment_ord) {
+                Entry::Occupied(entry) => entry.into_mut(),
+                Entry::Vacant(entry) => entry.insert(
+                    searcher
+                        .segment_reader(address.segment_ord)
+                        .fast_fields()
+                        .u64(FIELD_INTERNAL_ID)?,
+                ),
+            };
+            let internal_id = column.first(address.doc_id).ok_or_else(|| {
+                StorageError::Corrupt("text index hit without internal id".to_owned())
+            })?;
             hits.push((internal_id, score));
         }
         Ok(hits)
@@ -271,7 +273,6 @@ fn schema() -> Schema {
             .set_tokenizer(ANALYZER)
             .set_index_option(IndexRecordOption::WithFreqs),
     );
-    builder.add_text_field(FIELD_TITLE, analysed.clone());
     builder.add_text_field(FIELD_TEXT, analysed);
     builder.add_text_field(FIELD_META, STRING);
     builder.build()
