@@ -1,0 +1,278 @@
+//! A KB embedded by a remote OpenAI-compatible server. The server is a real HTTP server in the
+//! test speaking `/v1/embeddings` (deterministic hashed bag-of-words vectors); when it starts
+//! answering with another dimension, new documents fail with a clear error and the KB keeps
+//! serving what it has.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+use sift_node::config::{Config, FileConfig, RemoteEmbedderConfig};
+use sift_tests::{InProcessNode, WAIT, document_ids, temp_dir, text_document};
+
+const KB: &str = "remote";
+const API_KEY: &str = "sk-test-remote";
+
+/// The fake embedding service's state: the dimension it answers with, and what it saw.
+#[derive(Default)]
+struct Service {
+    dimension: AtomicUsize,
+    requests: AtomicUsize,
+    texts: AtomicUsize,
+    bad_auth: AtomicUsize,
+}
+
+/// FNV-1a: a stable hash, so vectors are the same on every run.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// Hashed bag of words, L2-normalised: texts sharing words point the same way.
+fn bag_of_words(text: &str, dimension: usize) -> Vec<f32> {
+    let mut vector = vec![0f32; dimension];
+    for word in text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        vector[(fnv1a(&word.to_lowercase()) % dimension as u64) as usize] += 1.0;
+    }
+    let norm = vector.iter().map(|v| v * v).sum::<f32>().sqrt();
+    if norm == 0.0 {
+        vector[0] = 1.0; // no words: still a valid unit vector
+    } else {
+        vector.iter_mut().for_each(|v| *v /= norm);
+    }
+    vector
+}
+
+/// `POST /v1/embeddings` as OpenAI answers it.
+async fn embeddings(
+    State(service): State<Arc<Service>>,
+    headers: HeaderMap,
+    Json(request): Json<Value>,
+) -> Result<Json<Value>, (StatusCode, Json<Value>)> {
+    service.requests.fetch_add(1, Ordering::SeqCst);
+    let authorized = headers.get("authorization").and_then(|v| v.to_str().ok())
+        == Some(&format!("Bearer {API_KEY}"));
+    if !authorized {
+        service.bad_auth.fetch_add(1, Ordering::SeqCst);
+        let error =
+            json!({ "error": { "message": "invalid api key", "type": "invalid_request_error" } });
+        return Err((StatusCode::UNAUTHORIZED, Json(error)));
+    }
+    let inputs: Vec<String> = match &request["input"] {
+        Value::String(text) => vec![text.clone()],
+        Value::Array(items) => items
+            .iter()
+            .map(|v| v.as_str().unwrap_or_default().to_string())
+            .collect(),
+        _ => {
+            let error =
+                json!({ "error": { "message": "input must be a string or an array of strings" } });
+            return Err((StatusCode::BAD_REQUEST, Json(error)));
+        }
+    };
+    service.texts.fetch_add(inputs.len(), Ordering::SeqCst);
+    let dimension = service.dimension.load(Ordering::SeqCst);
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(index, text)| json!({ "object": "embedding", "index": index, "embedding": bag_of_words(text, dimension) }))
+        .collect();
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "model": request["model"],
+        "usage": { "prompt_tokens": 0, "total_tokens": 0 },
+    })))
+}
+
+async fn start_service(service: Arc<Service>) -> String {
+    let app = Router::new()
+        .route("/v1/embeddings", post(embeddings))
+        .with_state(service);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    format!("http://{addr}/v1")
+}
+
+const DOCUMENTS: [(&str, &str, &str); 4] = [
+    (
+        "kettle",
+        "Kettle care",
+        "Descale the kettle every month with citric acid to remove limescale.",
+    ),
+    (
+        "bread",
+        "Sourdough",
+        "A sourdough starter needs flour, water and patience before the bread rises.",
+    ),
+    (
+        "bikes",
+        "Bicycle chains",
+        "Clean and oil the bicycle chain after riding in the rain.",
+    ),
+    (
+        "tides",
+        "Tides",
+        "The moon's gravity pulls the oceans and causes the tides on the coast.",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_embedder_serves_a_kb_and_a_dimension_change_fails_clearly() {
+    let service = Arc::new(Service::default());
+    service.dimension.store(64, Ordering::SeqCst);
+    let base_url = start_service(service.clone()).await;
+
+    let dir = temp_dir();
+    let mut file = FileConfig {
+        data_dir: Some(dir.path().join("data")),
+        listen: Some("127.0.0.1:0".into()),
+        ..FileConfig::default()
+    };
+    let remote = RemoteEmbedderConfig {
+        base_url,
+        model: "bag-of-words-64".into(),
+        api_key: Some(API_KEY.into()),
+        dimension: None, // probed
+        timeout_ms: Some(30_000),
+        max_retries: Some(1),
+        batch_size: Some(8),
+    };
+    file.embedding.remote = BTreeMap::from([("fake".to_string(), remote)]);
+    let config = Config::check(file).expect("a valid config");
+    let node = InProcessNode::start_with(config).await;
+    let client = node.client();
+    assert!(
+        service.requests.load(Ordering::SeqCst) >= 1,
+        "the dimension was probed at start"
+    );
+    let ready = client.get("/readyz").await.expect(200);
+    assert_eq!(ready["remote_embedders"], json!(["fake"]), "{ready}");
+
+    let kb = client
+        .create_kb(json!({ "name": KB, "shards": 2, "embedding_model": "fake" }))
+        .await;
+    assert_eq!(kb["settings"]["embedding_model"], "fake");
+    assert_eq!(
+        kb["settings"]["dimension"], 64,
+        "the probed dimension: {kb}"
+    );
+
+    let texts_before = service.texts.load(Ordering::SeqCst);
+    let documents: Vec<Value> = DOCUMENTS
+        .iter()
+        .map(|(id, title, text)| text_document(id, title, text))
+        .collect();
+    let ids = client.bulk_add(KB, &documents).await;
+    client.wait_ready(KB, 4, WAIT).await;
+    assert!(
+        service.texts.load(Ordering::SeqCst) >= texts_before + 4,
+        "every chunk was embedded by the remote service"
+    );
+
+    // Dense search goes through the remote embedder: shared words rank the right document first.
+    for (position, query) in [
+        "how to remove limescale from a kettle with citric acid",
+        "sourdough starter flour water",
+        "oil the bicycle chain after rain",
+        "moon gravity causes tides",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let requests = service.requests.load(Ordering::SeqCst);
+        let answer = client
+            .search(
+                KB,
+                json!({ "query": query, "top_k": 4, "channels": ["dense"] }),
+            )
+            .await;
+        assert_eq!(
+            document_ids(&answer)[0],
+            ids[position],
+            "{query:?}: {answer}"
+        );
+        assert_eq!(
+            service.requests.load(Ordering::SeqCst),
+            requests + 1,
+            "the query was embedded remotely"
+        );
+    }
+    assert_eq!(
+        service.bad_auth.load(Ordering::SeqCst),
+        0,
+        "every request carried the API key"
+    );
+
+    // The service now answers with another dimension.
+    service.dimension.store(32, Ordering::SeqCst);
+    let new = client
+        .bulk_add(
+            KB,
+            &[text_document(
+                "late",
+                "Late arrival",
+                "Tea kettles whistle when the water boils.",
+            )],
+        )
+        .await;
+    let record = client.wait_document(KB, &new[0], WAIT).await;
+    assert_eq!(record["status"], "failed", "{record}");
+    let error = record["error"].as_str().unwrap_or_default();
+    println!("the failed document says: {error}");
+    assert!(
+        error.contains("dimension") && error.contains("64") && error.contains("32"),
+        "the error names the dimensions: {error:?}"
+    );
+    let counts = client.counts(KB).await;
+    assert_eq!(
+        (counts["ready"].as_u64(), counts["failed"].as_u64()),
+        (Some(4), Some(1)),
+        "{counts}"
+    );
+
+    // The KB keeps serving what it has: BM25 needs no embedding ...
+    let answer = client
+        .search(
+            KB,
+            json!({ "query": "citric acid limescale", "channels": ["bm25"] }),
+        )
+        .await;
+    assert_eq!(document_ids(&answer)[0], ids[0], "{answer}");
+    // ... a dense query embedded with the wrong dimension is refused with a clear error ...
+    let refused = client
+        .search_answer(
+            KB,
+            json!({ "query": "tides of the ocean", "channels": ["dense"] }),
+        )
+        .await;
+    assert!(
+        refused.status.is_client_error() || refused.status.is_server_error(),
+        "{refused:?}"
+    );
+    let message = refused.expect_error(refused.status.as_u16(), "dimension_mismatch");
+    println!("a dense search then answers {}: {message}", refused.status);
+    assert!(message.contains("dimension"), "{message}");
+    // ... and once the service is fixed, dense search works on the earlier documents again.
+    service.dimension.store(64, Ordering::SeqCst);
+    let answer = client
+        .search(
+            KB,
+            json!({ "query": "tides of the ocean", "channels": ["dense"] }),
+        )
+        .await;
+    assert_eq!(document_ids(&answer)[0], ids[3], "{answer}");
+    node.shutdown().await;
+}
