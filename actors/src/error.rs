@@ -20,6 +20,9 @@ pub enum SiftError {
     Invalid { code: &'static str, message: String },
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
+    /// Well-formed but unusable content (an empty document, ...): 422 like a bad upload.
+    #[error("{message}")]
+    Unprocessable { code: &'static str, message: String },
     #[error("{message}")]
     TooLarge { message: String },
     #[error(transparent)]
@@ -69,7 +72,8 @@ impl SiftError {
         match self {
             SiftError::NotFound { code, .. }
             | SiftError::Invalid { code, .. }
-            | SiftError::Conflict { code, .. } => code,
+            | SiftError::Conflict { code, .. }
+            | SiftError::Unprocessable { code, .. } => code,
             SiftError::TooLarge { .. } => "payload_too_large",
             SiftError::Parse(error) => error.code(),
             SiftError::QueueFull { .. } => "queue_full",
@@ -92,11 +96,11 @@ impl SiftError {
             SiftError::NotFound { .. } => 404,
             SiftError::Invalid { .. } => 400,
             SiftError::Conflict { .. } => 409,
+            SiftError::Unprocessable { .. } => 422,
             SiftError::TooLarge { .. } => 413,
             SiftError::Parse(crate::ingest::parse::ParseError::UnsupportedType(_)) => 415,
             SiftError::Parse(_) => 422,
             SiftError::QueueFull { .. } => 429,
-            SiftError::Embedding(EmbeddingError::DimensionMismatch { .. }) => 400,
             SiftError::Embedding(_) => 502,
             SiftError::ShardUnavailable { .. } => 503,
             SiftError::Storage(StorageError::NotFound(_)) => 404,
@@ -117,6 +121,7 @@ impl SiftError {
             SiftError::NotFound { .. }
             | SiftError::Invalid { .. }
             | SiftError::Conflict { .. }
+            | SiftError::Unprocessable { .. }
             | SiftError::TooLarge { .. }
             | SiftError::Parse(_)
             | SiftError::Internal(_) => false,

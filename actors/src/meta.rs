@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use sift_cluster::LocalMeta;
-use sift_storage::meta::{MetaOp, MetaOutcome, SledMetaStore};
+use sift_storage::meta::{DocStatus, MetaOp, MetaOutcome, SledMetaStore};
 use tokio::sync::broadcast;
 
 use crate::error::Result;
@@ -32,7 +32,9 @@ impl MetaHandle {
 
     pub async fn propose(&self, op: MetaOp) -> Result<MetaOutcome> {
         let kb_id = match &op {
-            MetaOp::DeleteDocument { kb_id, .. } => Some(kb_id.clone()),
+            MetaOp::DeleteDocument { kb_id, .. } | MetaOp::RegisterDocuments { kb_id, .. } => {
+                Some(kb_id.clone())
+            }
             _ => None,
         };
         let outcome = self.log.propose(op).await?;
@@ -43,23 +45,41 @@ impl MetaHandle {
                 }
             }
             MetaOutcome::Registered(registered) => {
-                for entry in registered.iter().filter(|entry| !entry.duplicate) {
-                    let _ = self.events.send(DocumentEvent::from_record(&entry.record));
+                for entry in registered {
+                    if !entry.duplicate {
+                        let _ = self.events.send(DocumentEvent::from_record(&entry.record));
+                    }
+                    if let Some(replaced) = &entry.replaced {
+                        self.send_deleted(
+                            kb_id.as_deref().unwrap_or_default(),
+                            &replaced.document_id,
+                        );
+                    }
                 }
             }
             MetaOutcome::DocumentDeleted(tombstone) => {
-                let _ = self.events.send(DocumentEvent {
-                    kb_id: kb_id.unwrap_or_default(),
-                    document_id: tombstone.document_id.clone(),
-                    status: sift_storage::meta::DocStatus::Failed,
-                    error: Some("document deleted".into()),
-                    chunk_count: 0,
-                    progress: 1.0,
-                    deleted: true,
-                });
+                self.send_deleted(kb_id.as_deref().unwrap_or_default(), &tombstone.document_id);
+            }
+            MetaOutcome::KbDeleted { kb, documents } => {
+                for tombstone in documents {
+                    self.send_deleted(&kb.id, &tombstone.document_id);
+                }
             }
             _ => {}
         }
         Ok(outcome)
+    }
+
+    /// Tells subscribers a document is gone: its event stream ends.
+    fn send_deleted(&self, kb_id: &str, document_id: &str) {
+        let _ = self.events.send(DocumentEvent {
+            kb_id: kb_id.to_string(),
+            document_id: document_id.to_string(),
+            status: DocStatus::Failed,
+            error: Some("document deleted".into()),
+            chunk_count: 0,
+            progress: 1.0,
+            deleted: true,
+        });
     }
 }

@@ -143,6 +143,8 @@ pub struct SearchQuery {
     /// Hits gathered per channel before fusion (default max(top_k, 50)).
     pub candidates: Option<usize>,
     pub explain: Option<bool>,
+    /// Dense channel by exact scan instead of HNSW (slow; for measuring HNSW recall).
+    pub exact: Option<bool>,
 }
 
 /// One running node: its actors and its shared context.
@@ -493,10 +495,10 @@ impl SiftNode {
         let now = now_ms();
         for (position, document) in documents.into_iter().enumerate() {
             if document.text.trim().is_empty() {
-                return Err(SiftError::invalid(
-                    "empty_document",
-                    format!("documents[{position}] has no text"),
-                ));
+                return Err(SiftError::Unprocessable {
+                    code: "empty_document",
+                    message: format!("documents[{position}] has no text"),
+                });
             }
             let format = document.format.unwrap_or_else(|| "text".into());
             if !matches!(format.as_str(), "text" | "markdown" | "md" | "html") {
@@ -609,7 +611,8 @@ impl SiftNode {
         records: Vec<DocumentRecord>,
     ) -> Result<Vec<AddedDocument>> {
         let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
-        // Admission first: if the queue is full nothing is registered and the raw data goes.
+        // Admission first: room for every job is reserved before anything is registered; if the
+        // queue is full nothing is registered and the raw data goes.
         let jobs: Vec<IngestJob> = ids
             .chunks(JOB_DOCUMENTS)
             .map(|batch| IngestJob {
@@ -617,23 +620,32 @@ impl SiftNode {
                 document_ids: batch.to_vec(),
             })
             .collect();
-        if self.queue.depth() + jobs.len() > self.context.options.ingest_queue_capacity {
-            metrics::counter!("sift_ingest_rejected_total").increment(1);
-            for id in &ids {
-                let _ = self.context.raw.remove(id);
+        let permits = match self.queue.try_reserve(jobs.len()) {
+            Ok(permits) => permits,
+            Err(error) => {
+                for id in &ids {
+                    let _ = self.context.raw.remove(id);
+                }
+                return Err(error);
             }
-            return Err(SiftError::QueueFull {
-                retry_after_secs: 2,
-            });
-        }
-        let outcome = self
+        };
+        let proposed = self
             .context
             .meta
             .propose(MetaOp::RegisterDocuments {
                 kb_id: kb.id.clone(),
                 documents: records,
             })
-            .await?;
+            .await;
+        let outcome = match proposed {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                for id in &ids {
+                    let _ = self.context.raw.remove(id);
+                }
+                return Err(error);
+            }
+        };
         let MetaOutcome::Registered(registered) = outcome else {
             return Err(SiftError::Internal(format!(
                 "unexpected outcome {outcome:?}"
@@ -657,17 +669,10 @@ impl SiftNode {
                 replaced: entry.replaced.map(|t| t.document_id),
             });
         }
-        for job in jobs {
-            // Raced with another request for the last slot: the documents stay queued and are
-            // picked up by the next start's recovery; say so rather than fail the request.
-            if let Err(error) = self.queue.try_submit(job.clone()) {
-                warn!(%error, "queue filled up during registration; submitting in the background");
-                let queue = self.queue.clone();
-                tokio::spawn(async move {
-                    let _ = queue.submit(job).await;
-                });
-            }
+        for (permit, job) in permits.zip(jobs) {
+            permit.send(job);
         }
+        self.queue.report_depth();
         Ok(added)
     }
 
@@ -833,6 +838,7 @@ impl SiftNode {
             shards: kb.settings.shards,
             query: text,
             vector,
+            exact: query.exact.unwrap_or(false),
             bm25,
             top_k,
             candidates,
@@ -840,6 +846,7 @@ impl SiftNode {
             dense_weight,
             bm25_weight,
             rrf_k,
+            explain: query.explain.unwrap_or(false),
         };
         let mut response = self.root.search(&request).await;
         response.timings.embed_ms = embed_ms;
@@ -961,7 +968,7 @@ fn apply_settings(
 }
 
 /// JSON metadata values become strings (scalars only) so filters are plain equality.
-fn metadata_from_json(map: serde_json::Map<String, serde_json::Value>) -> Result<Metadata> {
+pub fn metadata_from_json(map: serde_json::Map<String, serde_json::Value>) -> Result<Metadata> {
     let mut metadata = Metadata::new();
     for (key, value) in map {
         let value = match value {

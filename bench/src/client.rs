@@ -108,6 +108,9 @@ pub struct SearchRequest<'a> {
     pub query: &'a str,
     pub top_k: usize,
     pub channels: &'a [Channel],
+    /// Dense by exact scan instead of HNSW (the ground truth for HNSW recall).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub exact: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -123,6 +126,8 @@ pub struct SearchResponse {
 /// One hit (a chunk); only the ids are read, text and score are ignored.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Hit {
+    #[serde(default)]
+    pub chunk_id: Option<String>,
     #[serde(default)]
     pub document_id: Option<String>,
     #[serde(default)]
@@ -205,10 +210,18 @@ impl SiftClient {
     }
 
     /// `POST /v1/kbs`. `shards: None` leaves the choice to the node.
-    pub async fn create_kb(&self, name: &str, shards: Option<u32>) -> Result<KbInfo> {
+    pub async fn create_kb(
+        &self,
+        name: &str,
+        shards: Option<u32>,
+        chunk_tokens: Option<u32>,
+    ) -> Result<KbInfo> {
         let mut body = serde_json::json!({ "name": name });
         if let Some(shards) = shards {
             body["shards"] = shards.into();
+        }
+        if let Some(chunk_tokens) = chunk_tokens {
+            body["chunk_tokens"] = chunk_tokens.into();
         }
         let url = self.url(&["v1", "kbs"]);
         self.call(Method::POST, url, |request| request.json(&body))

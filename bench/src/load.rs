@@ -106,6 +106,7 @@ pub async fn run(args: LoadArgs) -> Result<()> {
         query: &queries[0],
         top_k,
         channels: &channels,
+        exact: false,
     };
     if let Err(error) = client.search(&args.kb, &probe).await
         && !error.is_transient()
@@ -216,6 +217,7 @@ impl LoadPlan {
                 query: &self.queries[next % self.queries.len()],
                 top_k: self.top_k,
                 channels: &self.channels,
+                exact: false,
             };
             next += 1;
             let outcome = self.client.search(&self.kb, &request).await;

@@ -51,6 +51,9 @@ pub struct QualityArgs {
     /// Shards of a newly created knowledge base [default: the node's].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub shards: Option<u32>,
+    /// Chunk size of a newly created KB, in tokens (the node's default when absent).
+    #[arg(long)]
+    pub chunk_tokens: Option<u32>,
     /// Evaluate only the first N queries (file order) that have judgements.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_queries: Option<u64>,
@@ -111,6 +114,8 @@ pub async fn run(args: QualityArgs) -> Result<()> {
         results.push(evaluate(&client, &kb, &dataset, name, channels, to_usize(args.top_k)).await?);
     }
 
+    let recall = hnsw_recall_at_10(&client, &kb, &dataset).await?;
+
     println!();
     println!(
         "sift-bench quality: {dataset_name} on {} (kb {} / {}), {} documents, {} queries, top_k {}",
@@ -125,6 +130,12 @@ pub async fn run(args: QualityArgs) -> Result<()> {
     println!("{}", ingest_report.summary());
     println!();
     print!("{}", render_table(&results));
+    if let Some(recall) = recall {
+        println!(
+            "HNSW recall@10 against an exact scan of the same vectors: {recall:.4} ({} queries)",
+            dataset.queries.len()
+        );
+    }
 
     if let Some(path) = &args.json {
         let report = QualityReport {
@@ -145,6 +156,7 @@ pub async fn run(args: QualityArgs) -> Result<()> {
             },
             ingest: ingest_report,
             configurations: results,
+            hnsw_recall_at_10: recall,
         };
         let file = std::fs::File::create(path)
             .with_context(|| format!("cannot create {}", path.display()))?;
@@ -153,6 +165,54 @@ pub async fn run(args: QualityArgs) -> Result<()> {
         eprintln!("results written to {}", path.display());
     }
     Ok(())
+}
+
+/// Mean over the queries of |HNSW top 10 ∩ exact top 10| / 10, by chunk id, dense channel
+/// only. `None` when the node does not return chunk ids.
+async fn hnsw_recall_at_10(
+    client: &SiftClient,
+    kb: &str,
+    dataset: &Dataset,
+) -> Result<Option<f64>> {
+    let mut found = 0usize;
+    let mut expected = 0usize;
+    let mut line = ProgressLine::new();
+    for (index, query) in dataset.queries.iter().enumerate() {
+        let mut ids = Vec::with_capacity(2);
+        for exact in [false, true] {
+            let request = SearchRequest {
+                query: &query.text,
+                top_k: 10,
+                channels: &[Channel::Dense],
+                exact,
+            };
+            let (response, _) = search_with_retries(client, kb, &request).await?;
+            let chunk_ids: Vec<String> = response
+                .hits
+                .iter()
+                .filter_map(|hit| hit.chunk_id.clone())
+                .collect();
+            if chunk_ids.len() != response.hits.len() {
+                return Ok(None);
+            }
+            ids.push(chunk_ids);
+        }
+        let truth: std::collections::HashSet<&String> = ids[1].iter().collect();
+        expected += truth.len();
+        found += ids[0].iter().filter(|id| truth.contains(id)).count();
+        line.update(&format!(
+            "hnsw recall: {}/{} queries",
+            index + 1,
+            dataset.queries.len()
+        ));
+    }
+    let recall = if expected == 0 {
+        1.0
+    } else {
+        found as f64 / expected as f64
+    };
+    line.finish(&format!("hnsw recall@10 {recall:.4}"));
+    Ok(Some(recall))
 }
 
 fn to_usize(value: u64) -> usize {
@@ -171,6 +231,7 @@ struct QualityReport {
     slice: SliceReport,
     ingest: IngestReport,
     configurations: Vec<ConfigurationResult>,
+    hnsw_recall_at_10: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -258,13 +319,13 @@ async fn prepare_kb(
         Some(_) if args.recreate => {
             eprintln!("deleting knowledge base {kb:?} (--recreate)");
             client.delete_kb(kb).await?;
-            create_kb(client, kb, args.shards).await?;
+            create_kb(client, kb, args.shards, args.chunk_tokens).await?;
         }
         Some(_) => bail!(
             "knowledge base {kb:?} already exists on {}: pass --reuse to evaluate it as is, --recreate to delete and re-ingest it, or --kb to pick another name",
             client.base_url()
         ),
-        None => create_kb(client, kb, args.shards).await?,
+        None => create_kb(client, kb, args.shards, args.chunk_tokens).await?,
     }
     ingest(
         client,
@@ -278,10 +339,15 @@ async fn prepare_kb(
 
 /// Creates `kb`. Right after a delete the name can still be taken for a moment (the delete
 /// goes through consensus), so a 409 is retried for a few seconds.
-async fn create_kb(client: &SiftClient, kb: &str, shards: Option<u32>) -> Result<()> {
+async fn create_kb(
+    client: &SiftClient,
+    kb: &str,
+    shards: Option<u32>,
+    chunk_tokens: Option<u32>,
+) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match client.create_kb(kb, shards).await {
+        match client.create_kb(kb, shards, chunk_tokens).await {
             Ok(info) => {
                 eprintln!(
                     "created knowledge base {} ({}), settings {}",
@@ -555,6 +621,7 @@ async fn evaluate(
             query: &query.text,
             top_k,
             channels,
+            exact: false,
         };
         let _ = client.search(kb, &request).await;
     }
@@ -572,6 +639,7 @@ async fn evaluate(
             query: &query.text,
             top_k,
             channels,
+            exact: false,
         };
         match search_with_retries(client, kb, &request).await {
             Ok((response, latency)) => {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::JsonRejection;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -22,7 +22,9 @@ use sha2::{Digest, Sha256};
 use sift_actors::SiftError;
 use sift_actors::SiftNode;
 use sift_actors::events::DocumentEvent;
-use sift_actors::node::{CreateKb, NewTextDocument, SearchQuery, UpdateKb, Upload};
+use sift_actors::node::{
+    CreateKb, NewTextDocument, SearchQuery, UpdateKb, Upload, metadata_from_json,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::broadcast;
 
@@ -385,21 +387,7 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
                                 format!("metadata: {e}"),
                             )
                         })?;
-                    for (key, value) in map {
-                        let value = match value {
-                            serde_json::Value::String(s) => s,
-                            serde_json::Value::Number(n) => n.to_string(),
-                            serde_json::Value::Bool(b) => b.to_string(),
-                            _ => {
-                                return Err(ApiError::new(
-                                    StatusCode::BAD_REQUEST,
-                                    "invalid_metadata",
-                                    "metadata values must be strings, numbers or booleans",
-                                ));
-                            }
-                        };
-                        metadata.insert(key, value);
-                    }
+                    metadata = metadata_from_json(map)?;
                 }
                 other => {
                     return Err(ApiError::new(
@@ -454,8 +442,15 @@ struct Page {
 async fn list_documents(
     State(state): State<AppState>,
     Path(kb): Path<String>,
-    Query(page): Query<Page>,
+    page: Result<Query<Page>, QueryRejection>,
 ) -> ApiResult<impl IntoResponse> {
+    let Query(page) = page.map_err(|rejection| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query_string",
+            rejection.body_text(),
+        )
+    })?;
     let limit = page.limit.unwrap_or(100);
     let documents = state
         .node
@@ -567,8 +562,15 @@ async fn search(
 
 async fn crash_shard(
     State(state): State<AppState>,
-    Path((kb, shard)): Path<(String, u32)>,
+    path: Result<Path<(String, u32)>, PathRejection>,
 ) -> ApiResult<impl IntoResponse> {
+    let Path((kb, shard)) = path.map_err(|rejection| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_path",
+            rejection.body_text(),
+        )
+    })?;
     state.node.crash_shard(&kb, shard)?;
     Ok(StatusCode::ACCEPTED)
 }

@@ -99,6 +99,7 @@ pub fn init_logging() {
         .unwrap_or_else(|_| "info,tantivy=warn,sled=warn,hnsw_rs=warn".to_string());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -621,9 +621,6 @@ async fn an_event_stream_ends_when_its_document_is_deleted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: no `deleted` event for a document replaced by external_id or removed with its KB \
-            (actors/src/meta.rs MetaHandle::propose handles neither `replaced` nor KbDeleted), \
-            so its event stream never ends"]
 async fn an_event_stream_ends_when_its_document_is_replaced_or_its_kb_deleted() {
     let dir = temp_dir();
     let node = InProcessNode::start(&dir.path().join("data")).await;

@@ -162,9 +162,6 @@ async fn fault_injection_is_off_by_default() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a document whose shard write meets a restarting replica fails for good \
-            (\"shard 0 is not running on this node\" / \"stopped during the write\"); \
-            actors/src/ingest/pipeline.rs run() does not retry the write once the replica is back"]
 async fn documents_ingested_while_a_shard_restarts_still_end_ready() {
     let dir = temp_dir();
     let node = NodeProcess::start(&dir.path().join("data"), &[("SIFT_DEBUG_FAULTS", "1")]);

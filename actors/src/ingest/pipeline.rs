@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::join_all;
 use ractor::rpc::CallResult;
@@ -247,28 +247,12 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
             .iter()
             .filter_map(|&p| works[p].write.clone())
             .collect();
-        let actor = context.registry.actor(&kb.id, shard);
-        let timeout = context.options.shard_write_timeout;
+        let kb_id = kb.id.clone();
         async move {
-            let outcome = match actor {
-                None => Err(format!("shard {shard} is not running on this node")),
-                Some(actor) => match actor
-                    .call(
-                        |reply| ShardMessage::Write { documents, reply },
-                        Some(timeout),
-                    )
-                    .await
-                {
-                    Ok(CallResult::Success(Ok(()))) => Ok(()),
-                    Ok(CallResult::Success(Err(error))) => Err(error.to_string()),
-                    Ok(CallResult::Timeout) => Err(format!("shard {shard} write timed out")),
-                    Ok(CallResult::SenderError) => {
-                        Err(format!("shard {shard} stopped during the write"))
-                    }
-                    Err(error) => Err(format!("shard {shard} unreachable: {error}")),
-                },
-            };
-            (positions, outcome)
+            (
+                positions,
+                write_to_shard(context, &kb_id, shard, documents).await,
+            )
         }
     });
     for (positions, outcome) in join_all(writes).await {
@@ -337,6 +321,53 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     );
     info!(ready, failed, "ingestion job done");
     Ok(())
+}
+
+/// How long a write waits for a shard replica that is restarting before its documents fail.
+const SHARD_RESTART_PATIENCE: Duration = Duration::from_secs(15);
+
+/// Writes documents to a shard replica. A replica that is not running or stops during the
+/// write (its supervisor is restarting it) is retried with backoff: writes are idempotent
+/// (a document id rewritten replaces itself), so a retry cannot duplicate anything.
+async fn write_to_shard(
+    context: &NodeContext,
+    kb_id: &str,
+    shard: u32,
+    documents: Vec<DocumentWrite>,
+) -> std::result::Result<(), String> {
+    let started = Instant::now();
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let unavailable = match context.registry.actor(kb_id, shard) {
+            None => format!("shard {shard} is not running on this node"),
+            Some(actor) => {
+                let documents = documents.clone();
+                match actor
+                    .call(
+                        |reply| ShardMessage::Write { documents, reply },
+                        Some(context.options.shard_write_timeout),
+                    )
+                    .await
+                {
+                    Ok(CallResult::Success(Ok(()))) => return Ok(()),
+                    Ok(CallResult::Success(Err(error))) => return Err(error.to_string()),
+                    Ok(CallResult::Timeout) => {
+                        return Err(format!("shard {shard} write timed out"));
+                    }
+                    Ok(CallResult::SenderError) => {
+                        format!("shard {shard} stopped during the write")
+                    }
+                    Err(error) => format!("shard {shard} unreachable: {error}"),
+                }
+            }
+        };
+        if started.elapsed() >= SHARD_RESTART_PATIENCE {
+            return Err(unavailable);
+        }
+        warn!(kb_id, shard, reason = %unavailable, "shard write will be retried");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
 }
 
 /// Moves the job's live, not-yet-failed documents to `status`; drops documents deleted meanwhile.

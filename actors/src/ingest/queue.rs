@@ -50,6 +50,24 @@ impl IngestQueue {
         }
     }
 
+    /// Reserves room for `jobs` jobs at once, or refuses with `QueueFull`. Reserving before
+    /// registering documents keeps the bound exact under concurrent requests: a request that
+    /// got its permits can always enqueue, one that did not registers nothing.
+    pub fn try_reserve(&self, jobs: usize) -> Result<mpsc::PermitIterator<'_, IngestJob>> {
+        match self.sender.try_reserve_many(jobs) {
+            Ok(permits) => Ok(permits),
+            Err(mpsc::error::TrySendError::Full(())) => {
+                metrics::counter!("sift_ingest_rejected_total").increment(1);
+                Err(SiftError::QueueFull {
+                    retry_after_secs: 2,
+                })
+            }
+            Err(mpsc::error::TrySendError::Closed(())) => {
+                Err(SiftError::Internal("the ingestion queue is closed".into()))
+            }
+        }
+    }
+
     /// Waits for room; used when resuming unfinished work at start-up.
     pub async fn submit(&self, job: IngestJob) -> Result<()> {
         self.sender

@@ -21,6 +21,8 @@ pub struct SearchRequest {
     pub query: String,
     /// The query embedding; `None` leaves the dense channel out.
     pub vector: Option<Vec<f32>>,
+    /// Dense by exact scan instead of HNSW.
+    pub exact: bool,
     pub bm25: bool,
     pub top_k: usize,
     /// Hits per channel gathered before fusion (per shard, and after the global merge).
@@ -29,6 +31,8 @@ pub struct SearchRequest {
     pub dense_weight: f64,
     pub bm25_weight: f64,
     pub rrf_k: f64,
+    /// Attach a plain-words explanation to each hit.
+    pub explain: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -39,6 +43,9 @@ pub struct SearchHit {
     pub score: f64,
     /// Rank, score and RRF contribution of the hit in each channel that found it.
     pub channels: HashMap<Channel, ChannelHitInfo>,
+    /// With `explain`: why the hit is here, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explain: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -91,6 +98,7 @@ impl RootSearch {
         let leaf = Arc::new(LeafRequest {
             query: request.query.clone(),
             vector: request.vector.clone(),
+            exact: request.exact,
             bm25: request.bm25,
             k: request.candidates,
             filter: request.filter.clone(),
@@ -198,10 +206,14 @@ impl RootSearch {
             .take(request.top_k)
             .filter_map(|hit| {
                 let chunk = chunks.remove(&hit.key)?;
+                let explain = request
+                    .explain
+                    .then(|| explain_hit(&hit.channels, hit.score, request.rrf_k));
                 Some(SearchHit {
                     chunk,
                     score: hit.score,
                     channels: hit.channels.into_iter().collect(),
+                    explain,
                 })
             })
             .collect();
@@ -212,6 +224,28 @@ impl RootSearch {
             timings,
         }
     }
+}
+
+/// `"dense #3 (score 0.6120) -> 1/(60+3) = 0.0159; bm25 #1 (score 12.3000) -> 0.0164; fused 0.0323"`.
+fn explain_hit(channels: &[(Channel, ChannelHitInfo)], fused: f64, rrf_k: f64) -> String {
+    let mut parts: Vec<String> = channels
+        .iter()
+        .map(|(channel, info)| {
+            format!(
+                "{} #{} (score {:.4}) -> w/({rrf_k}+{}) = {:.4}",
+                channel.as_str(),
+                info.rank,
+                info.score,
+                info.rank,
+                info.contribution
+            )
+        })
+        .collect();
+    if channels.len() == 1 {
+        parts.push("found by one channel only".to_string());
+    }
+    parts.push(format!("fused {fused:.4}"));
+    parts.join("; ")
 }
 
 /// Merges one channel's hits from all shards by the channel's own score; drops documents that

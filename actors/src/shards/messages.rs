@@ -14,6 +14,8 @@ pub struct LeafRequest {
     pub query: String,
     /// The query embedding; `None` skips the dense channel.
     pub vector: Option<Vec<f32>>,
+    /// Dense by exact (brute-force) scan instead of HNSW: the ground truth for recall.
+    pub exact: bool,
     /// Whether to run the BM25 channel.
     pub bm25: bool,
     /// Hits per channel.
@@ -54,6 +56,8 @@ pub enum ShardMessage {
     Stats {
         reply: RpcReplyPort<ShardStats>,
     },
+    /// Background purge of deleted documents (sent by the replica's own timer).
+    Purge,
     /// Fault injection: the handler panics (enabled only with `debug_faults`).
     Crash,
 }

@@ -1,12 +1,12 @@
 //! The actor of one shard replica.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use sift_storage::shard::ShardIndex;
 use tokio::sync::Semaphore;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::messages::{LeafRequest, LeafResponse, ShardMessage};
 use crate::error::{Result, SiftError};
@@ -15,6 +15,9 @@ use crate::error::{Result, SiftError};
 /// never overtaken by an older write); searches run concurrently on the blocking pool, bounded
 /// by a per-shard semaphore.
 pub struct ShardReplica;
+
+/// How often a replica purges the data of deleted documents (when it has any).
+const PURGE_PERIOD: Duration = Duration::from_secs(30);
 
 pub struct ReplicaArguments {
     pub kb_id: String,
@@ -39,9 +42,11 @@ impl Actor for ShardReplica {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
+        // The timer task ends by itself once the actor is gone (the send fails).
+        myself.send_interval(PURGE_PERIOD, || ShardMessage::Purge);
         Ok(ReplicaState {
             kb_id: args.kb_id,
             shard: args.shard,
@@ -95,6 +100,20 @@ impl Actor for ShardReplica {
             ShardMessage::Stats { reply } => {
                 let _ = reply.send(state.index.stats());
             }
+            ShardMessage::Purge => {
+                if state.index.stats().tombstones > 0 {
+                    let index = state.index.clone();
+                    match blocking(move || index.purge_deleted().map_err(SiftError::from)).await {
+                        Ok(purged) if purged > 0 => {
+                            info!(kb_id = %state.kb_id, shard = state.shard, purged, "purged deleted chunks");
+                        }
+                        Ok(_) => {}
+                        Err(error) => {
+                            warn!(kb_id = %state.kb_id, shard = state.shard, %error, "purge failed")
+                        }
+                    }
+                }
+            }
             ShardMessage::Crash => {
                 if state.debug_faults {
                     panic!("injected fault in shard {} of {}", state.shard, state.kb_id);
@@ -118,7 +137,11 @@ fn leaf_search(index: &ShardIndex, request: &LeafRequest) -> Result<LeafResponse
     let mut response = LeafResponse::default();
     if let Some(vector) = &request.vector {
         let started = Instant::now();
-        response.dense = index.search_dense(vector, request.k, &request.filter)?;
+        response.dense = if request.exact {
+            index.search_dense_exact(vector, request.k, &request.filter)?
+        } else {
+            index.search_dense(vector, request.k, &request.filter)?
+        };
         response.dense_seconds = started.elapsed().as_secs_f64();
     }
     if request.bm25 {

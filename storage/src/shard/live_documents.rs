@@ -68,6 +68,15 @@ impl LiveDocuments {
     /// The live chunks passing a non-empty `filter`, or `None` if the filter is empty or
     /// passes more than `limit` chunks (then the caller searches the graph with the filter
     /// instead of scoring every candidate).
+    /// Every live chunk passing `filter`, however many (for exact search).
+    pub fn all_matching_chunks(&self, filter: &CompiledFilter<'_>) -> Vec<u64> {
+        self.by_document
+            .values()
+            .filter(|document| filter.matches(document))
+            .flat_map(|document| document.chunk_ids.iter().copied())
+            .collect()
+    }
+
     pub fn matching_chunks(&self, filter: &CompiledFilter<'_>, limit: usize) -> Option<Vec<u64>> {
         let mut ids = Vec::new();
         let mut add = |document: &LiveDocument| {

@@ -347,6 +347,24 @@ impl ShardIndex {
         self.hydrate(hits, k)
     }
 
+    /// The `k` best chunks for `vector` by exact cosine similarity over every live chunk
+    /// passing `filter`: a brute-force scan, the ground truth for measuring HNSW recall.
+    pub fn search_dense_exact(
+        &self,
+        vector: &[f32],
+        k: usize,
+        filter: &SearchFilter,
+    ) -> Result<Vec<ScoredChunk>> {
+        let query = vector::normalised(vector, self.config.dimension)?;
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let compiled = CompiledFilter::new(filter);
+        let candidates = self.live_read().all_matching_chunks(&compiled);
+        let hits = self.exact_dense(&query, k, candidates)?;
+        self.hydrate(hits, k)
+    }
+
     /// The `k` best chunks for `query` by BM25 (best first) among those passing `filter`.
     /// A query with no words left after analysis matches nothing.
     #[instrument(level = "debug", skip_all, fields(k = k))]

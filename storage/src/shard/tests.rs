@@ -1123,6 +1123,15 @@ fn hnsw_recall_at_10_against_brute_force() {
             .iter()
             .map(|(index, _)| format!("v{index}"))
             .collect();
+        let exact_hits = shard.search_dense_exact(query, 10, &no_filter()).unwrap();
+        let exact_ids: HashSet<String> = exact_hits
+            .iter()
+            .map(|hit| hit.chunk.document_id.clone())
+            .collect();
+        assert_eq!(
+            exact_ids, truth,
+            "search_dense_exact is the brute-force truth"
+        );
         let hits = shard.search_dense(query, 10, &no_filter()).unwrap();
         assert_eq!(hits.len(), 10);
         found += hits
