@@ -30,7 +30,7 @@ use crate::ingest::queue::{IngestJob, IngestQueue};
 use crate::ingest::raw_store::RawStore;
 use crate::ingest::worker::{IngestSupervisor, IngestSupervisorArguments};
 use crate::meta::MetaHandle;
-use crate::retrieval::{RootSearch, SearchRequest, SearchResponse};
+use crate::retrieval::{FusionMethod, RootSearch, SearchRequest, SearchResponse};
 use crate::shards::supervisor::ShardsArguments;
 use crate::shards::{ShardMessage, ShardRegistry, ShardsMessage, ShardsSupervisor};
 
@@ -140,6 +140,8 @@ pub struct SearchQuery {
     pub filters: Option<SearchFilters>,
     pub weights: Option<ChannelWeights>,
     pub rrf_k: Option<f64>,
+    /// `dbsf` (default) or `rrf`.
+    pub fusion: Option<String>,
     /// Hits gathered per channel before fusion (default max(top_k, 50)).
     pub candidates: Option<usize>,
     pub explain: Option<bool>,
@@ -809,6 +811,15 @@ impl SiftNode {
         if !(rrf_k.is_finite() && rrf_k >= 1.0) {
             return Err(SiftError::invalid("invalid_rrf_k", "rrf_k must be >= 1"));
         }
+        let fusion = match query.fusion.as_deref() {
+            None => FusionMethod::default(),
+            Some(name) => FusionMethod::parse(name).ok_or_else(|| {
+                SiftError::invalid(
+                    "invalid_fusion",
+                    format!("unknown fusion {name:?}; use rrf or dbsf"),
+                )
+            })?,
+        };
         let candidates = query.candidates.unwrap_or(top_k.max(50));
         if candidates < top_k || candidates > 1000 {
             return Err(SiftError::invalid(
@@ -846,6 +857,7 @@ impl SiftNode {
             dense_weight,
             bm25_weight,
             rrf_k,
+            fusion,
             explain: query.explain.unwrap_or(false),
         };
         let mut response = self.root.search(&request).await;

@@ -111,6 +111,9 @@ pub struct SearchRequest<'a> {
     /// Dense by exact scan instead of HNSW (the ground truth for HNSW recall).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub exact: bool,
+    /// `rrf` or `dbsf`; the node's default when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fusion: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -107,6 +107,7 @@ pub async fn run(args: LoadArgs) -> Result<()> {
         top_k,
         channels: &channels,
         exact: false,
+        fusion: None,
     };
     if let Err(error) = client.search(&args.kb, &probe).await
         && !error.is_transient()
@@ -218,6 +219,7 @@ impl LoadPlan {
                 top_k: self.top_k,
                 channels: &self.channels,
                 exact: false,
+                fusion: None,
             };
             next += 1;
             let outcome = self.client.search(&self.kb, &request).await;

@@ -31,10 +31,12 @@ const MAX_TRANSIENT_RETRIES: u32 = 5;
 const MAX_IDLE_POLLS: u32 = 10;
 
 /// The three retrieval configurations compared, in table order.
-const CONFIGURATIONS: [(&str, &[Channel]); 3] = [
-    ("dense", &[Channel::Dense]),
-    ("bm25", &[Channel::Bm25]),
-    ("fused", &[Channel::Dense, Channel::Bm25]),
+/// Rows of the table: name, channels, fusion method.
+const CONFIGURATIONS: [(&str, &[Channel], Option<&str>); 4] = [
+    ("dense", &[Channel::Dense], None),
+    ("bm25", &[Channel::Bm25], None),
+    ("fused-rrf", &[Channel::Dense, Channel::Bm25], Some("rrf")),
+    ("fused-dbsf", &[Channel::Dense, Channel::Bm25], Some("dbsf")),
 ];
 
 #[derive(Debug, clap::Args)]
@@ -110,8 +112,19 @@ pub async fn run(args: QualityArgs) -> Result<()> {
         .with_context(|| format!("knowledge base {kb:?} disappeared"))?;
 
     let mut results = Vec::new();
-    for (name, channels) in CONFIGURATIONS {
-        results.push(evaluate(&client, &kb, &dataset, name, channels, to_usize(args.top_k)).await?);
+    for (name, channels, fusion) in CONFIGURATIONS {
+        results.push(
+            evaluate(
+                &client,
+                &kb,
+                &dataset,
+                name,
+                channels,
+                fusion,
+                to_usize(args.top_k),
+            )
+            .await?,
+        );
     }
 
     let recall = hnsw_recall_at_10(&client, &kb, &dataset).await?;
@@ -185,8 +198,11 @@ async fn hnsw_recall_at_10(
                 top_k: 10,
                 channels: &[Channel::Dense],
                 exact,
+                fusion: None,
             };
-            let (response, _) = search_with_retries(client, kb, &request).await?;
+            let Ok((response, _)) = search_with_retries(client, kb, &request).await else {
+                break; // a query the node refuses (e.g. empty) counts in neither side
+            };
             let chunk_ids: Vec<String> = response
                 .hits
                 .iter()
@@ -196,6 +212,9 @@ async fn hnsw_recall_at_10(
                 return Ok(None);
             }
             ids.push(chunk_ids);
+        }
+        if ids.len() < 2 {
+            continue;
         }
         let truth: std::collections::HashSet<&String> = ids[1].iter().collect();
         expected += truth.len();
@@ -613,6 +632,7 @@ async fn evaluate(
     dataset: &Dataset,
     name: &'static str,
     channels: &'static [Channel],
+    fusion: Option<&'static str>,
     top_k: usize,
 ) -> Result<ConfigurationResult> {
     // One unrecorded request opens the connection and warms caches.
@@ -622,6 +642,7 @@ async fn evaluate(
             top_k,
             channels,
             exact: false,
+            fusion,
         };
         let _ = client.search(kb, &request).await;
     }
@@ -640,6 +661,7 @@ async fn evaluate(
             top_k,
             channels,
             exact: false,
+            fusion,
         };
         match search_with_retries(client, kb, &request).await {
             Ok((response, latency)) => {

@@ -320,10 +320,10 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
                     "{:<24} {:<38} {:>6} {:>8} {:>8} {:>8}",
                     kb["name"].as_str().unwrap_or(""),
                     kb["id"].as_str().unwrap_or(""),
-                    kb["settings"]["shards"],
-                    kb["documents"]["total"],
-                    kb["documents"]["ready"],
-                    kb["documents"]["failed"],
+                    kb["settings"]["shards"].as_u64().unwrap_or(0),
+                    kb["documents"]["total"].as_u64().unwrap_or(0),
+                    kb["documents"]["ready"].as_u64().unwrap_or(0),
+                    kb["documents"]["failed"].as_u64().unwrap_or(0),
                 );
             }
         }
@@ -470,11 +470,14 @@ pub fn print_hits(query: &str, answer: &Value) {
         println!("  (no hits)");
     }
     for (n, hit) in hits.iter().enumerate() {
+        let title = hit["title"].as_str().unwrap_or("");
+        // The heading path usually starts with the document's title (its H1): show it once.
         let heading: Vec<&str> = hit["heading_path"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(|v| v.as_str())
+            .skip_while(|heading| *heading == title)
             .collect();
         let text = hit["text"].as_str().unwrap_or("");
         let body = text
@@ -500,7 +503,7 @@ pub fn print_hits(query: &str, answer: &Value) {
         println!(
             "  [{}] {}{} (score {:.4}; {channels})",
             n + 1,
-            hit["title"].as_str().unwrap_or(""),
+            title,
             if heading.is_empty() {
                 String::new()
             } else {

@@ -350,6 +350,25 @@ async fn bad_requests_get_clear_errors_and_leave_the_kb_intact() {
         "invalid_channels",
     )
     .await;
+    base.check(
+        "unknown fusion",
+        c.search_answer(KB, json!({ "query": PROBE, "fusion": "borda" }))
+            .await,
+        400,
+        "invalid_fusion",
+    )
+    .await;
+    base.check(
+        "all requested channels weighted 0",
+        c.search_answer(
+            KB,
+            json!({ "query": PROBE, "weights": { "dense": 0.0, "bm25": 0.0 } }),
+        )
+        .await,
+        400,
+        "invalid_weights",
+    )
+    .await;
 
     // Knowledge-base settings.
     base.check(

@@ -11,7 +11,7 @@ use sift_storage::chunk::{ChunkView, ScoredChunk, SearchFilter};
 use sift_storage::meta::SledMetaStore;
 use tracing::{instrument, warn};
 
-use super::fusion::{Channel, ChannelHitInfo, rrf_fuse};
+use super::fusion::{Channel, ChannelHitInfo, FusionMethod, dbsf_fuse, rrf_fuse};
 use crate::shards::{LeafRequest, LeafResponse, ShardMessage, ShardRegistry};
 
 #[derive(Clone, Debug)]
@@ -31,6 +31,7 @@ pub struct SearchRequest {
     pub dense_weight: f64,
     pub bm25_weight: f64,
     pub rrf_k: f64,
+    pub fusion: FusionMethod,
     /// Attach a plain-words explanation to each hit.
     pub explain: bool,
 }
@@ -200,7 +201,11 @@ impl RootSearch {
                 .collect();
             lists.push((channel, weight, ranked));
         }
-        let hits = rrf_fuse(&lists, request.rrf_k)
+        let fused = match request.fusion {
+            FusionMethod::Rrf => rrf_fuse(&lists, request.rrf_k),
+            FusionMethod::Dbsf => dbsf_fuse(&lists),
+        };
+        let hits = fused
             .into_iter()
             .filter(|hit| hit.score > 0.0)
             .take(request.top_k)
@@ -208,7 +213,7 @@ impl RootSearch {
                 let chunk = chunks.remove(&hit.key)?;
                 let explain = request
                     .explain
-                    .then(|| explain_hit(&hit.channels, hit.score, request.rrf_k));
+                    .then(|| explain_hit(&hit.channels, hit.score, request));
                 Some(SearchHit {
                     chunk,
                     score: hit.score,
@@ -226,17 +231,20 @@ impl RootSearch {
     }
 }
 
-/// `"dense #3 (score 0.6120) -> 1/(60+3) = 0.0159; bm25 #1 (score 12.3000) -> 0.0164; fused 0.0323"`.
-fn explain_hit(channels: &[(Channel, ChannelHitInfo)], fused: f64, rrf_k: f64) -> String {
+/// `"dense #3 (score 0.6120) -> 0.0159; bm25 #1 (score 12.3000) -> 0.0164; fused (rrf, k 60) 0.0323"`.
+fn explain_hit(
+    channels: &[(Channel, ChannelHitInfo)],
+    fused: f64,
+    request: &SearchRequest,
+) -> String {
     let mut parts: Vec<String> = channels
         .iter()
         .map(|(channel, info)| {
             format!(
-                "{} #{} (score {:.4}) -> w/({rrf_k}+{}) = {:.4}",
+                "{} #{} (score {:.4}) -> {:.4}",
                 channel.as_str(),
                 info.rank,
                 info.score,
-                info.rank,
                 info.contribution
             )
         })
@@ -244,7 +252,10 @@ fn explain_hit(channels: &[(Channel, ChannelHitInfo)], fused: f64, rrf_k: f64) -
     if channels.len() == 1 {
         parts.push("found by one channel only".to_string());
     }
-    parts.push(format!("fused {fused:.4}"));
+    match request.fusion {
+        FusionMethod::Rrf => parts.push(format!("fused (rrf, k {}) {fused:.4}", request.rrf_k)),
+        FusionMethod::Dbsf => parts.push(format!("fused (dbsf) {fused:.4}")),
+    }
     parts.join("; ")
 }
 
