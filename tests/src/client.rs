@@ -23,6 +23,12 @@ impl Answer {
     /// The body, after checking the status.
     #[track_caller]
     pub fn expect(self, status: u16) -> Value {
+        self.assert_status(status);
+        self.body
+    }
+
+    #[track_caller]
+    fn assert_status(&self, status: u16) {
         assert_eq!(
             self.status.as_u16(),
             status,
@@ -30,20 +36,13 @@ impl Answer {
             self.status,
             self.body
         );
-        self.body
     }
 
     /// Checks a `{"error": {"code", "message"}}` answer with this status and code, and a
     /// non-empty human message. Returns the message.
     #[track_caller]
     pub fn expect_error(&self, status: u16, code: &str) -> String {
-        assert_eq!(
-            self.status.as_u16(),
-            status,
-            "unexpected answer: {} {}",
-            self.status,
-            self.body
-        );
+        self.assert_status(status);
         let error = self.body["error"]
             .as_object()
             .unwrap_or_else(|| panic!("the body is not {{\"error\": {{..}}}}: {}", self.body));
