@@ -16,6 +16,7 @@
 //!   `/v1/embeddings` clients.
 //! - [`meta`]: the node's handle on the metadata log, publishing document events.
 
+pub mod agent;
 pub mod context;
 pub mod error;
 pub mod events;

@@ -1,3 +1,4 @@
 //! Model clients.
 
 pub mod embedding;
+pub mod llm;

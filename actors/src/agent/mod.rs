@@ -1,0 +1,182 @@
+//! Agent runs: a ReAct loop over function calling that answers only from retrieved, cited
+//! evidence.
+//!
+//! [`run_agent`] is one run: it streams [`AgentEvent`]s into a channel while it works and
+//! returns the [`AgentOutcome`] the session layer stores. The session layer adds the `meta`
+//! event before and the message id of `done`, keeps the event log for `Last-Event-ID`
+//! resumption, and supervises the run (a panicking run ends its stream with `error`, `done`).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// One cited chunk. `n` is the citation number used as `[n]` in the answer text.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Citation {
+    pub n: u32,
+    pub chunk_id: String,
+    pub kb_id: String,
+    pub document_id: String,
+    pub document_title: String,
+    pub external_id: Option<String>,
+    /// Character offsets `[start, end)` in the document's extracted text.
+    pub span: (u32, u32),
+    /// The cited text (the chunk, or the sentence used for an extractive answer).
+    pub text: String,
+}
+
+/// A hit as a `tool_result` event shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HitRef {
+    pub chunk_id: String,
+    pub document_id: String,
+    pub title: String,
+    pub score: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FailedShardRef {
+    pub kb_id: String,
+    pub shard: u32,
+    pub reason: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunFinish {
+    /// `final_answer` (or an extractive answer) was given.
+    Stop,
+    /// A budget ran out (iterations, tokens or deadline); the answer says so.
+    Budget,
+    /// `POST /v1/runs/{id}/stop`.
+    Stopped,
+    Error,
+}
+
+/// How the answer was produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnswerMode {
+    /// The ReAct loop with a model.
+    Agent,
+    /// The model failed unrecoverably: retrieve, then one answer call (or extractive).
+    FastPath,
+    /// No model configured (or none reachable): the best evidence sentences, cited.
+    Extractive,
+}
+
+/// Everything a run streams, in order. Maps one-to-one to the SSE events of
+/// `POST /v1/sessions/{id}/messages` (the session layer adds `meta` and `done.message_id`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum AgentEvent {
+    Thought {
+        delta: String,
+    },
+    ToolCall {
+        id: String,
+        name: String,
+        arguments: serde_json::Value,
+    },
+    ToolResult {
+        id: String,
+        summary: String,
+        hits: Vec<HitRef>,
+    },
+    Citation(Citation),
+    /// Answer text.
+    Delta {
+        text: String,
+    },
+    Usage {
+        prompt_tokens: u32,
+        completion_tokens: u32,
+        context_percent: f32,
+    },
+    Partial {
+        failed_shards: Vec<FailedShardRef>,
+    },
+    Error {
+        code: String,
+        message: String,
+    },
+    Done {
+        finish_reason: RunFinish,
+    },
+}
+
+/// One stored turn of the session, as the next run sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PastTurn {
+    pub question: String,
+    pub answer: String,
+    pub citations: Vec<Citation>,
+}
+
+/// One step of a run's trace, stored with the turn.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceStep {
+    /// `model`, `tool`, `planner`, `verifier`, `reflector`, `fallback`, ...
+    pub kind: String,
+    pub name: String,
+    pub started_ms: u64,
+    pub duration_ms: u64,
+    pub detail: serde_json::Value,
+}
+
+/// What a run returns: the answer to store with its citations and trace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentOutcome {
+    pub answer: String,
+    pub citations: Vec<Citation>,
+    pub finish_reason: RunFinish,
+    pub mode: AnswerMode,
+    pub iterations: u32,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub trace: Vec<TraceStep>,
+    /// A summary of older turns made by context management, to be stored for the next run.
+    pub history_summary: Option<String>,
+}
+
+/// Limits of one run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunBudget {
+    pub max_iterations: u32,
+    pub max_tokens: u64,
+    pub deadline: Duration,
+}
+
+impl Default for RunBudget {
+    fn default() -> Self {
+        RunBudget {
+            max_iterations: 8,
+            max_tokens: 200_000,
+            deadline: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Input of one run.
+#[derive(Clone, Debug)]
+pub struct RunInput {
+    pub run_id: String,
+    pub session_id: String,
+    pub question: String,
+    /// KB ids the run may search.
+    pub kbs: Vec<String>,
+    /// Earlier turns of the session, oldest first, and the stored summary of turns before them.
+    pub history: Vec<PastTurn>,
+    pub history_summary: Option<String>,
+    pub budget: RunBudget,
+}
+
+/// Where a run sends its events. A closed receiver does not stop the run (the session layer
+/// keeps the log); `cancel` does.
+pub type EventSink = mpsc::UnboundedSender<AgentEvent>;
+
+/// Cancels a run: the model stream and running tools stop promptly, and the run ends with
+/// `Done { finish_reason: Stopped }`.
+pub type RunCancel = CancellationToken;

@@ -1,0 +1,158 @@
+//! Chat model clients behind one neutral format.
+//!
+//! Every provider (OpenAI-compatible chat completions, Anthropic Messages) and the router over
+//! them implement [`ChatModel`]: a [`ChatRequest`] in, a stream of [`ChatEvent`]s out. The
+//! stream is already aggregated: a tool call arrives as one [`ChatEvent::ToolCall`] with its
+//! complete argument text however many chunks carried it, and providers whose models cannot
+//! call tools natively turn calls written as JSON in the text (or JSON steps constrained by
+//! `response_format`) into the same events. The agent never sees a wire format.
+//!
+//! Dropping a [`ChatStream`] cancels the request (the HTTP connection is closed).
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+/// One message of a conversation in the neutral format.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum ChatMessage {
+    System {
+        content: String,
+    },
+    User {
+        content: String,
+    },
+    /// What the model said: text and/or tool calls.
+    Assistant {
+        content: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCall>,
+    },
+    /// The result of one tool call, answered to the model.
+    Tool {
+        call_id: String,
+        name: String,
+        content: String,
+    },
+}
+
+/// A complete tool call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Provider-given id (or one made up for calls parsed from text).
+    pub id: String,
+    pub name: String,
+    /// The argument object as the model wrote it (JSON text, possibly malformed: the agent
+    /// answers malformed arguments with a tool-error observation).
+    pub arguments: String,
+}
+
+/// A tool offered to the model: a name, what it does, and a JSON Schema for its arguments.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub parameters: serde_json::Value,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    pub tools: Vec<ToolSpec>,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+}
+
+/// Token counts as the provider reported them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model ended its turn (with or without tool calls).
+    Stop,
+    /// The model stopped to call tools.
+    ToolCalls,
+    /// `max_tokens` reached.
+    Length,
+    /// Refused by the provider's content filter.
+    ContentFilter,
+    Other,
+}
+
+/// One event of a model's streamed answer, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ChatEvent {
+    /// Visible answer text.
+    TextDelta(String),
+    /// Reasoning text (`reasoning_content`, Anthropic `thinking` blocks).
+    ReasoningDelta(String),
+    /// A complete tool call (arguments aggregated across chunks).
+    ToolCall(ToolCall),
+    Usage(Usage),
+    /// Last event of a successful stream.
+    Finished(FinishReason),
+}
+
+/// Why a model call failed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum LlmError {
+    #[error("{provider}: could not connect: {message}")]
+    Connect { provider: String, message: String },
+    #[error("{provider}: timed out ({what})")]
+    Timeout { provider: String, what: String },
+    #[error("{provider}: HTTP {status}: {message}")]
+    Status {
+        provider: String,
+        status: u16,
+        message: String,
+    },
+    /// The provider answered something that does not fit its wire format.
+    #[error("{provider}: bad response: {message}")]
+    Protocol { provider: String, message: String },
+    /// The provider's circuit breaker is open.
+    #[error("{provider}: circuit open")]
+    CircuitOpen { provider: String },
+    /// Every provider failed (the router's error); each provider's last error in order.
+    #[error("all model providers failed: {}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    AllFailed(Vec<LlmError>),
+    #[error("model configuration: {0}")]
+    Config(String),
+}
+
+impl LlmError {
+    /// Worth another attempt (same or next provider): connect errors, timeouts, 408/429/5xx,
+    /// broken streams.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            LlmError::Connect { .. } | LlmError::Timeout { .. } => true,
+            LlmError::Status { status, .. } => matches!(status, 408 | 409 | 425 | 429 | 500..=599),
+            LlmError::Protocol { .. } | LlmError::CircuitOpen { .. } => true,
+            LlmError::AllFailed(_) | LlmError::Config(_) => false,
+        }
+    }
+}
+
+pub type ChatStream = Pin<Box<dyn Stream<Item = Result<ChatEvent, LlmError>> + Send>>;
+
+/// A chat model: one provider, or a router over several.
+pub trait ChatModel: Send + Sync {
+    /// Name for logs, metrics and traces.
+    fn name(&self) -> &str;
+    /// The model's context window in tokens (what context management budgets against).
+    fn context_window(&self) -> u32;
+    /// Starts a streamed completion. Resolves once the request is accepted; for the router,
+    /// once the first event arrived (first-token probing), so a provider failing before its
+    /// first token is failed over without any output reaching the caller.
+    fn stream(&self, request: ChatRequest) -> BoxFuture<'_, Result<ChatStream, LlmError>>;
+}
+
+pub type SharedChatModel = Arc<dyn ChatModel>;
