@@ -6,8 +6,6 @@
 //! event before and the message id of `done`, keeps the event log for `Last-Event-ID`
 //! resumption, and supervises the run (a panicking run ends its stream with `error`, `done`).
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -143,10 +141,12 @@ pub struct AgentOutcome {
 
 /// Limits of one run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RunBudget {
     pub max_iterations: u32,
     pub max_tokens: u64,
-    pub deadline: Duration,
+    /// Wall-clock limit of the run, in seconds.
+    pub deadline_secs: u64,
 }
 
 impl Default for RunBudget {
@@ -154,7 +154,7 @@ impl Default for RunBudget {
         RunBudget {
             max_iterations: 8,
             max_tokens: 200_000,
-            deadline: Duration::from_secs(300),
+            deadline_secs: 300,
         }
     }
 }
@@ -180,3 +180,78 @@ pub type EventSink = mpsc::UnboundedSender<AgentEvent>;
 /// Cancels a run: the model stream and running tools stop promptly, and the run ends with
 /// `Done { finish_reason: Stopped }`.
 pub type RunCancel = CancellationToken;
+
+/// An agent preset: what `model` names in the OpenAI-compatible API and `agent` in
+/// `POST /v1/sessions`. Loaded from the config file (`[[agents]]`); `default` always exists.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentPreset {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Replaces the built-in evidence-first system prompt's preamble when set.
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    #[serde(default)]
+    pub budget: RunBudget,
+    /// Allow-list of built-in tool names; `None` = all.
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
+    #[serde(default)]
+    pub web_search: Option<crate::models::web_search::WebSearchConfig>,
+    #[serde(default)]
+    pub mcp_servers: Vec<crate::models::mcp::McpServerConfig>,
+}
+
+impl AgentPreset {
+    pub fn default_preset() -> Self {
+        AgentPreset {
+            name: "default".into(),
+            description: "Evidence-first research agent over the selected knowledge bases".into(),
+            system_prompt: None,
+            budget: RunBudget::default(),
+            tools: None,
+            web_search: None,
+            mcp_servers: Vec::new(),
+        }
+    }
+}
+
+/// What a run needs from the node.
+#[derive(Clone)]
+pub struct AgentDeps {
+    pub node: std::sync::Arc<crate::SiftNode>,
+    /// `None`: no model configured, answers are extractive.
+    pub model: Option<crate::models::llm::SharedChatModel>,
+    pub preset: std::sync::Arc<AgentPreset>,
+}
+
+/// Runs one question to its end. Never panics on bad model output or tool failures (they
+/// become observations or events); ends the stream with exactly one `Done`.
+pub async fn run_agent(
+    deps: AgentDeps,
+    input: RunInput,
+    events: EventSink,
+    cancel: RunCancel,
+) -> AgentOutcome {
+    // Placeholder until the ReAct loop lands: says so, honestly, as an error.
+    let _ = (&deps, &cancel);
+    let _ = events.send(AgentEvent::Error {
+        code: "not_implemented".into(),
+        message: "agent runs are not implemented yet".into(),
+    });
+    let _ = events.send(AgentEvent::Done {
+        finish_reason: RunFinish::Error,
+    });
+    AgentOutcome {
+        answer: String::new(),
+        citations: Vec::new(),
+        finish_reason: RunFinish::Error,
+        mode: AnswerMode::Extractive,
+        iterations: 0,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        trace: Vec::new(),
+        history_summary: input.history_summary,
+    }
+}
