@@ -502,3 +502,24 @@ async fn routing_records_outcomes_tokens_failovers_and_breaker_state() {
         1
     );
 }
+
+#[tokio::test]
+async fn a_breaker_opening_during_retries_reports_the_real_error() {
+    let server = FakeModelServer::start(vec![], server_error()).await;
+    let model = router(vec![ProviderConfig {
+        max_retries: 5,
+        breaker_failure_threshold: 2,
+        ..server.provider("flaky", ProviderKind::OpenAi)
+    }]);
+
+    let error = model.stream(question()).await.err().unwrap();
+
+    assert_eq!(server.requests().len(), 2);
+    let LlmError::AllFailed(errors) = error else {
+        panic!("expected AllFailed");
+    };
+    assert!(
+        matches!(&errors[..], [LlmError::Status { status: 500, .. }]),
+        "{errors:?}"
+    );
+}
