@@ -225,7 +225,7 @@ async fn a_session_lists_tools_across_pages_and_calls_one() {
 async fn tool_errors_rpc_errors_and_timeouts_are_told_apart() {
     let (address, _state) = start().await;
     let client = McpClient::connect(&McpServerConfig {
-        timeout_ms: 300,
+        timeout_ms: 1_500,
         ..config(address)
     })
     .await
@@ -257,7 +257,7 @@ async fn tool_errors_rpc_errors_and_timeouts_are_told_apart() {
         McpError::Timeout {
             server: "docs".to_owned(),
             method: "tools/call".to_owned(),
-            timeout_ms: 300,
+            timeout_ms: 1_500,
         }
     );
     assert!(error.is_transient());
