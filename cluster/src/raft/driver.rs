@@ -430,6 +430,29 @@ impl RaftNode {
         })
     }
 
+    /// Makes an empty storage the first member(s) of a new cluster: `members` become the
+    /// voters. The state machine's current state (empty, or the metadata of a node that ran
+    /// alone so far) becomes the first snapshot, so nothing is lost and a later member catches
+    /// up from it. Every member of the initial set must be bootstrapped with the same state;
+    /// nodes that join later are not bootstrapped (they learn everything from the leader).
+    pub fn bootstrap(
+        storage: &SledRaftStorage,
+        state_machine: &dyn RaftStateMachine,
+        members: BTreeMap<u64, PeerAddress>,
+    ) -> Result<()> {
+        let conf_state = ConfState {
+            voters: members.keys().copied().collect(),
+            ..Default::default()
+        };
+        let index = state_machine.applied_index();
+        let payload = SnapshotPayload {
+            peers: members.clone(),
+            state: state_machine.export()?,
+        };
+        storage.bootstrap(conf_state, index, payload.encode()?)?;
+        storage.set_peers(&members)
+    }
+
     pub fn handle(&self) -> &RaftHandle {
         &self.handle
     }
@@ -781,7 +804,12 @@ impl Driver {
             let is_leader = soft_state.raft_state == StateRole::Leader;
             if leader != self.leader {
                 metrics::counter!("sift_raft_leader_changes_total").increment(1);
-                info!(raft_id = self.config.id, leader, term = self.raw.raft.term, "raft leader changed");
+                info!(
+                    raft_id = self.config.id,
+                    leader,
+                    term = self.raw.raft.term,
+                    "raft leader changed"
+                );
                 self.leader = leader;
             }
             if self.was_leader && !is_leader {
@@ -852,8 +880,11 @@ impl Driver {
         metrics::gauge!("sift_raft_applied_index").set(self.applied as f64);
         metrics::gauge!("sift_raft_apply_lag_entries")
             .set(raft.raft_log.committed.saturating_sub(self.applied) as f64);
-        metrics::gauge!("sift_raft_commit_lag_entries")
-            .set(raft.raft_log.last_index().saturating_sub(raft.raft_log.committed) as f64);
+        metrics::gauge!("sift_raft_commit_lag_entries").set(
+            raft.raft_log
+                .last_index()
+                .saturating_sub(raft.raft_log.committed) as f64,
+        );
         Ok(())
     }
 
@@ -907,7 +938,12 @@ impl Driver {
                 ));
             }
         }
-        info!(raft_id = self.config.id, index, term = meta.term, "raft snapshot installed");
+        info!(
+            raft_id = self.config.id,
+            index,
+            term = meta.term,
+            "raft snapshot installed"
+        );
         Ok(())
     }
 
@@ -1039,7 +1075,9 @@ impl Driver {
             return Ok(());
         }
         let first = self.raw.raft.raft_log.first_index();
-        if self.applied < first.saturating_sub(1) || self.applied > self.raw.raft.raft_log.last_index() {
+        if self.applied < first.saturating_sub(1)
+            || self.applied > self.raw.raft.raft_log.last_index()
+        {
             return Ok(());
         }
         let payload = SnapshotPayload {
@@ -1052,7 +1090,12 @@ impl Driver {
             .compact_to_snapshot(self.applied, data, self.config.compact_keep)?;
         self.snapshot_index = self.applied;
         metrics::counter!("sift_raft_snapshots_taken_total").increment(1);
-        debug!(raft_id = self.config.id, index = self.applied, bytes, "raft snapshot taken, log compacted");
+        debug!(
+            raft_id = self.config.id,
+            index = self.applied,
+            bytes,
+            "raft snapshot taken, log compacted"
+        );
         Ok(())
     }
 
@@ -1153,14 +1196,35 @@ pub fn describe_metrics() {
     );
     metrics::describe_gauge!("sift_raft_commit_index", "raft commit index");
     metrics::describe_gauge!("sift_raft_applied_index", "raft applied index");
-    metrics::describe_gauge!("sift_raft_apply_lag_entries", "committed but not applied entries");
-    metrics::describe_gauge!("sift_raft_commit_lag_entries", "appended but not committed entries");
-    metrics::describe_counter!("sift_raft_snapshots_sent_total", "snapshots sent to followers");
+    metrics::describe_gauge!(
+        "sift_raft_apply_lag_entries",
+        "committed but not applied entries"
+    );
+    metrics::describe_gauge!(
+        "sift_raft_commit_lag_entries",
+        "appended but not committed entries"
+    );
+    metrics::describe_counter!(
+        "sift_raft_snapshots_sent_total",
+        "snapshots sent to followers"
+    );
     metrics::describe_counter!("sift_raft_snapshots_received_total", "snapshots received");
-    metrics::describe_counter!("sift_raft_snapshot_bytes_total", "snapshot bytes by direction");
-    metrics::describe_counter!("sift_raft_snapshots_taken_total", "local snapshots and compactions");
-    metrics::describe_counter!("sift_raft_messages_dropped_total", "raft messages dropped by reason");
-    metrics::describe_gauge!("sift_raft_peer_queue_depth", "raft messages queued to peers");
+    metrics::describe_counter!(
+        "sift_raft_snapshot_bytes_total",
+        "snapshot bytes by direction"
+    );
+    metrics::describe_counter!(
+        "sift_raft_snapshots_taken_total",
+        "local snapshots and compactions"
+    );
+    metrics::describe_counter!(
+        "sift_raft_messages_dropped_total",
+        "raft messages dropped by reason"
+    );
+    metrics::describe_gauge!(
+        "sift_raft_peer_queue_depth",
+        "raft messages queued to peers"
+    );
 }
 
 #[cfg(test)]

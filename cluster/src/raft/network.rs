@@ -64,7 +64,9 @@ impl MemoryNetwork {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, NetworkState> {
-        self.state.lock().unwrap_or_else(|poison| poison.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// The transport node `from` sends through.
@@ -148,12 +150,12 @@ impl MemoryNetwork {
                 state.dropped += 1;
                 return;
             }
-            let copies = if state.duplicate_per_mille > 0 && state.roll() < state.duplicate_per_mille
-            {
-                2
-            } else {
-                1
-            };
+            let copies =
+                if state.duplicate_per_mille > 0 && state.roll() < state.duplicate_per_mille {
+                    2
+                } else {
+                    1
+                };
             state.delivered += 1;
             (target, copies)
         };

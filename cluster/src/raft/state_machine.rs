@@ -28,8 +28,9 @@ impl Proposal {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self> {
-        let (proposal, _) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())
-            .map_err(|error| ClusterError::Invalid(format!("decode proposal: {error}")))?;
+        let (proposal, _) =
+            bincode::serde::decode_from_slice(bytes, bincode::config::standard())
+                .map_err(|error| ClusterError::Invalid(format!("decode proposal: {error}")))?;
         Ok(proposal)
     }
 }

@@ -96,7 +96,9 @@ impl SledRaftStorage {
     /// Opens (or creates) the Raft tree `raft` in `db`. The metadata store's database may be
     /// shared: the trees are independent.
     pub fn open(db: &sled::Db) -> Result<Self> {
-        let tree = db.open_tree("raft").map_err(sift_storage::StorageError::from)?;
+        let tree = db
+            .open_tree("raft")
+            .map_err(sift_storage::StorageError::from)?;
         Ok(SledRaftStorage {
             db: db.clone(),
             tree,
@@ -228,12 +230,19 @@ impl SledRaftStorage {
             first.index
         );
         let mut batch = sled::Batch::default();
-        for item in self.tree.range(entry_key(first.index)..=entry_key(u64::MAX)) {
+        for item in self
+            .tree
+            .range(entry_key(first.index)..=entry_key(u64::MAX))
+        {
             let (key, _) = item.map_err(sift_storage::StorageError::from)?;
             batch.remove(key);
         }
         for (offset, entry) in entries.iter().enumerate() {
-            assert_eq!(entry.index, first.index + offset as u64, "entries not consecutive");
+            assert_eq!(
+                entry.index,
+                first.index + offset as u64,
+                "entries not consecutive"
+            );
             batch.insert(&entry_key(entry.index), Self::encode(entry)?);
         }
         self.write(batch, true)
@@ -350,7 +359,10 @@ impl SledRaftStorage {
                 let (key, _) = item.map_err(sift_storage::StorageError::from)?;
                 batch.remove(key);
             }
-            batch.insert(TRUNCATED, truncated_bytes(compact_to, compact_term).to_vec());
+            batch.insert(
+                TRUNCATED,
+                truncated_bytes(compact_to, compact_term).to_vec(),
+            );
         }
         self.write(batch, true)
     }
@@ -478,11 +490,21 @@ impl Storage for SledRaftStorage {
         self.last_index_inner().map_err(to_raft)
     }
 
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
         let snapshot = self.stored_snapshot().map_err(to_raft)?;
         let (truncated, _) = self.truncated().map_err(to_raft)?;
         let index = snapshot.get_metadata().index;
-        if index < request_index || index < truncated {
+        // raft-rs refuses a snapshot whose membership does not include the receiver (a learner
+        // added after the stored snapshot was taken): it needs a newer one.
+        let conf_state = snapshot.get_metadata().get_conf_state();
+        let includes_receiver = conf_state
+            .voters
+            .iter()
+            .chain(&conf_state.learners)
+            .chain(&conf_state.voters_outgoing)
+            .chain(&conf_state.learners_next)
+            .any(|id| *id == to);
+        if index < request_index || index < truncated || !includes_receiver {
             // The driver builds a fresh one after this Ready; raft-rs asks again later.
             self.snapshot_wanted.store(true, Ordering::Release);
             return Err(raft::Error::Store(

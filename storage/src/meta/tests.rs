@@ -352,7 +352,8 @@ fn export_import_round_trip_is_deterministic() {
         },
     ];
     for (i, op) in ops.iter().enumerate() {
-        a.apply_with_id(i as u64 + 1, &format!("op-{i}"), op).unwrap();
+        a.apply_with_id(i as u64 + 1, &format!("op-{i}"), op)
+            .unwrap();
         // b applied the same ops at other indexes (e.g. conf changes between them)
         b.apply_with_id(i as u64 * 2 + 1, &format!("op-{i}"), op)
             .unwrap();

@@ -80,7 +80,10 @@ fn entries_respects_max_size_and_returns_at_least_one() {
     let one = u64::from(entries[0].compute_size());
     let ctx = || GetEntriesContext::empty(false);
     assert_eq!(storage.entries(1, 6, Some(0), ctx()).unwrap().len(), 1);
-    assert_eq!(storage.entries(1, 6, Some(one * 2), ctx()).unwrap().len(), 2);
+    assert_eq!(
+        storage.entries(1, 6, Some(one * 2), ctx()).unwrap().len(),
+        2
+    );
     assert_eq!(
         storage
             .entries(1, 6, Some(one * 2 + one / 2), ctx())
@@ -88,7 +91,10 @@ fn entries_respects_max_size_and_returns_at_least_one() {
             .len(),
         2
     );
-    assert_eq!(storage.entries(1, 6, Some(u64::MAX), ctx()).unwrap().len(), 5);
+    assert_eq!(
+        storage.entries(1, 6, Some(u64::MAX), ctx()).unwrap().len(),
+        5
+    );
     assert_eq!(storage.entries(2, 4, None, ctx()).unwrap().len(), 2);
 }
 
@@ -116,7 +122,9 @@ fn append_below_compaction_panics() {
         .append(&(1..=5).map(|index| entry(index, 1)).collect::<Vec<_>>())
         .unwrap();
     storage.set_conf_state(&voters(&[1]), 5).unwrap();
-    storage.compact_to_snapshot(4, b"state".to_vec(), 0).unwrap();
+    storage
+        .compact_to_snapshot(4, b"state".to_vec(), 0)
+        .unwrap();
     storage.append(&[entry(3, 2)]).unwrap();
 }
 
@@ -124,10 +132,16 @@ fn append_below_compaction_panics() {
 fn compaction_keeps_a_tail_and_serves_the_snapshot() {
     let (_dir, _db, storage) = open();
     storage
-        .append(&(1..=10).map(|index| entry(index, index / 4 + 1)).collect::<Vec<_>>())
+        .append(
+            &(1..=10)
+                .map(|index| entry(index, index / 4 + 1))
+                .collect::<Vec<_>>(),
+        )
         .unwrap();
     storage.set_conf_state(&voters(&[1, 2, 3]), 8).unwrap();
-    storage.compact_to_snapshot(8, b"state@8".to_vec(), 3).unwrap();
+    storage
+        .compact_to_snapshot(8, b"state@8".to_vec(), 3)
+        .unwrap();
     assert_eq!(storage.first_index().unwrap(), 6);
     assert_eq!(storage.last_index().unwrap(), 10);
     assert_eq!(storage.term(5).unwrap(), 2); // the truncated entry's term is kept
@@ -142,10 +156,15 @@ fn compaction_keeps_a_tail_and_serves_the_snapshot() {
     let snapshot = storage.snapshot(0, 2).unwrap();
     assert_eq!(snapshot.get_metadata().index, 8);
     assert_eq!(snapshot.get_metadata().term, 3);
-    assert_eq!(snapshot.get_metadata().get_conf_state().voters, vec![1, 2, 3]);
+    assert_eq!(
+        snapshot.get_metadata().get_conf_state().voters,
+        vec![1, 2, 3]
+    );
     assert_eq!(snapshot.data.as_ref(), b"state@8");
     // asking for a newer one than stored flags the driver to build one
     assert!(!storage.take_snapshot_wanted());
+    assert!(storage.snapshot(0, 4).is_err()); // 4 joined after it was taken
+    assert!(storage.take_snapshot_wanted());
     assert!(matches!(
         storage.snapshot(9, 2),
         Err(raft::Error::Store(
@@ -154,7 +173,9 @@ fn compaction_keeps_a_tail_and_serves_the_snapshot() {
     ));
     assert!(storage.take_snapshot_wanted());
     // compacting everything
-    storage.compact_to_snapshot(10, b"state@10".to_vec(), 0).unwrap();
+    storage
+        .compact_to_snapshot(10, b"state@10".to_vec(), 0)
+        .unwrap();
     assert_eq!(storage.first_index().unwrap(), 11);
     assert_eq!(storage.last_index().unwrap(), 10);
     assert_eq!(storage.term(10).unwrap(), 3);
@@ -200,7 +221,10 @@ fn apply_snapshot_replaces_log_and_state_and_survives_restart() {
     assert_eq!(state.hard_state.term, 3);
     assert_eq!(state.hard_state.vote, 2);
     assert_eq!(state.conf_state.voters, vec![1, 2, 3]);
-    assert_eq!(storage.stored_snapshot().unwrap().data.as_ref(), b"leader-state");
+    assert_eq!(
+        storage.stored_snapshot().unwrap().data.as_ref(),
+        b"leader-state"
+    );
     // an older snapshot is refused
     let mut old = Snapshot::default();
     old.mut_metadata().index = 5;
@@ -210,7 +234,9 @@ fn apply_snapshot_replaces_log_and_state_and_survives_restart() {
 #[test]
 fn bootstrap_once() {
     let (_dir, _db, storage) = open();
-    storage.bootstrap(voters(&[1]), 7, b"existing".to_vec()).unwrap();
+    storage
+        .bootstrap(voters(&[1]), 7, b"existing".to_vec())
+        .unwrap();
     assert!(storage.is_initialized().unwrap());
     assert_eq!(storage.first_index().unwrap(), 8);
     assert_eq!(storage.term(7).unwrap(), 1);
@@ -293,6 +319,7 @@ proptest! {
                         offset = to;
                     }
                     let snapshot = storage.snapshot(0, 1).unwrap();
+                    prop_assert!(storage.snapshot(0, 2).is_err()); // 2 is not a member
                     prop_assert_eq!(snapshot.get_metadata().index, at);
                 }
             }
