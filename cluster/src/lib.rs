@@ -9,6 +9,7 @@ pub mod error;
 pub mod meta_log;
 pub mod placement;
 pub mod raft;
+pub mod transport;
 
 pub use error::{ClusterError, Result};
 pub use meta_log::LocalMeta;
