@@ -657,3 +657,189 @@ async fn learners_join_catch_up_get_promoted_and_nodes_are_removed() {
     let error = cluster.handle(2).remove_node(1).await.unwrap_err();
     assert!(matches!(error, ClusterError::NotLeader { .. }), "{error}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lossy_network_with_duplicates_still_converges() {
+    let cluster = TestCluster::with_voters(&[1, 2, 3]);
+    cluster.network.set_faults(100, 100); // 10% dropped, 10% duplicated
+    for i in 0..30 {
+        cluster.write(&create_kb(&format!("kb-{i}"))).await;
+    }
+    cluster.network.set_faults(0, 0);
+    let states = cluster.converged().await;
+    assert_all_equal(&states);
+    assert_eq!(
+        cluster.nodes[&1]
+            .state_machine
+            .store
+            .list_kbs()
+            .unwrap()
+            .len(),
+        30
+    );
+    let (delivered, dropped) = cluster.network.counts();
+    assert!(delivered > 0 && dropped > 0);
+}
+
+/// Tries to get `proposal` applied through whichever node leads, for up to `budget`.
+async fn try_write(cluster: &TestCluster, proposal: &Proposal, budget: Duration) -> bool {
+    let deadline = Instant::now() + budget;
+    while Instant::now() < deadline {
+        let leaders: Vec<RaftHandle> = cluster
+            .nodes
+            .values()
+            .map(|node| node.raft.handle().clone())
+            .filter(|handle| handle.status().role == "leader")
+            .collect();
+        for handle in leaders {
+            let attempt = tokio::time::timeout(
+                Duration::from_millis(500),
+                handle.propose_proposal(proposal.clone()),
+            )
+            .await;
+            match attempt {
+                Ok(Ok(_)) => return true,
+                Ok(Err(error)) => assert!(error.is_transient(), "{error}"),
+                Err(_elapsed) => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// A small deterministic generator for the randomized test.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Prints the seed if the test fails, so the run can be repeated with SIFT_RAFT_SEED.
+struct SeedReporter(u64);
+
+impl Drop for SeedReporter {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("randomized raft test failed with SIFT_RAFT_SEED={}", self.0);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomized_kills_restarts_and_partitions_keep_the_invariants() {
+    let seed = std::env::var("SIFT_RAFT_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    let _reporter = SeedReporter(seed);
+    let mut rng = Rng(seed);
+    let ids = [1u64, 2, 3, 4, 5];
+    let mut cluster = TestCluster::with_voters(&ids);
+    cluster.network.set_faults(20, 20);
+    let mut acknowledged: Vec<Proposal> = Vec::new();
+    let mut unknown: Vec<Proposal> = Vec::new();
+    let mut down: Vec<u64> = Vec::new();
+    let mut counter = 0;
+    for _round in 0..20 {
+        match rng.below(5) {
+            0 if down.len() < 2 => {
+                let up: Vec<u64> = cluster.nodes.keys().copied().collect();
+                let victim = up[rng.below(up.len() as u64) as usize];
+                cluster.kill(victim);
+                down.push(victim);
+            }
+            1 if !down.is_empty() => {
+                let back = down.remove(rng.below(down.len() as u64) as usize);
+                cluster.start_node(back, None);
+            }
+            2 => {
+                let mut shuffled = ids.to_vec();
+                for i in (1..shuffled.len()).rev() {
+                    shuffled.swap(i, rng.below(i as u64 + 1) as usize);
+                }
+                let cut = 1 + rng.below(4) as usize;
+                let (a, b) = shuffled.split_at(cut);
+                cluster.network.partition(&[a, b]);
+            }
+            3 => {
+                // isolate whoever leads now, with writes racing the step-down
+                if let Some(leader) = cluster
+                    .nodes
+                    .values()
+                    .map(|node| node.raft.handle().status())
+                    .find(|status| status.role == "leader")
+                {
+                    let rest: Vec<u64> =
+                        ids.iter().copied().filter(|id| *id != leader.id).collect();
+                    cluster.network.partition(&[&[leader.id], &rest]);
+                }
+            }
+            _ => cluster.network.heal(),
+        }
+        for _ in 0..5 {
+            counter += 1;
+            let proposal = create_kb(&format!("op-{counter}"));
+            let done = try_write(&cluster, &proposal, Duration::from_millis(1000)).await;
+            if done {
+                acknowledged.push(proposal);
+            } else {
+                unknown.push(proposal);
+                break; // no quorum reachable now: on to the next fault
+            }
+        }
+    }
+    // Repair everything, then every client retries what it never saw acknowledged.
+    cluster.network.heal();
+    cluster.network.set_faults(0, 0);
+    for id in down.drain(..) {
+        cluster.start_node(id, None);
+    }
+    for proposal in &unknown {
+        cluster.write(proposal).await;
+    }
+    let states = cluster.converged().await;
+    assert_eq!(states.len(), 5);
+    assert_all_equal(&states);
+    for id in ids {
+        let store = &cluster.nodes[&id].state_machine.store;
+        for proposal in &acknowledged {
+            let MetaOp::CreateKb(kb) = &proposal.op else {
+                unreachable!()
+            };
+            assert!(
+                store.find_kb(&kb.name).unwrap().is_some(),
+                "acknowledged {} lost on {id}",
+                kb.name
+            );
+        }
+        assert_eq!(store.list_kbs().unwrap().len(), counter, "node {id}");
+    }
+    for (id, log) in &cluster.applied_log {
+        let log = log.lock().unwrap();
+        let mut seen = std::collections::HashSet::new();
+        assert!(
+            log.iter().all(|index| seen.insert(*index)),
+            "node {id} applied an index twice"
+        );
+    }
+    eprintln!(
+        "seed {seed}: {} acknowledged, {} retried after an unknown outcome",
+        acknowledged.len(),
+        unknown.len()
+    );
+}
