@@ -1176,8 +1176,10 @@ impl Driver {
 }
 
 fn conf_change_single(node_id: u64, change_type: ConfChangeType) -> ConfChangeSingle {
-    let mut single = ConfChangeSingle::default();
-    single.node_id = node_id;
+    let mut single = ConfChangeSingle {
+        node_id,
+        ..Default::default()
+    };
     single.set_change_type(change_type);
     single
 }

@@ -154,9 +154,11 @@ impl SledRaftStorage {
             ));
         }
         let term = if index > 0 { 1 } else { 0 };
-        let mut meta = SnapshotMetadata::default();
-        meta.index = index;
-        meta.term = term;
+        let mut meta = SnapshotMetadata {
+            index,
+            term,
+            ..Default::default()
+        };
         meta.set_conf_state(conf_state.clone());
         let hard_state = HardState {
             term,
@@ -345,9 +347,11 @@ impl SledRaftStorage {
             )));
         }
         let term = self.term_inner(index)?;
-        let mut meta = SnapshotMetadata::default();
-        meta.index = index;
-        meta.term = term;
+        let mut meta = SnapshotMetadata {
+            index,
+            term,
+            ..Default::default()
+        };
         meta.set_conf_state(self.conf_state()?);
         let compact_to = index.saturating_sub(keep).max(truncated);
         let mut batch = sled::Batch::default();

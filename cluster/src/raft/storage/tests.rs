@@ -9,11 +9,12 @@ fn open() -> (tempfile::TempDir, sled::Db, SledRaftStorage) {
 }
 
 fn entry(index: u64, term: u64) -> Entry {
-    let mut entry = Entry::default();
-    entry.index = index;
-    entry.term = term;
-    entry.data = format!("op-{index}-{term}").into_bytes().into();
-    entry
+    Entry {
+        index,
+        term,
+        data: format!("op-{index}-{term}").into_bytes().into(),
+        ..Default::default()
+    }
 }
 
 fn voters(ids: &[u64]) -> ConfState {
@@ -193,16 +194,17 @@ fn apply_snapshot_replaces_log_and_state_and_survives_restart() {
             .append(&(1..=3).map(|index| entry(index, 1)).collect::<Vec<_>>())
             .unwrap();
         storage
-            .set_hard_state(&{
-                let mut hard_state = HardState::default();
-                hard_state.term = 1;
-                hard_state.vote = 2;
-                hard_state.commit = 2;
-                hard_state
+            .set_hard_state(&HardState {
+                term: 1,
+                vote: 2,
+                commit: 2,
+                ..Default::default()
             })
             .unwrap();
-        let mut snapshot = Snapshot::default();
-        snapshot.data = b"leader-state".to_vec().into();
+        let mut snapshot = Snapshot {
+            data: b"leader-state".to_vec().into(),
+            ..Default::default()
+        };
         let meta = snapshot.mut_metadata();
         meta.index = 20;
         meta.term = 3;
