@@ -649,11 +649,28 @@ impl SledMetaStore {
     /// and changes nothing. Ids older than the window are forgotten at a point fixed by the log
     /// index, so every node forgets alike. An op that is refused records nothing: a retry is
     /// judged again.
+    ///
+    /// Not flushed (unlike [`MetaStateMachine::apply`]): the replicated log is the durable
+    /// record, and the op's effects and its applied index are one atomic batch, so after a
+    /// crash the store is at some earlier index and the log replays the rest. See
+    /// [`Self::flush`].
     pub fn apply_with_id(&self, index: u64, op_id: &str, op: &MetaOp) -> Result<MetaOutcome> {
-        self.apply_at(index, Some(op_id), op)
+        self.apply_at(index, Some(op_id), op, false)
     }
 
-    fn apply_at(&self, index: u64, op_id: Option<&str>, op: &MetaOp) -> Result<MetaOutcome> {
+    /// Makes every applied op durable.
+    pub fn flush(&self) -> Result<()> {
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn apply_at(
+        &self,
+        index: u64,
+        op_id: Option<&str>,
+        op: &MetaOp,
+        flush: bool,
+    ) -> Result<MetaOutcome> {
         let _guard = self
             .apply_lock
             .lock()
@@ -668,7 +685,9 @@ impl SledMetaStore {
             let mut batch = sled::Batch::default();
             batch.insert(APPLIED_KEY, &index.to_be_bytes());
             self.tree.apply_batch(batch)?;
-            self.db.flush()?;
+            if flush {
+                self.db.flush()?;
+            }
             return Ok(outcome);
         }
         // A failed op still consumes its index: it is in the log and every node fails it alike.
@@ -691,7 +710,9 @@ impl SledMetaStore {
         };
         batch.insert(APPLIED_KEY, &index.to_be_bytes());
         self.tree.apply_batch(batch)?;
-        self.db.flush()?;
+        if flush {
+            self.db.flush()?;
+        }
         outcome
     }
 
@@ -760,7 +781,7 @@ impl SledMetaStore {
 
 impl MetaStateMachine for SledMetaStore {
     fn apply(&self, index: u64, op: &MetaOp) -> Result<MetaOutcome> {
-        self.apply_at(index, None, op)
+        self.apply_at(index, None, op, true)
     }
 
     fn applied_index(&self) -> u64 {

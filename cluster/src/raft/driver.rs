@@ -835,12 +835,7 @@ impl Driver {
         self.apply_committed(committed)?;
 
         // 4. Persist new entries and the hard state.
-        if !ready.entries().is_empty() {
-            self.storage.append(ready.entries())?;
-        }
-        if let Some(hard_state) = ready.hs() {
-            self.storage.set_hard_state(hard_state)?;
-        }
+        self.storage.persist(ready.entries(), ready.hs())?;
 
         let read_states = ready.take_read_states();
 
@@ -1080,6 +1075,8 @@ impl Driver {
         {
             return Ok(());
         }
+        // Entries are about to leave the log: what they did must be durable first.
+        self.state_machine.flush()?;
         let payload = SnapshotPayload {
             peers: self.peers.clone(),
             state: self.state_machine.export()?,

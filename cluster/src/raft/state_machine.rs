@@ -39,8 +39,12 @@ impl Proposal {
 /// in snapshots. Implemented by the metadata store; tests drive the same implementation.
 pub trait RaftStateMachine: Send + Sync + 'static {
     /// Applies `proposal` committed at `index`; at or below [`Self::applied_index`] it is a
-    /// replay and changes nothing.
+    /// replay and changes nothing. Need not be durable on return, but the effects and the
+    /// applied index must persist atomically and in order with the Raft storage's writes (the
+    /// metadata store shares the Raft storage's sled database, so any flush covers both).
     fn apply(&self, index: u64, proposal: &Proposal) -> sift_storage::Result<MetaOutcome>;
+    /// Makes everything applied durable (before the log is compacted past it).
+    fn flush(&self) -> sift_storage::Result<()>;
     /// The last index applied (only entries carrying proposals move it).
     fn applied_index(&self) -> u64;
     /// The whole state, deterministic: equal states export equal bytes.
@@ -52,6 +56,10 @@ pub trait RaftStateMachine: Send + Sync + 'static {
 impl RaftStateMachine for SledMetaStore {
     fn apply(&self, index: u64, proposal: &Proposal) -> sift_storage::Result<MetaOutcome> {
         self.apply_with_id(index, &proposal.op_id, &proposal.op)
+    }
+
+    fn flush(&self) -> sift_storage::Result<()> {
+        SledMetaStore::flush(self)
     }
 
     fn applied_index(&self) -> u64 {

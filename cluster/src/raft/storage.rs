@@ -216,8 +216,21 @@ impl SledRaftStorage {
     /// If the first entry is below the first index (it would overwrite compacted entries) or
     /// leaves a gap after the last index: raft-rs never asks for either.
     pub fn append(&self, entries: &[Entry]) -> Result<()> {
+        self.persist(entries, None)
+    }
+
+    /// [`Self::append`] and [`Self::set_hard_state`] in one atomic batch and one flush (what a
+    /// `Ready` persists). Nothing to write, nothing flushed.
+    pub fn persist(&self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        if let Some(hard_state) = hard_state {
+            batch.insert(HARD_STATE, Self::encode(hard_state)?);
+        }
         let Some(first) = entries.first() else {
-            return Ok(());
+            if hard_state.is_none() {
+                return Ok(());
+            }
+            return self.write(batch, true);
         };
         let (truncated, _) = self.truncated()?;
         let last = self.last_index_inner()?;
@@ -231,7 +244,6 @@ impl SledRaftStorage {
             "raft logs should be continuous, last index: {last}, new appended: {}",
             first.index
         );
-        let mut batch = sled::Batch::default();
         for item in self
             .tree
             .range(entry_key(first.index)..=entry_key(u64::MAX))

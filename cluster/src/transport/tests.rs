@@ -40,11 +40,22 @@ struct HttpNode {
     store: Arc<SledMetaStore>,
 }
 
+/// Like the in-memory test cluster: a killed node keeps its database open (sled 0.34 can
+/// deadlock when a database is dropped while another one in the process is written).
 struct HttpCluster {
     dirs: BTreeMap<u64, tempfile::TempDir>,
+    stores: BTreeMap<u64, Arc<SledMetaStore>>,
     addresses: BTreeMap<u64, PeerAddress>,
     nodes: BTreeMap<u64, HttpNode>,
     chunk_bytes: usize,
+}
+
+impl Drop for HttpCluster {
+    fn drop(&mut self) {
+        for (_, node) in std::mem::take(&mut self.nodes) {
+            node.raft.stop();
+        }
+    }
 }
 
 impl HttpCluster {
@@ -65,6 +76,7 @@ impl HttpCluster {
         }
         let mut cluster = HttpCluster {
             dirs: BTreeMap::new(),
+            stores: BTreeMap::new(),
             addresses,
             nodes: BTreeMap::new(),
             chunk_bytes,
@@ -80,7 +92,11 @@ impl HttpCluster {
             .dirs
             .entry(id)
             .or_insert_with(|| tempfile::tempdir().unwrap());
-        let store = Arc::new(SledMetaStore::open(dir.path()).unwrap());
+        let store = self
+            .stores
+            .entry(id)
+            .or_insert_with(|| Arc::new(SledMetaStore::open(dir.path()).unwrap()))
+            .clone();
         let storage = SledRaftStorage::open(store.db()).unwrap();
         if bootstrap {
             RaftNode::bootstrap(&storage, store.as_ref(), self.addresses.clone()).unwrap();

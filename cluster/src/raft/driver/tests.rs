@@ -40,7 +40,7 @@ fn create_kb(name: &str) -> Proposal {
 
 /// Records every index applied, across restarts, around the real metadata store.
 struct RecordingStateMachine {
-    store: SledMetaStore,
+    store: Arc<SledMetaStore>,
     applied: Arc<Mutex<Vec<u64>>>,
 }
 
@@ -50,8 +50,11 @@ impl RaftStateMachine for RecordingStateMachine {
         self.store
             .apply_with_id(index, &proposal.op_id, &proposal.op)
     }
+    fn flush(&self) -> sift_storage::Result<()> {
+        self.store.flush()
+    }
     fn applied_index(&self) -> u64 {
-        RaftStateMachine::applied_index(&self.store)
+        RaftStateMachine::applied_index(self.store.as_ref())
     }
     fn export(&self) -> sift_storage::Result<Vec<u8>> {
         self.store.export_state()
@@ -66,9 +69,14 @@ struct TestNode {
     state_machine: Arc<RecordingStateMachine>,
 }
 
+/// Nodes of one process share sled's process-wide concurrency control: dropping (and so
+/// flushing) one database while another is written can deadlock in sled 0.34. A "killed" node
+/// stops its Raft thread and keeps its database open; databases close once every Raft thread
+/// has stopped (see `Drop`).
 struct TestCluster {
     network: MemoryNetwork,
     dirs: HashMap<u64, tempfile::TempDir>,
+    stores: HashMap<u64, Arc<SledMetaStore>>,
     nodes: BTreeMap<u64, TestNode>,
     applied_log: HashMap<u64, Arc<Mutex<Vec<u64>>>>,
     config: fn(u64) -> RaftConfig,
@@ -81,11 +89,23 @@ fn address(id: u64) -> PeerAddress {
     }
 }
 
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let nodes = std::mem::take(&mut self.nodes);
+        let mut state_machines = Vec::new();
+        for (_, node) in nodes {
+            node.raft.stop();
+            state_machines.push(node.state_machine);
+        }
+    }
+}
+
 impl TestCluster {
     fn new(config: fn(u64) -> RaftConfig) -> Self {
         TestCluster {
             network: MemoryNetwork::new(7),
             dirs: HashMap::new(),
+            stores: HashMap::new(),
             nodes: BTreeMap::new(),
             applied_log: HashMap::new(),
             config,
@@ -115,11 +135,18 @@ impl TestCluster {
         id: u64,
         bootstrap: Option<&BTreeMap<u64, PeerAddress>>,
     ) -> Result<()> {
-        let dir = self
-            .dirs
-            .entry(dir_of)
-            .or_insert_with(|| tempfile::tempdir().unwrap());
-        let store = SledMetaStore::open(dir.path())?;
+        let store = match self.stores.get(&dir_of) {
+            Some(store) => store.clone(),
+            None => {
+                let dir = self
+                    .dirs
+                    .entry(dir_of)
+                    .or_insert_with(|| tempfile::tempdir().unwrap());
+                let store = Arc::new(SledMetaStore::open(dir.path())?);
+                self.stores.insert(dir_of, store.clone());
+                store
+            }
+        };
         let storage = SledRaftStorage::open(store.db())?;
         let applied = self.applied_log.entry(dir_of).or_default().clone();
         let state_machine = Arc::new(RecordingStateMachine { store, applied });
@@ -143,7 +170,8 @@ impl TestCluster {
         Ok(())
     }
 
-    /// Stops node `id` as a crash would: its thread ends, messages to it are lost.
+    /// Stops node `id`: its Raft thread ends, messages to it are lost, pending requests fail.
+    /// Its database stays open (see the type's docs); a restart reads it back.
     fn kill(&mut self, id: u64) {
         self.network.unregister(id);
         if let Some(node) = self.nodes.remove(&id) {
@@ -842,4 +870,51 @@ async fn randomized_kills_restarts_and_partitions_keep_the_invariants() {
         acknowledged.len(),
         unknown.len()
     );
+}
+
+/// Not a test: prints throughput and latency of a 3-node in-memory cluster.
+/// `cargo test -p sift-cluster --release --lib throughput_report -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn throughput_report() {
+    let mut cluster = TestCluster::new(|id| RaftConfig {
+        compact_threshold: 10_000,
+        ..RaftConfig::new(id)
+    });
+    let members: BTreeMap<u64, PeerAddress> = [1, 2, 3].map(|id| (id, address(id))).into();
+    for id in [1, 2, 3] {
+        cluster.start_node(id, Some(&members));
+    }
+    let leader = cluster.handle(cluster.leader().await);
+    for concurrency in [1usize, 16, 64] {
+        let total = 1000;
+        let started = Instant::now();
+        let mut latencies = Vec::new();
+        let mut next = 0;
+        while next < total {
+            let batch: Vec<_> = (next..(next + concurrency).min(total))
+                .map(|i| {
+                    let leader = leader.clone();
+                    let proposal = create_kb(&format!("c{concurrency}-{i}"));
+                    tokio::spawn(async move {
+                        let at = Instant::now();
+                        leader.propose_proposal(proposal).await.unwrap();
+                        at.elapsed()
+                    })
+                })
+                .collect();
+            next += batch.len();
+            for task in batch {
+                latencies.push(task.await.unwrap());
+            }
+        }
+        let elapsed = started.elapsed();
+        latencies.sort();
+        eprintln!(
+            "concurrency {concurrency}: {:.0} ops/s, p50 {:?}, p99 {:?}",
+            total as f64 / elapsed.as_secs_f64(),
+            latencies[latencies.len() / 2],
+            latencies[latencies.len() * 99 / 100]
+        );
+    }
 }
