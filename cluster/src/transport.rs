@@ -32,14 +32,19 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, oneshot};
 use tracing::{debug, info, warn};
 
+use sift_storage::StorageError;
+use sift_storage::meta::MetaOutcome;
+
 use crate::error::{ClusterError, Result};
 use crate::raft::driver::RaftHandle;
 use crate::raft::network::Transport;
+use crate::raft::state_machine::Proposal;
 use crate::raft::storage::PeerAddress;
 
 const MESSAGES_PATH: &str = "/internal/v1/raft/messages";
 const SNAPSHOT_PATH: &str = "/internal/v1/raft/snapshot";
 const HEALTH_PATH: &str = "/internal/v1/health";
+const PROPOSE_PATH: &str = "/internal/v1/meta/propose";
 /// Upper bound of a decoded frame, whatever the body limit.
 const FRAME_LIMIT: usize = 64 * 1024 * 1024;
 /// Upper bound of an assembled snapshot.
@@ -169,6 +174,7 @@ impl InternalServer {
         let app = Router::new()
             .route(MESSAGES_PATH, post(receive_messages))
             .route(SNAPSHOT_PATH, post(receive_snapshot_chunk))
+            .route(PROPOSE_PATH, post(receive_proposal))
             .route(HEALTH_PATH, get(|| async { "ok" }))
             .layer(DefaultBodyLimit::max(body_limit))
             // Runs before any extractor: an unauthenticated body is never read.
@@ -350,6 +356,84 @@ async fn receive_snapshot_chunk(State(state): State<Arc<ServerState>>, body: Byt
     StatusCode::NO_CONTENT.into_response()
 }
 
+/// The answer to a forwarded proposal.
+#[derive(Serialize, Deserialize)]
+enum ForwardReply {
+    Applied(MetaOutcome),
+    Failed(WireError),
+}
+
+/// A [`ClusterError`] as it crosses the wire: refusals keep their kind (not found, conflict,
+/// invalid) so the caller's API answers as if the op ran locally.
+#[derive(Serialize, Deserialize)]
+struct WireError {
+    kind: String,
+    message: String,
+    leader: Option<u64>,
+}
+
+impl WireError {
+    fn from_error(error: &ClusterError) -> Self {
+        let (kind, leader) = match error {
+            ClusterError::Storage(StorageError::NotFound(_)) => ("not_found", None),
+            ClusterError::Storage(StorageError::Conflict(_)) => ("conflict", None),
+            ClusterError::Storage(StorageError::Invalid(_)) | ClusterError::Invalid(_) => {
+                ("invalid", None)
+            }
+            ClusterError::NotLeader { leader } => ("not_leader", *leader),
+            ClusterError::Unauthorized => ("unauthorized", None),
+            ClusterError::Storage(error) if !error.is_transient() => ("invalid", None),
+            _ => ("dropped", None),
+        };
+        let message = match error {
+            ClusterError::Storage(
+                StorageError::NotFound(message)
+                | StorageError::Conflict(message)
+                | StorageError::Invalid(message),
+            ) => message.clone(),
+            other => other.to_string(),
+        };
+        WireError {
+            kind: kind.into(),
+            message,
+            leader,
+        }
+    }
+
+    fn into_error(self) -> ClusterError {
+        match self.kind.as_str() {
+            "not_found" => ClusterError::Storage(StorageError::NotFound(self.message)),
+            "conflict" => ClusterError::Storage(StorageError::Conflict(self.message)),
+            "invalid" => ClusterError::Invalid(self.message),
+            "not_leader" => ClusterError::NotLeader {
+                leader: self.leader,
+            },
+            "unauthorized" => ClusterError::Unauthorized,
+            _ => ClusterError::Dropped(self.message),
+        }
+    }
+}
+
+/// A follower forwards a proposal here, to the leader; it answers after the op is applied.
+async fn receive_proposal(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let Some(proposal) = decode_frame::<Proposal>(&body) else {
+        rejected("malformed");
+        return error_response(StatusCode::BAD_REQUEST, "malformed", "not a proposal");
+    };
+    let reply = match state.raft.propose_proposal(proposal).await {
+        Ok(outcome) => ForwardReply::Applied(outcome),
+        Err(error) => ForwardReply::Failed(WireError::from_error(&error)),
+    };
+    match encode_frame(&reply) {
+        Ok(bytes) => (StatusCode::OK, bytes).into_response(),
+        Err(error) => error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            &error.to_string(),
+        ),
+    }
+}
+
 struct PeerQueue {
     messages: Mutex<VecDeque<Message>>,
     notify: Notify,
@@ -417,6 +501,43 @@ impl HttpTransport {
                 .write()
                 .unwrap_or_else(|poison| poison.into_inner())
                 .insert(id, address.to_string());
+        }
+    }
+
+    /// Sends `proposal` to node `leader` (its internal address must be known) and returns what
+    /// applying it there produced. A retry of the same proposal applies at most once.
+    pub async fn forward(&self, leader: u64, proposal: &Proposal) -> Result<MetaOutcome> {
+        let inner = &self.inner;
+        let Some(address) = inner.address_of(leader) else {
+            return Err(ClusterError::Transport(format!(
+                "no address for node {leader}"
+            )));
+        };
+        let response = inner
+            .client
+            .post(inner.url(&address, PROPOSE_PATH))
+            .bearer_auth(&inner.config.secret)
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(encode_frame(proposal)?)
+            .send()
+            .await
+            .map_err(|error| ClusterError::Transport(error.to_string()))?;
+        if !response.status().is_success() {
+            return Err(ClusterError::Transport(format!(
+                "node {leader} answered {}",
+                response.status()
+            )));
+        }
+        let body = response
+            .bytes()
+            .await
+            .map_err(|error| ClusterError::Transport(error.to_string()))?;
+        match decode_frame::<ForwardReply>(&body) {
+            Some(ForwardReply::Applied(outcome)) => Ok(outcome),
+            Some(ForwardReply::Failed(error)) => Err(error.into_error()),
+            None => Err(ClusterError::Transport(format!(
+                "node {leader} sent an unreadable reply"
+            ))),
         }
     }
 

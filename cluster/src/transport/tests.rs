@@ -8,6 +8,7 @@ use sift_storage::meta::{KbRecord, KbSettings, MetaOp, MetaOutcome, SledMetaStor
 
 use super::*;
 use crate::raft::driver::{RaftConfig, RaftNode};
+use crate::raft::replicated::ReplicatedMeta;
 use crate::raft::state_machine::Proposal;
 use crate::raft::storage::SledRaftStorage;
 
@@ -36,6 +37,7 @@ fn create_kb(name: &str) -> Proposal {
 
 struct HttpNode {
     raft: RaftNode,
+    transport: HttpTransport,
     _server: InternalServer,
     store: Arc<SledMetaStore>,
 }
@@ -116,7 +118,7 @@ impl HttpCluster {
             listener,
             SECRET,
             raft.handle().clone(),
-            Some(transport),
+            Some(transport.clone()),
             self.chunk_bytes,
         )
         .unwrap();
@@ -124,6 +126,7 @@ impl HttpCluster {
             id,
             HttpNode {
                 raft,
+                transport,
                 _server: server,
                 store,
             },
@@ -361,4 +364,73 @@ async fn internal_port_rejects_unauthenticated_and_malformed_bytes() {
     assert_eq!(response.status(), StatusCode::OK);
     let outcome = cluster.write(&create_kb("still-alive")).await;
     assert!(matches!(outcome, MetaOutcome::Kb(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_forward_writes_to_the_leader() {
+    let mut cluster = HttpCluster::start(&[1, 2, 3], 1024 * 1024).await;
+    let leader = cluster.leader().await;
+    let follower = [1, 2, 3].into_iter().find(|id| *id != leader).unwrap();
+    fn meta(cluster: &HttpCluster, id: u64) -> ReplicatedMeta {
+        let node = &cluster.nodes[&id];
+        ReplicatedMeta::new(
+            node.raft.handle().clone(),
+            node.store.clone(),
+            Some(node.transport.clone()),
+            WAIT,
+        )
+    }
+    let on_follower = meta(&cluster, follower);
+    let outcome = on_follower
+        .propose(create_kb("forwarded").op)
+        .await
+        .unwrap();
+    assert!(matches!(outcome, MetaOutcome::Kb(ref kb) if kb.name == "forwarded"));
+    // the leader applied it before answering; a barrier makes the follower's reads fresh
+    on_follower.linearizable_barrier().await.unwrap();
+    assert!(on_follower.store().find_kb("forwarded").unwrap().is_some());
+
+    // a refusal on the leader comes back as the same kind of error
+    let mut clash = create_kb("forwarded");
+    if let MetaOp::CreateKb(kb) = &mut clash.op {
+        kb.id = "another-id".into();
+    }
+    let error = on_follower.propose_proposal(clash).await.unwrap_err();
+    assert!(
+        matches!(error, ClusterError::Storage(StorageError::Conflict(_))),
+        "{error}"
+    );
+    let error = on_follower
+        .propose(MetaOp::UpdateKb {
+            kb_id: "missing".into(),
+            settings: match &create_kb("x").op {
+                MetaOp::CreateKb(kb) => kb.settings.clone(),
+                _ => unreachable!(),
+            },
+            at_ms: 1,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, ClusterError::Storage(StorageError::NotFound(_))),
+        "{error}"
+    );
+
+    // the same proposal forwarded twice applies once
+    let twice = create_kb("twice");
+    on_follower.propose_proposal(twice.clone()).await.unwrap();
+    on_follower.propose_proposal(twice).await.unwrap();
+
+    // the leader dies: the follower's door finds the new leader and the write lands
+    cluster.kill(leader);
+    let survivor = meta(&cluster, follower);
+    survivor
+        .propose(create_kb("after-leader-died").op)
+        .await
+        .unwrap();
+    let states = cluster.converged().await;
+    assert!(states.windows(2).all(|pair| pair[0] == pair[1]));
+    for node in cluster.nodes.values() {
+        assert_eq!(node.store.list_kbs().unwrap().len(), 3);
+    }
 }
