@@ -752,6 +752,15 @@ impl Driver {
                 let _ = reply.send(Err(ClusterError::Dropped("read index timed out".into())));
             }
         }
+        // raft-rs drops a read-index request silently (no leader, or a new leader that has not
+        // committed in its term yet): ask again now and then until it is answered or expires.
+        let resend_every = self.config.heartbeat_ticks.max(1) as u64 * 2;
+        if now.is_multiple_of(resend_every) && self.leader_hint().is_some() {
+            let contexts: Vec<Vec<u8>> = self.pending_reads.keys().cloned().collect();
+            for context in contexts {
+                self.raw.read_index(context);
+            }
+        }
         // A snapshot that never arrived leaves the peer paused in raft-rs: report the failure so
         // the leader probes again and resends.
         if self.is_leader() {

@@ -50,6 +50,7 @@ struct HttpCluster {
     addresses: BTreeMap<u64, PeerAddress>,
     nodes: BTreeMap<u64, HttpNode>,
     chunk_bytes: usize,
+    raft_config: fn(u64) -> RaftConfig,
 }
 
 impl Drop for HttpCluster {
@@ -62,6 +63,14 @@ impl Drop for HttpCluster {
 
 impl HttpCluster {
     async fn start(ids: &[u64], chunk_bytes: usize) -> Self {
+        Self::start_with(ids, chunk_bytes, RaftConfig::for_test).await
+    }
+
+    async fn start_with(
+        ids: &[u64],
+        chunk_bytes: usize,
+        raft_config: fn(u64) -> RaftConfig,
+    ) -> Self {
         let mut listeners = BTreeMap::new();
         let mut addresses = BTreeMap::new();
         for id in ids {
@@ -82,6 +91,7 @@ impl HttpCluster {
             addresses,
             nodes: BTreeMap::new(),
             chunk_bytes,
+            raft_config,
         };
         for (id, listener) in listeners {
             cluster.start_node(id, listener, true);
@@ -107,7 +117,7 @@ impl HttpCluster {
         config.chunk_bytes = self.chunk_bytes;
         let transport = HttpTransport::new(config, tokio::runtime::Handle::current()).unwrap();
         let raft = RaftNode::start(
-            RaftConfig::for_test(id),
+            (self.raft_config)(id),
             storage,
             store.clone(),
             Arc::new(transport.clone()),
@@ -433,4 +443,73 @@ async fn followers_forward_writes_to_the_leader() {
     for node in cluster.nodes.values() {
         assert_eq!(node.store.list_kbs().unwrap().len(), 3);
     }
+}
+
+/// Not a test: prints numbers for docs/benchmarks.md (3 nodes over loopback HTTP/2).
+/// `cargo test -p sift-cluster --lib http_benchmark_report -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn http_benchmark_report() {
+    let mut cluster = HttpCluster::start_with(&[1, 2, 3], 1024 * 1024, |id| RaftConfig {
+        compact_threshold: 2_000,
+        compact_keep: 100,
+        ..RaftConfig::new(id)
+    })
+    .await;
+    let leader = cluster.leader().await;
+    let handle = cluster.nodes[&leader].raft.handle().clone();
+    for concurrency in [1usize, 16, 64] {
+        let total = 2000;
+        let started = Instant::now();
+        let mut latencies = Vec::new();
+        let mut next = 0;
+        while next < total {
+            let batch: Vec<_> = (next..(next + concurrency).min(total))
+                .map(|i| {
+                    let handle = handle.clone();
+                    let proposal = create_kb(&format!("c{concurrency}-{i}"));
+                    tokio::spawn(async move {
+                        let at = Instant::now();
+                        handle.propose_proposal(proposal).await.unwrap();
+                        at.elapsed()
+                    })
+                })
+                .collect();
+            next += batch.len();
+            for task in batch {
+                latencies.push(task.await.unwrap());
+            }
+        }
+        let elapsed = started.elapsed();
+        latencies.sort();
+        eprintln!(
+            "concurrency {concurrency}: {:.0} ops/s, p50 {:?}, p99 {:?}",
+            total as f64 / elapsed.as_secs_f64(),
+            latencies[latencies.len() / 2],
+            latencies[latencies.len() * 99 / 100]
+        );
+    }
+    // snapshot catch-up
+    let follower = [1, 2, 3].into_iter().find(|id| *id != leader).unwrap();
+    cluster.kill(follower);
+    for i in 0..2500 {
+        cluster.write(&create_kb(&format!("more-{i}"))).await;
+    }
+    let snapshot_bytes = cluster.nodes[&leader].store.export_state().unwrap().len();
+    let started = Instant::now();
+    cluster.restart(follower).await;
+    cluster.converged().await;
+    let caught_up = started.elapsed();
+    eprintln!(
+        "follower caught up by snapshot ({snapshot_bytes} bytes of state) in {caught_up:?}: {:.1} MB/s",
+        snapshot_bytes as f64 / 1e6 / caught_up.as_secs_f64()
+    );
+    // election after a leader kill (tick 100 ms, election timeout 1-2 s)
+    let started = Instant::now();
+    cluster.kill(leader);
+    let new_leader = cluster.leader().await;
+    eprintln!(
+        "new leader {new_leader} {:?} after killing leader {leader}",
+        started.elapsed()
+    );
 }
