@@ -45,6 +45,7 @@ const MESSAGES_PATH: &str = "/internal/v1/raft/messages";
 const SNAPSHOT_PATH: &str = "/internal/v1/raft/snapshot";
 const HEALTH_PATH: &str = "/internal/v1/health";
 const PROPOSE_PATH: &str = "/internal/v1/meta/propose";
+const JOIN_PATH: &str = "/internal/v1/join";
 /// Upper bound of a decoded frame, whatever the body limit.
 const FRAME_LIMIT: usize = 64 * 1024 * 1024;
 /// Upper bound of an assembled snapshot.
@@ -142,6 +143,10 @@ struct ServerState {
     raft: RaftHandle,
     transport: Option<HttpTransport>,
     assemblies: Mutex<HashMap<(u64, u64), Assembly>>,
+    /// Serialises joins on the leader; the last id given out.
+    last_joined: tokio::sync::Mutex<u64>,
+    /// How long a joined learner may take to catch up before its promotion is abandoned.
+    promotion_timeout: Duration,
 }
 
 /// The internal HTTP server of a node. Dropping it (or [`Self::shutdown`]) stops it.
@@ -169,12 +174,15 @@ impl InternalServer {
             raft,
             transport,
             assemblies: Mutex::new(HashMap::new()),
+            last_joined: tokio::sync::Mutex::new(0),
+            promotion_timeout: Duration::from_secs(600),
         });
         let body_limit = chunk_bytes.max(4 * 1024 * 1024) * 2;
         let app = Router::new()
             .route(MESSAGES_PATH, post(receive_messages))
             .route(SNAPSHOT_PATH, post(receive_snapshot_chunk))
             .route(PROPOSE_PATH, post(receive_proposal))
+            .route(JOIN_PATH, post(receive_join))
             .route(HEALTH_PATH, get(|| async { "ok" }))
             .layer(DefaultBodyLimit::max(body_limit))
             // Runs before any extractor: an unauthenticated body is never read.
@@ -434,6 +442,167 @@ async fn receive_proposal(State(state): State<Arc<ServerState>>, body: Bytes) ->
     }
 }
 
+/// Asks a member to let a new node in.
+#[derive(Serialize, Deserialize)]
+struct JoinRequest {
+    address: PeerAddress,
+}
+
+#[derive(Serialize, Deserialize)]
+enum JoinReply {
+    /// The node is a learner with this id; the leader promotes it to voter once it caught up.
+    Accepted { id: u64 },
+    /// Ask the leader instead.
+    Redirect { leader: u64, internal: String },
+    /// No leader right now: try again.
+    Unavailable(String),
+    /// Never going to work as asked.
+    Refused(String),
+}
+
+/// Lets a new node in (on the leader): gives it a fresh id (ids are never reused), adds it as a
+/// learner, and promotes it to voter in the background once it has caught up. A node that
+/// comes back from a wiped data dir at a member's address is refused: that member must be
+/// removed first.
+async fn receive_join(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let Some(request) = decode_frame::<JoinRequest>(&body) else {
+        rejected("malformed");
+        return error_response(StatusCode::BAD_REQUEST, "malformed", "not a join request");
+    };
+    let reply = join_reply(&state, request).await;
+    match encode_frame(&reply) {
+        Ok(bytes) => (StatusCode::OK, bytes).into_response(),
+        Err(error) => error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            &error.to_string(),
+        ),
+    }
+}
+
+async fn join_reply(state: &ServerState, request: JoinRequest) -> JoinReply {
+    let mut last_joined = state.last_joined.lock().await;
+    let status = state.raft.status();
+    if status.leader != Some(status.id) {
+        let leader_address = status.leader.and_then(|leader| {
+            state
+                .transport
+                .as_ref()
+                .and_then(|transport| transport.inner.address_of(leader))
+                .map(|internal| (leader, internal))
+        });
+        return match leader_address {
+            Some((leader, internal)) => JoinReply::Redirect { leader, internal },
+            None => JoinReply::Unavailable("no leader known yet".into()),
+        };
+    }
+    if request.address.internal.is_empty() {
+        return JoinReply::Refused("the joining node gave no internal address".into());
+    }
+    let own_address = state
+        .transport
+        .as_ref()
+        .map(|transport| transport.inner.config.advertise.clone());
+    if own_address.as_deref() == Some(request.address.internal.as_str()) {
+        return JoinReply::Refused(format!(
+            "address {} belongs to node {}, the leader",
+            request.address.internal, status.id
+        ));
+    }
+    if let Some(member) = status.peers.iter().find(|peer| {
+        peer.address
+            .as_ref()
+            .is_some_and(|address| address.internal == request.address.internal)
+    }) {
+        return JoinReply::Refused(format!(
+            "address {} belongs to node {}, which is still a member: if its data dir was wiped,              remove it first (sift node remove {}) or join from another address",
+            request.address.internal, member.id, member.id
+        ));
+    }
+    let id = status.max_node_id.max(*last_joined) + 1;
+    match state.raft.add_learner(id, request.address).await {
+        Ok(_) => {
+            *last_joined = id;
+            let raft = state.raft.clone();
+            let timeout = state.promotion_timeout;
+            tokio::spawn(async move {
+                match raft.promote_when_caught_up(id, timeout).await {
+                    Ok(_) => info!(node = id, "learner promoted to voter"),
+                    Err(error) => warn!(node = id, %error, "learner not promoted"),
+                }
+            });
+            info!(node = id, "node joined as a learner");
+            JoinReply::Accepted { id }
+        }
+        Err(error) if error.is_transient() => JoinReply::Unavailable(error.to_string()),
+        Err(error) => JoinReply::Refused(error.to_string()),
+    }
+}
+
+/// Joins the cluster that the member at `seed` (its internal address) belongs to, following
+/// redirects to the leader and retrying while there is none, until `timeout`. Returns the id
+/// this node got; start its Raft node with that id and an empty storage.
+pub async fn join_cluster(
+    seed: &str,
+    secret: &str,
+    address: PeerAddress,
+    timeout: Duration,
+) -> Result<u64> {
+    let client = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|error| ClusterError::Transport(error.to_string()))?;
+    let deadline = Instant::now() + timeout;
+    let mut target = seed.to_string();
+    let body = encode_frame(&JoinRequest { address })?;
+    loop {
+        let attempt = async {
+            let response = client
+                .post(format!("http://{target}{JOIN_PATH}"))
+                .bearer_auth(secret)
+                .header(header::CONTENT_TYPE, "application/octet-stream")
+                .body(body.clone())
+                .send()
+                .await
+                .map_err(|error| ClusterError::Transport(error.to_string()))?;
+            if response.status() == StatusCode::UNAUTHORIZED {
+                return Err(ClusterError::Unauthorized);
+            }
+            let bytes = response
+                .bytes()
+                .await
+                .map_err(|error| ClusterError::Transport(error.to_string()))?;
+            decode_frame::<JoinReply>(&bytes).ok_or_else(|| {
+                ClusterError::Transport(format!("{target} sent an unreadable reply"))
+            })
+        }
+        .await;
+        let retry = match attempt {
+            Ok(JoinReply::Accepted { id }) => return Ok(id),
+            Ok(JoinReply::Refused(message)) => return Err(ClusterError::Invalid(message)),
+            Ok(JoinReply::Redirect { leader, internal }) => {
+                target = internal;
+                ClusterError::NotLeader {
+                    leader: Some(leader),
+                }
+            }
+            Ok(JoinReply::Unavailable(message)) => ClusterError::Dropped(message),
+            Err(error) if error.is_transient() => error,
+            Err(error) => return Err(error),
+        };
+        if Instant::now() >= deadline {
+            return Err(retry);
+        }
+        let pause = if matches!(retry, ClusterError::NotLeader { .. }) {
+            Duration::from_millis(10)
+        } else {
+            Duration::from_millis(200)
+        };
+        tokio::time::sleep(pause).await;
+    }
+}
+
 struct PeerQueue {
     messages: Mutex<VecDeque<Message>>,
     notify: Notify,
@@ -631,7 +800,9 @@ impl Transport for HttpTransport {
             .write()
             .unwrap_or_else(|poison| poison.into_inner());
         for (id, address) in peers {
-            if *id != self.inner.config.id && !address.internal.is_empty() {
+            if address.removed {
+                addresses.remove(id);
+            } else if *id != self.inner.config.id && !address.internal.is_empty() {
                 addresses.insert(*id, address.internal.clone());
             }
         }

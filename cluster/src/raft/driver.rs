@@ -123,6 +123,8 @@ pub struct ClusterStatus {
     pub learners: Vec<u64>,
     /// Every other member; replication progress is known on the leader only.
     pub peers: Vec<PeerStatus>,
+    /// The highest node id ever in the cluster (removed ones included).
+    pub max_node_id: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -1057,7 +1059,8 @@ impl Driver {
                     }
                 }
                 ConfChangeType::RemoveNode => {
-                    self.peers.remove(&single.node_id);
+                    // Kept as removed: the id is never given to a joining node again.
+                    self.peers.entry(single.node_id).or_default().removed = true;
                     self.last_contact.remove(&single.node_id);
                 }
             }
@@ -1173,6 +1176,15 @@ impl Driver {
             voters: self.conf_state.voters.clone(),
             learners: self.conf_state.learners.clone(),
             peers,
+            max_node_id: self
+                .peers
+                .keys()
+                .chain(&self.conf_state.voters)
+                .chain(&self.conf_state.learners)
+                .chain(std::iter::once(&id))
+                .copied()
+                .max()
+                .unwrap_or(id),
         };
         *self
             .status

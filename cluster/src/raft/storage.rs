@@ -51,6 +51,9 @@ pub struct PeerAddress {
     pub internal: String,
     /// The public API address, `host:port`.
     pub public: String,
+    /// The node was removed from the cluster; its id is never given out again.
+    #[serde(default)]
+    pub removed: bool,
 }
 
 fn entry_key(index: u64) -> [u8; 9] {

@@ -81,6 +81,7 @@ impl HttpCluster {
                 PeerAddress {
                     internal: address.clone(),
                     public: String::new(),
+                    removed: false,
                 },
             );
             listeners.insert(*id, listener);
@@ -512,4 +513,69 @@ async fn http_benchmark_report() {
         "new leader {new_leader} {:?} after killing leader {leader}",
         started.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_join_as_learners_get_promoted_and_ids_are_never_reused() {
+    let mut cluster = HttpCluster::start(&[1], 1024 * 1024).await;
+    cluster.leader().await;
+    for i in 0..60 {
+        cluster.write(&create_kb(&format!("kb-{i}"))).await;
+    }
+    let seed = cluster.addresses[&1].internal.clone();
+    // node 2 joins through the leader, node 3 through node 2 (redirected to the leader)
+    for (expected_id, through) in [(2u64, seed.clone()), (3, String::new())] {
+        let through = if through.is_empty() {
+            cluster.addresses[&2].internal.clone()
+        } else {
+            through
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = PeerAddress {
+            internal: listener.local_addr().unwrap().to_string(),
+            public: String::new(),
+            removed: false,
+        };
+        let id = join_cluster(&through, SECRET, address.clone(), WAIT)
+            .await
+            .unwrap();
+        assert_eq!(id, expected_id);
+        cluster.addresses.insert(id, address);
+        cluster.start_node(id, listener, false);
+        wait_for("the new node to be a voter", || {
+            let status = cluster.nodes[&1].raft.handle().status();
+            status.voters.contains(&id).then_some(())
+        })
+        .await;
+    }
+    cluster.write(&create_kb("three-voters")).await;
+    let states = cluster.converged().await;
+    assert_eq!(states.len(), 3);
+    assert!(states.windows(2).all(|pair| pair[0] == pair[1]));
+
+    // a node whose data dir was wiped comes back at node 3's address: refused, clearly
+    let error = join_cluster(&seed, SECRET, cluster.addresses[&3].clone(), WAIT)
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("belongs to node 3"), "{error}");
+    assert!(matches!(error, ClusterError::Invalid(_)));
+    // the wrong secret is refused
+    let error = join_cluster(&seed, "wrong", cluster.addresses[&3].clone(), WAIT)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ClusterError::Unauthorized), "{error}");
+
+    // after removing node 3, its address may join again, under a new id
+    let leader = cluster.leader().await;
+    cluster.nodes[&leader]
+        .raft
+        .handle()
+        .remove_node(3)
+        .await
+        .unwrap();
+    cluster.kill(3);
+    let id = join_cluster(&seed, SECRET, cluster.addresses[&3].clone(), WAIT)
+        .await
+        .unwrap();
+    assert_eq!(id, 4, "a removed id is never given out again");
 }

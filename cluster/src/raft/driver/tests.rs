@@ -86,6 +86,7 @@ fn address(id: u64) -> PeerAddress {
     PeerAddress {
         internal: format!("node-{id}:7000"),
         public: format!("node-{id}:8000"),
+        removed: false,
     }
 }
 

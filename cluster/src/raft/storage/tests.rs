@@ -256,6 +256,7 @@ fn peers_and_commit_persist() {
         PeerAddress {
             internal: "127.0.0.1:7001".into(),
             public: "127.0.0.1:8001".into(),
+            removed: false,
         },
     );
     storage.set_peers(&peers).unwrap();
