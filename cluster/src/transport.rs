@@ -385,9 +385,8 @@ impl WireError {
         let (kind, leader) = match error {
             ClusterError::Storage(StorageError::NotFound(_)) => ("not_found", None),
             ClusterError::Storage(StorageError::Conflict(_)) => ("conflict", None),
-            ClusterError::Storage(StorageError::Invalid(_)) | ClusterError::Invalid(_) => {
-                ("invalid", None)
-            }
+            ClusterError::Storage(StorageError::Invalid(_)) => ("storage_invalid", None),
+            ClusterError::Invalid(_) => ("invalid", None),
             ClusterError::NotLeader { leader } => ("not_leader", *leader),
             ClusterError::Unauthorized => ("unauthorized", None),
             ClusterError::Storage(error) if !error.is_transient() => ("invalid", None),
@@ -412,6 +411,7 @@ impl WireError {
         match self.kind.as_str() {
             "not_found" => ClusterError::Storage(StorageError::NotFound(self.message)),
             "conflict" => ClusterError::Storage(StorageError::Conflict(self.message)),
+            "storage_invalid" => ClusterError::Storage(StorageError::Invalid(self.message)),
             "invalid" => ClusterError::Invalid(self.message),
             "not_leader" => ClusterError::NotLeader {
                 leader: self.leader,

@@ -579,3 +579,51 @@ async fn nodes_join_as_learners_get_promoted_and_ids_are_never_reused() {
         .unwrap();
     assert_eq!(id, 4, "a removed id is never given out again");
 }
+
+#[test]
+fn forwarded_errors_keep_their_kind() {
+    let cases = vec![
+        ClusterError::Storage(StorageError::NotFound("kb x".into())),
+        ClusterError::Storage(StorageError::Conflict("name taken".into())),
+        ClusterError::Storage(StorageError::Invalid("bad".into())),
+        ClusterError::Invalid("bad conf change".into()),
+        ClusterError::NotLeader { leader: Some(3) },
+        ClusterError::Dropped("leadership lost".into()),
+        ClusterError::Stopped,
+        ClusterError::Storage(StorageError::Corrupt("broken".into())),
+    ];
+    for error in cases {
+        let wire = WireError::from_error(&error);
+        let bytes = encode_frame(&ForwardReply::Failed(wire)).unwrap();
+        let Some(ForwardReply::Failed(wire)) = decode_frame::<ForwardReply>(&bytes) else {
+            panic!("reply did not round-trip");
+        };
+        let back = wire.into_error();
+        assert_eq!(
+            back.is_transient(),
+            error.is_transient(),
+            "{error} -> {back}"
+        );
+        match (&error, &back) {
+            (
+                ClusterError::Storage(StorageError::NotFound(a)),
+                ClusterError::Storage(StorageError::NotFound(b)),
+            )
+            | (
+                ClusterError::Storage(StorageError::Conflict(a)),
+                ClusterError::Storage(StorageError::Conflict(b)),
+            )
+            | (
+                ClusterError::Storage(StorageError::Invalid(a)),
+                ClusterError::Storage(StorageError::Invalid(b)),
+            ) => assert_eq!(a, b),
+            (ClusterError::NotLeader { leader: a }, ClusterError::NotLeader { leader: b }) => {
+                assert_eq!(a, b)
+            }
+            (ClusterError::Invalid(_), ClusterError::Invalid(_))
+            | (ClusterError::Dropped(_) | ClusterError::Stopped, ClusterError::Dropped(_))
+            | (ClusterError::Storage(StorageError::Corrupt(_)), ClusterError::Invalid(_)) => {}
+            _ => panic!("{error:?} came back as {back:?}"),
+        }
+    }
+}
