@@ -140,6 +140,8 @@ pub struct PeerStatus {
     pub recent_active: Option<bool>,
     /// Milliseconds since a message from this peer arrived, if one ever did.
     pub last_contact_ms: Option<u64>,
+    /// A message from it arrived within two election timeouts.
+    pub healthy: bool,
 }
 
 enum Input {
@@ -1129,6 +1131,7 @@ impl Driver {
             .collect();
         members.sort_unstable();
         let now = Instant::now();
+        let healthy_within = self.config.tick_interval * (2 * self.config.election_ticks) as u32;
         let peers = members
             .into_iter()
             .map(|peer| {
@@ -1160,6 +1163,10 @@ impl Driver {
                         .last_contact
                         .get(&peer)
                         .map(|at| now.duration_since(*at).as_millis() as u64),
+                    healthy: self
+                        .last_contact
+                        .get(&peer)
+                        .is_some_and(|at| now.duration_since(*at) <= healthy_within),
                 }
             })
             .collect();

@@ -389,6 +389,11 @@ async fn three_nodes_elect_replicate_and_dedupe_retries() {
     assert_eq!(status.voters, vec![1, 2, 3]);
     assert_eq!(status.peers.len(), 2);
     assert!(status.peers.iter().all(|peer| peer.matched.is_some()));
+    wait_for("the leader to see both followers healthy", || {
+        let status = cluster.handle(leader).status();
+        status.peers.iter().all(|peer| peer.healthy).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
