@@ -812,6 +812,7 @@ impl Driver {
         }
         let mut ready = self.raw.ready();
 
+        let mut lost_leadership = false;
         if let Some(soft_state) = ready.ss() {
             let leader = soft_state.leader_id;
             let is_leader = soft_state.raft_state == StateRole::Leader;
@@ -825,9 +826,7 @@ impl Driver {
                 );
                 self.leader = leader;
             }
-            if self.was_leader && !is_leader {
-                self.fail_pending("leadership lost");
-            }
+            lost_leadership = self.was_leader && !is_leader;
             self.was_leader = is_leader;
         }
 
@@ -846,6 +845,10 @@ impl Driver {
         // 3. Committed entries.
         let committed = ready.take_committed_entries();
         self.apply_committed(committed)?;
+        if lost_leadership {
+            // What committed before the step-down was answered above; the rest may never be.
+            self.fail_pending("leadership lost");
+        }
 
         // 4. Persist new entries and the hard state.
         self.storage.persist(ready.entries(), ready.hs())?;
