@@ -2,12 +2,19 @@
 //!
 //! - [`placement`]: which shard a document belongs to (`hash(doc_id) % shards`).
 //! - [`meta_log`]: the door through which every metadata change passes. [`LocalMeta`] applies
-//!   each [`MetaOp`](sift_storage::meta::MetaOp) to the local state machine in log order; the
-//!   Raft issue replaces it with consensus behind the same `propose` call.
+//!   each [`MetaOp`](sift_storage::meta::MetaOp) to the local state machine in log order.
+//! - [`raft`]: metadata consensus on raft-rs: the driver thread ([`raft::RaftNode`],
+//!   [`raft::RaftHandle`]), the sled log ([`raft::SledRaftStorage`]), the state machine trait,
+//!   an in-memory network for tests, and [`raft::ReplicatedMeta`], the clustered door with
+//!   `LocalMeta::propose`'s contract (not wired into the node yet).
+//! - [`transport`]: the internal HTTP/2 transport between nodes (authenticated server,
+//!   per-peer queues, chunked snapshots, forwarded proposals, joins).
 
 pub mod error;
 pub mod meta_log;
 pub mod placement;
+pub mod raft;
+pub mod transport;
 
 pub use error::{ClusterError, Result};
 pub use meta_log::LocalMeta;

@@ -629,8 +629,48 @@ impl SledMetaStore {
     }
 }
 
-impl MetaStateMachine for SledMetaStore {
-    fn apply(&self, index: u64, op: &MetaOp) -> Result<MetaOutcome> {
+/// How many log entries the id of an applied op is remembered for (see
+/// [`SledMetaStore::apply_with_id`]).
+pub const OP_ID_WINDOW: u64 = 100_000;
+
+const EXPORT_MAGIC: &[u8] = b"SIFTMETA1";
+
+fn op_id_key(op_id: &str) -> Vec<u8> {
+    format!("opid/{op_id}").into_bytes()
+}
+fn op_index_key(index: u64) -> Vec<u8> {
+    format!("opindex/{index:020}").into_bytes()
+}
+
+impl SledMetaStore {
+    /// Like [`MetaStateMachine::apply`], for replicated logs where a client may propose the same
+    /// op twice (a retry after its leader died). The first application of `op_id` records its
+    /// outcome; a later op with the same id within [`OP_ID_WINDOW`] entries returns that outcome
+    /// and changes nothing. Ids older than the window are forgotten at a point fixed by the log
+    /// index, so every node forgets alike. An op that is refused records nothing: a retry is
+    /// judged again.
+    ///
+    /// Not flushed (unlike [`MetaStateMachine::apply`]): the replicated log is the durable
+    /// record, and the op's effects and its applied index are one atomic batch, so after a
+    /// crash the store is at some earlier index and the log replays the rest. See
+    /// [`Self::flush`].
+    pub fn apply_with_id(&self, index: u64, op_id: &str, op: &MetaOp) -> Result<MetaOutcome> {
+        self.apply_at(index, Some(op_id), op, false)
+    }
+
+    /// Makes every applied op durable.
+    pub fn flush(&self) -> Result<()> {
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn apply_at(
+        &self,
+        index: u64,
+        op_id: Option<&str>,
+        op: &MetaOp,
+        flush: bool,
+    ) -> Result<MetaOutcome> {
         let _guard = self
             .apply_lock
             .lock()
@@ -639,16 +679,109 @@ impl MetaStateMachine for SledMetaStore {
             return Ok(MetaOutcome::Unchanged);
         }
         let mut pending = Pending::new(&self.tree);
+        if let Some(op_id) = op_id
+            && let Some((_, outcome)) = pending.get::<(u64, MetaOutcome)>(&op_id_key(op_id))?
+        {
+            let mut batch = sled::Batch::default();
+            batch.insert(APPLIED_KEY, &index.to_be_bytes());
+            self.tree.apply_batch(batch)?;
+            if flush {
+                self.db.flush()?;
+            }
+            return Ok(outcome);
+        }
         // A failed op still consumes its index: it is in the log and every node fails it alike.
         let outcome = self.apply_op(&mut pending, op);
+        if let (Some(op_id), Ok(outcome)) = (op_id, &outcome) {
+            pending.put(op_id_key(op_id), &(index, outcome))?;
+            pending.put_str(op_index_key(index), op_id);
+        }
+        if op_id.is_some() && index > OP_ID_WINDOW {
+            let end = op_index_key(index - OP_ID_WINDOW);
+            for item in self.tree.range(op_index_key(0)..=end) {
+                let (key, old_id) = item?;
+                pending.remove(op_id_key(&String::from_utf8_lossy(&old_id)));
+                pending.remove(key.to_vec());
+            }
+        }
         let mut batch = match outcome {
             Ok(_) => pending.into_batch(),
             Err(_) => sled::Batch::default(),
         };
         batch.insert(APPLIED_KEY, &index.to_be_bytes());
         self.tree.apply_batch(batch)?;
-        self.db.flush()?;
+        if flush {
+            self.db.flush()?;
+        }
         outcome
+    }
+
+    /// The whole metadata state (every key but the applied index) as bytes, in key order:
+    /// two stores that applied the same ops export identical bytes. Used for Raft snapshots.
+    pub fn export_state(&self) -> Result<Vec<u8>> {
+        let _guard = self
+            .apply_lock
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let mut out = EXPORT_MAGIC.to_vec();
+        for item in self.tree.iter() {
+            let (key, value) = item?;
+            if key.as_ref() == APPLIED_KEY {
+                continue;
+            }
+            for part in [key.as_ref(), value.as_ref()] {
+                out.extend_from_slice(&(part.len() as u32).to_be_bytes());
+                out.extend_from_slice(part);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Replaces the whole metadata state with `bytes` from [`Self::export_state`], applied up to
+    /// `index`, in one atomic batch. Malformed bytes are refused and change nothing.
+    pub fn import_state(&self, index: u64, bytes: &[u8]) -> Result<()> {
+        let corrupt = || StorageError::Corrupt("metadata state export is malformed".into());
+        let mut rest = bytes.strip_prefix(EXPORT_MAGIC).ok_or_else(corrupt)?;
+        let mut entries = BTreeMap::new();
+        let take = |rest: &mut &[u8]| -> Result<Vec<u8>> {
+            let (len, tail) = rest.split_first_chunk::<4>().ok_or_else(corrupt)?;
+            let len = u32::from_be_bytes(*len) as usize;
+            if tail.len() < len {
+                return Err(corrupt());
+            }
+            let (part, tail) = tail.split_at(len);
+            *rest = tail;
+            Ok(part.to_vec())
+        };
+        while !rest.is_empty() {
+            let key = take(&mut rest)?;
+            let value = take(&mut rest)?;
+            entries.insert(key, value);
+        }
+        let _guard = self
+            .apply_lock
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let mut batch = sled::Batch::default();
+        for item in self.tree.iter() {
+            let (key, _) = item?;
+            if !entries.contains_key(key.as_ref()) {
+                batch.remove(key);
+            }
+        }
+        for (key, value) in entries {
+            batch.insert(key, value);
+        }
+        batch.insert(APPLIED_KEY, &index.to_be_bytes());
+        self.tree.apply_batch(batch)?;
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+impl MetaStateMachine for SledMetaStore {
+    fn apply(&self, index: u64, op: &MetaOp) -> Result<MetaOutcome> {
+        self.apply_at(index, None, op, true)
     }
 
     fn applied_index(&self) -> u64 {

@@ -261,3 +261,128 @@ fn ops_round_trip_through_serde() {
         bincode::serde::decode_from_slice(&bin, bincode::config::standard()).unwrap();
     assert_eq!(op, back);
 }
+
+#[test]
+fn op_ids_dedupe_a_retried_op_even_after_later_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    store
+        .apply_with_id(1, "op-1", &MetaOp::CreateKb(kb("k1", "alpha")))
+        .unwrap();
+    let register = MetaOp::RegisterDocuments {
+        kb_id: "k1".into(),
+        documents: vec![doc("d1", "k1", "h1", None)],
+    };
+    store.apply_with_id(2, "op-2", &register).unwrap();
+    let parsing = MetaOp::SetDocumentStatus {
+        kb_id: "k1".into(),
+        updates: vec![StatusUpdate {
+            document_id: "d1".into(),
+            status: DocStatus::Parsing,
+            error: None,
+            chunk_count: None,
+        }],
+        at_ms: 10,
+    };
+    let first = store.apply_with_id(3, "op-3", &parsing).unwrap();
+    let ready = MetaOp::SetDocumentStatus {
+        kb_id: "k1".into(),
+        updates: vec![StatusUpdate {
+            document_id: "d1".into(),
+            status: DocStatus::Ready,
+            error: None,
+            chunk_count: Some(4),
+        }],
+        at_ms: 20,
+    };
+    store.apply_with_id(4, "op-4", &ready).unwrap();
+    // The retry of op-3 (its client never saw the answer) returns the first outcome and does
+    // not move the document back to parsing.
+    let retried = store.apply_with_id(5, "op-3", &parsing).unwrap();
+    assert_eq!(retried, first);
+    let doc = store.get_document("k1", "d1").unwrap().unwrap();
+    assert_eq!(doc.status, DocStatus::Ready);
+    assert_eq!(store.applied_index(), 5);
+    // Without an id the same op applies again.
+    store.apply(6, &parsing).unwrap();
+    let doc = store.get_document("k1", "d1").unwrap().unwrap();
+    assert_eq!(doc.status, DocStatus::Parsing);
+}
+
+#[test]
+fn op_ids_are_forgotten_after_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    store
+        .apply_with_id(1, "create", &MetaOp::CreateKb(kb("k1", "alpha")))
+        .unwrap();
+    assert!(store.tree.contains_key(op_id_key("create")).unwrap());
+    let forget = MetaOp::ForgetTombstone {
+        kb_id: "k1".into(),
+        document_id: "none".into(),
+    };
+    store
+        .apply_with_id(OP_ID_WINDOW + 1, "later", &forget)
+        .unwrap();
+    assert!(!store.tree.contains_key(op_id_key("create")).unwrap());
+    assert!(!store.tree.contains_key(op_index_key(1)).unwrap());
+    assert!(store.tree.contains_key(op_id_key("later")).unwrap());
+}
+
+#[test]
+fn export_import_round_trip_is_deterministic() {
+    let a_dir = tempfile::tempdir().unwrap();
+    let b_dir = tempfile::tempdir().unwrap();
+    let c_dir = tempfile::tempdir().unwrap();
+    let a = SledMetaStore::open(a_dir.path()).unwrap();
+    let b = SledMetaStore::open(b_dir.path()).unwrap();
+    let ops = [
+        MetaOp::CreateKb(kb("k1", "alpha")),
+        MetaOp::RegisterDocuments {
+            kb_id: "k1".into(),
+            documents: vec![
+                doc("d1", "k1", "h1", Some("e1")),
+                doc("d2", "k1", "h2", None),
+            ],
+        },
+        MetaOp::DeleteDocument {
+            kb_id: "k1".into(),
+            document_id: "d2".into(),
+            at_ms: 9,
+        },
+    ];
+    for (i, op) in ops.iter().enumerate() {
+        a.apply_with_id(i as u64 + 1, &format!("op-{i}"), op)
+            .unwrap();
+        // b applied the same ops at other indexes (e.g. conf changes between them)
+        b.apply_with_id(i as u64 * 2 + 1, &format!("op-{i}"), op)
+            .unwrap();
+    }
+    let exported = a.export_state().unwrap();
+    assert_ne!(exported, b.export_state().unwrap()); // op index records differ
+    let c = SledMetaStore::open(c_dir.path()).unwrap();
+    c.apply(1, &MetaOp::CreateKb(kb("stale", "gone"))).unwrap();
+    c.import_state(3, &exported).unwrap();
+    assert_eq!(c.export_state().unwrap(), exported);
+    assert_eq!(c.applied_index(), 3);
+    assert!(c.get_kb("stale").unwrap().is_none());
+    assert!(c.find_document("k1", "e1").unwrap().is_some());
+    assert!(c.is_tombstoned("k1", "d2").unwrap());
+    // a retry of an op recorded in the snapshot is still recognised after import
+    let retried = c
+        .apply_with_id(4, "op-0", &MetaOp::CreateKb(kb("k1", "alpha")))
+        .unwrap();
+    assert!(matches!(retried, MetaOutcome::Kb(_)));
+
+    // malformed bytes are refused and change nothing
+    for bad in [
+        b"nope".to_vec(),
+        exported[..exported.len() - 1].to_vec(),
+        [EXPORT_MAGIC, &[0, 0, 0, 9, 1]].concat(),
+    ] {
+        let error = c.import_state(9, &bad).unwrap_err();
+        assert!(matches!(error, StorageError::Corrupt(_)), "{error}");
+    }
+    assert_eq!(c.applied_index(), 4);
+    assert!(c.get_kb("k1").unwrap().is_some());
+}

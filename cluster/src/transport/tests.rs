@@ -1,0 +1,629 @@
+//! Raft nodes talking over the real internal HTTP transport on loopback.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sift_storage::meta::{KbRecord, KbSettings, MetaOp, MetaOutcome, SledMetaStore};
+
+use super::*;
+use crate::raft::driver::{RaftConfig, RaftNode};
+use crate::raft::replicated::ReplicatedMeta;
+use crate::raft::state_machine::Proposal;
+use crate::raft::storage::SledRaftStorage;
+
+const SECRET: &str = "test-cluster-secret";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn create_kb(name: &str) -> Proposal {
+    Proposal::new(MetaOp::CreateKb(KbRecord {
+        id: format!("id-{name}"),
+        name: name.into(),
+        settings: KbSettings {
+            shards: 1,
+            chunk_tokens: 256,
+            chunk_overlap_tokens: 32,
+            parent_tokens: 1024,
+            embedding_model: "all-MiniLM-L6-v2".into(),
+            dimension: 384,
+            language: "auto".into(),
+            json_text_field: "text".into(),
+            json_title_field: "title".into(),
+        },
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    }))
+}
+
+struct HttpNode {
+    raft: RaftNode,
+    transport: HttpTransport,
+    _server: InternalServer,
+    store: Arc<SledMetaStore>,
+}
+
+/// Like the in-memory test cluster: a killed node keeps its database open (sled 0.34 can
+/// deadlock when a database is dropped while another one in the process is written).
+struct HttpCluster {
+    dirs: BTreeMap<u64, tempfile::TempDir>,
+    stores: BTreeMap<u64, Arc<SledMetaStore>>,
+    addresses: BTreeMap<u64, PeerAddress>,
+    nodes: BTreeMap<u64, HttpNode>,
+    chunk_bytes: usize,
+    raft_config: fn(u64) -> RaftConfig,
+}
+
+impl Drop for HttpCluster {
+    fn drop(&mut self) {
+        for (_, node) in std::mem::take(&mut self.nodes) {
+            node.raft.stop();
+        }
+    }
+}
+
+impl HttpCluster {
+    async fn start(ids: &[u64], chunk_bytes: usize) -> Self {
+        Self::start_with(ids, chunk_bytes, RaftConfig::for_test).await
+    }
+
+    async fn start_with(
+        ids: &[u64],
+        chunk_bytes: usize,
+        raft_config: fn(u64) -> RaftConfig,
+    ) -> Self {
+        let mut listeners = BTreeMap::new();
+        let mut addresses = BTreeMap::new();
+        for id in ids {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let address = listener.local_addr().unwrap().to_string();
+            addresses.insert(
+                *id,
+                PeerAddress {
+                    internal: address.clone(),
+                    public: String::new(),
+                    removed: false,
+                },
+            );
+            listeners.insert(*id, listener);
+        }
+        let mut cluster = HttpCluster {
+            dirs: BTreeMap::new(),
+            stores: BTreeMap::new(),
+            addresses,
+            nodes: BTreeMap::new(),
+            chunk_bytes,
+            raft_config,
+        };
+        for (id, listener) in listeners {
+            cluster.start_node(id, listener, true);
+        }
+        cluster
+    }
+
+    fn start_node(&mut self, id: u64, listener: tokio::net::TcpListener, bootstrap: bool) {
+        let dir = self
+            .dirs
+            .entry(id)
+            .or_insert_with(|| tempfile::tempdir().unwrap());
+        let store = self
+            .stores
+            .entry(id)
+            .or_insert_with(|| Arc::new(SledMetaStore::open(dir.path()).unwrap()))
+            .clone();
+        let storage = SledRaftStorage::open(store.db()).unwrap();
+        if bootstrap {
+            RaftNode::bootstrap(&storage, store.as_ref(), self.addresses.clone()).unwrap();
+        }
+        let mut config = TransportConfig::new(id, self.addresses[&id].internal.clone(), SECRET);
+        config.chunk_bytes = self.chunk_bytes;
+        let transport = HttpTransport::new(config, tokio::runtime::Handle::current()).unwrap();
+        let raft = RaftNode::start(
+            (self.raft_config)(id),
+            storage,
+            store.clone(),
+            Arc::new(transport.clone()),
+        )
+        .unwrap();
+        transport.attach(raft.handle().clone());
+        let server = InternalServer::start(
+            listener,
+            SECRET,
+            raft.handle().clone(),
+            Some(transport.clone()),
+            self.chunk_bytes,
+        )
+        .unwrap();
+        self.nodes.insert(
+            id,
+            HttpNode {
+                raft,
+                transport,
+                _server: server,
+                store,
+            },
+        );
+    }
+
+    async fn restart(&mut self, id: u64) {
+        let address = self.addresses[&id].internal.clone();
+        let listener = tokio::net::TcpListener::bind(&address).await.unwrap();
+        self.start_node(id, listener, false);
+    }
+
+    fn kill(&mut self, id: u64) {
+        if let Some(node) = self.nodes.remove(&id) {
+            node.raft.stop();
+        }
+    }
+
+    async fn leader(&self) -> u64 {
+        wait_for("a leader", || {
+            let statuses: Vec<_> = self
+                .nodes
+                .values()
+                .map(|n| n.raft.handle().status())
+                .collect();
+            let leader = statuses.iter().find(|status| status.role == "leader")?;
+            statuses
+                .iter()
+                .all(|status| status.leader == Some(leader.id))
+                .then_some(leader.id)
+        })
+        .await
+    }
+
+    async fn write(&self, proposal: &Proposal) -> MetaOutcome {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            for node in self.nodes.values() {
+                let handle = node.raft.handle();
+                if handle.status().role != "leader" {
+                    continue;
+                }
+                match handle.propose_proposal(proposal.clone()).await {
+                    Ok(outcome) => return outcome,
+                    Err(error) => assert!(error.is_transient(), "{error}"),
+                }
+            }
+            assert!(Instant::now() < deadline, "write not applied");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn converged(&self) -> Vec<Vec<u8>> {
+        wait_for("convergence", || {
+            let statuses: Vec<_> = self
+                .nodes
+                .values()
+                .map(|n| n.raft.handle().status())
+                .collect();
+            let commit = statuses.iter().map(|status| status.commit).max()?;
+            let applied: Vec<u64> = self
+                .nodes
+                .values()
+                .map(|node| {
+                    sift_storage::meta::MetaStateMachine::applied_index(node.store.as_ref())
+                })
+                .collect();
+            (statuses
+                .iter()
+                .all(|status| status.applied == commit && status.commit == commit)
+                && applied.iter().all(|index| *index == applied[0]))
+            .then_some(())
+        })
+        .await;
+        self.nodes
+            .values()
+            .map(|node| node.store.export_state().unwrap())
+            .collect()
+    }
+}
+
+async fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_cluster_replicates_fails_over_and_ships_chunked_snapshots() {
+    // 512-byte chunks: the snapshot below takes hundreds of requests
+    let mut cluster = HttpCluster::start(&[1, 2, 3], 512).await;
+    let leader = cluster.leader().await;
+    for i in 0..10 {
+        cluster.write(&create_kb(&format!("kb-{i}"))).await;
+    }
+    let states = cluster.converged().await;
+    assert!(states.windows(2).all(|pair| pair[0] == pair[1]));
+
+    let lagging = [1, 2, 3].into_iter().find(|id| *id != leader).unwrap();
+    let lagging_applied = cluster.nodes[&lagging].raft.handle().status().applied;
+    cluster.kill(lagging);
+    for i in 10..130 {
+        cluster.write(&create_kb(&format!("kb-{i}"))).await;
+    }
+    let leader_status = cluster.nodes[&leader].raft.handle().status();
+    assert!(leader_status.first_index > lagging_applied + 1);
+    cluster.restart(lagging).await;
+    let states = cluster.converged().await;
+    assert!(states.windows(2).all(|pair| pair[0] == pair[1]));
+    assert!(states[0].len() > 512 * 20, "snapshot fits in few chunks");
+    let status = cluster.nodes[&lagging].raft.handle().status();
+    assert!(status.snapshot_index > lagging_applied, "{status:?}");
+    assert_eq!(cluster.nodes[&lagging].store.list_kbs().unwrap().len(), 130);
+
+    // kill the leader: a new one is elected over HTTP and writes resume
+    cluster.kill(leader);
+    let new_leader = cluster.leader().await;
+    assert_ne!(new_leader, leader);
+    cluster.write(&create_kb("after-failover")).await;
+    let states = cluster.converged().await;
+    assert!(states.windows(2).all(|pair| pair[0] == pair[1]));
+    for node in cluster.nodes.values() {
+        assert!(node.store.find_kb("after-failover").unwrap().is_some());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_port_rejects_unauthenticated_and_malformed_bytes() {
+    let cluster = HttpCluster::start(&[1], 1024).await;
+    cluster.leader().await;
+    let address = cluster.addresses[&1].internal.clone();
+    let client = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let url = |path: &str| format!("http://{address}{path}");
+    // a stale heartbeat from a node that is not a member: accepted and ignored by raft
+    let mut heartbeat = Message::default();
+    heartbeat.set_msg_type(MessageType::MsgHeartbeat);
+    heartbeat.from = 2;
+    heartbeat.to = 1;
+    let valid = encode_frame(&MessageBatch {
+        from: 2,
+        from_address: "127.0.0.1:1".into(),
+        messages: vec![heartbeat.write_to_bytes().unwrap()],
+    })
+    .unwrap();
+
+    // no secret, wrong secret: 401 whatever the body
+    let response = client
+        .post(url(MESSAGES_PATH))
+        .body(valid.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unauthorized");
+    let response = client
+        .post(url(SNAPSHOT_PATH))
+        .bearer_auth("wrong")
+        .body(vec![0xff; 100])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let response = client.get(url(HEALTH_PATH)).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+
+    // authenticated garbage: 400, never a panic
+    let garbage_protobuf = encode_frame(&MessageBatch {
+        from: 2,
+        from_address: String::new(),
+        messages: vec![vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f, 1, 2]],
+    })
+    .unwrap();
+    let bad_bodies: Vec<(&str, Vec<u8>)> = vec![
+        (MESSAGES_PATH, b"not a frame".to_vec()),
+        (MESSAGES_PATH, valid[..valid.len() - 1].to_vec()),
+        (MESSAGES_PATH, [valid.clone(), vec![0]].concat()),
+        (MESSAGES_PATH, garbage_protobuf),
+        (MESSAGES_PATH, Vec::new()),
+        (SNAPSHOT_PATH, vec![0xff; 64]),
+    ];
+    for (path, body) in bad_bodies {
+        let response = client
+            .post(url(path))
+            .bearer_auth(SECRET)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{path}");
+    }
+    // a snapshot chunk for a transfer that never started
+    let chunk = encode_frame(&SnapshotChunk {
+        from: 2,
+        from_address: String::new(),
+        transfer_id: 9,
+        offset: 10,
+        total_len: 20,
+        message: Vec::new(),
+        data: vec![0; 10],
+    })
+    .unwrap();
+    let response = client
+        .post(url(SNAPSHOT_PATH))
+        .bearer_auth(SECRET)
+        .body(chunk)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+
+    // authenticated and well formed: accepted; the node still serves
+    let response = client
+        .post(url(MESSAGES_PATH))
+        .bearer_auth(SECRET)
+        .body(valid)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let response = client
+        .get(url(HEALTH_PATH))
+        .bearer_auth(SECRET)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let outcome = cluster.write(&create_kb("still-alive")).await;
+    assert!(matches!(outcome, MetaOutcome::Kb(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_forward_writes_to_the_leader() {
+    let mut cluster = HttpCluster::start(&[1, 2, 3], 1024 * 1024).await;
+    let leader = cluster.leader().await;
+    let follower = [1, 2, 3].into_iter().find(|id| *id != leader).unwrap();
+    fn meta(cluster: &HttpCluster, id: u64) -> ReplicatedMeta {
+        let node = &cluster.nodes[&id];
+        ReplicatedMeta::new(
+            node.raft.handle().clone(),
+            node.store.clone(),
+            Some(node.transport.clone()),
+            WAIT,
+        )
+    }
+    let on_follower = meta(&cluster, follower);
+    let outcome = on_follower
+        .propose(create_kb("forwarded").op)
+        .await
+        .unwrap();
+    assert!(matches!(outcome, MetaOutcome::Kb(ref kb) if kb.name == "forwarded"));
+    // the leader applied it before answering; a barrier makes the follower's reads fresh
+    on_follower.linearizable_barrier().await.unwrap();
+    assert!(on_follower.store().find_kb("forwarded").unwrap().is_some());
+
+    // a refusal on the leader comes back as the same kind of error
+    let mut clash = create_kb("forwarded");
+    if let MetaOp::CreateKb(kb) = &mut clash.op {
+        kb.id = "another-id".into();
+    }
+    let error = on_follower.propose_proposal(clash).await.unwrap_err();
+    assert!(
+        matches!(error, ClusterError::Storage(StorageError::Conflict(_))),
+        "{error}"
+    );
+    let error = on_follower
+        .propose(MetaOp::UpdateKb {
+            kb_id: "missing".into(),
+            settings: match &create_kb("x").op {
+                MetaOp::CreateKb(kb) => kb.settings.clone(),
+                _ => unreachable!(),
+            },
+            at_ms: 1,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, ClusterError::Storage(StorageError::NotFound(_))),
+        "{error}"
+    );
+
+    // the same proposal forwarded twice applies once
+    let twice = create_kb("twice");
+    on_follower.propose_proposal(twice.clone()).await.unwrap();
+    on_follower.propose_proposal(twice).await.unwrap();
+
+    // the leader dies: the follower's door finds the new leader and the write lands
+    cluster.kill(leader);
+    let survivor = meta(&cluster, follower);
+    survivor
+        .propose(create_kb("after-leader-died").op)
+        .await
+        .unwrap();
+    let states = cluster.converged().await;
+    assert!(states.windows(2).all(|pair| pair[0] == pair[1]));
+    for node in cluster.nodes.values() {
+        assert_eq!(node.store.list_kbs().unwrap().len(), 3);
+    }
+}
+
+/// Not a test: prints numbers for docs/benchmarks.md (3 nodes over loopback HTTP/2).
+/// `cargo test -p sift-cluster --lib http_benchmark_report -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn http_benchmark_report() {
+    let mut cluster = HttpCluster::start_with(&[1, 2, 3], 1024 * 1024, |id| RaftConfig {
+        compact_threshold: 2_000,
+        compact_keep: 100,
+        ..RaftConfig::new(id)
+    })
+    .await;
+    let leader = cluster.leader().await;
+    let handle = cluster.nodes[&leader].raft.handle().clone();
+    for concurrency in [1usize, 16, 64] {
+        let total = 2000;
+        let started = Instant::now();
+        let mut latencies = Vec::new();
+        let mut next = 0;
+        while next < total {
+            let batch: Vec<_> = (next..(next + concurrency).min(total))
+                .map(|i| {
+                    let handle = handle.clone();
+                    let proposal = create_kb(&format!("c{concurrency}-{i}"));
+                    tokio::spawn(async move {
+                        let at = Instant::now();
+                        handle.propose_proposal(proposal).await.unwrap();
+                        at.elapsed()
+                    })
+                })
+                .collect();
+            next += batch.len();
+            for task in batch {
+                latencies.push(task.await.unwrap());
+            }
+        }
+        let elapsed = started.elapsed();
+        latencies.sort();
+        eprintln!(
+            "concurrency {concurrency}: {:.0} ops/s, p50 {:?}, p99 {:?}",
+            total as f64 / elapsed.as_secs_f64(),
+            latencies[latencies.len() / 2],
+            latencies[latencies.len() * 99 / 100]
+        );
+    }
+    // snapshot catch-up
+    let follower = [1, 2, 3].into_iter().find(|id| *id != leader).unwrap();
+    cluster.kill(follower);
+    for i in 0..2500 {
+        cluster.write(&create_kb(&format!("more-{i}"))).await;
+    }
+    let snapshot_bytes = cluster.nodes[&leader].store.export_state().unwrap().len();
+    let started = Instant::now();
+    cluster.restart(follower).await;
+    cluster.converged().await;
+    let caught_up = started.elapsed();
+    eprintln!(
+        "follower caught up by snapshot ({snapshot_bytes} bytes of state) in {caught_up:?}: {:.1} MB/s",
+        snapshot_bytes as f64 / 1e6 / caught_up.as_secs_f64()
+    );
+    // election after a leader kill (tick 100 ms, election timeout 1-2 s)
+    let started = Instant::now();
+    cluster.kill(leader);
+    let new_leader = cluster.leader().await;
+    eprintln!(
+        "new leader {new_leader} {:?} after killing leader {leader}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_join_as_learners_get_promoted_and_ids_are_never_reused() {
+    let mut cluster = HttpCluster::start(&[1], 1024 * 1024).await;
+    cluster.leader().await;
+    for i in 0..60 {
+        cluster.write(&create_kb(&format!("kb-{i}"))).await;
+    }
+    let seed = cluster.addresses[&1].internal.clone();
+    // node 2 joins through the leader, node 3 through node 2 (redirected to the leader)
+    for (expected_id, through) in [(2u64, seed.clone()), (3, String::new())] {
+        let through = if through.is_empty() {
+            cluster.addresses[&2].internal.clone()
+        } else {
+            through
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = PeerAddress {
+            internal: listener.local_addr().unwrap().to_string(),
+            public: String::new(),
+            removed: false,
+        };
+        let id = join_cluster(&through, SECRET, address.clone(), WAIT)
+            .await
+            .unwrap();
+        assert_eq!(id, expected_id);
+        cluster.addresses.insert(id, address);
+        cluster.start_node(id, listener, false);
+        wait_for("the new node to be a voter", || {
+            let status = cluster.nodes[&1].raft.handle().status();
+            status.voters.contains(&id).then_some(())
+        })
+        .await;
+    }
+    cluster.write(&create_kb("three-voters")).await;
+    let states = cluster.converged().await;
+    assert_eq!(states.len(), 3);
+    assert!(states.windows(2).all(|pair| pair[0] == pair[1]));
+
+    // a node whose data dir was wiped comes back at node 3's address: refused, clearly
+    let error = join_cluster(&seed, SECRET, cluster.addresses[&3].clone(), WAIT)
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("belongs to node 3"), "{error}");
+    assert!(matches!(error, ClusterError::Invalid(_)));
+    // the wrong secret is refused
+    let error = join_cluster(&seed, "wrong", cluster.addresses[&3].clone(), WAIT)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ClusterError::Unauthorized), "{error}");
+
+    // after removing node 3, its address may join again, under a new id
+    let leader = cluster.leader().await;
+    cluster.nodes[&leader]
+        .raft
+        .handle()
+        .remove_node(3)
+        .await
+        .unwrap();
+    cluster.kill(3);
+    let id = join_cluster(&seed, SECRET, cluster.addresses[&3].clone(), WAIT)
+        .await
+        .unwrap();
+    assert_eq!(id, 4, "a removed id is never given out again");
+}
+
+#[test]
+fn forwarded_errors_keep_their_kind() {
+    let cases = vec![
+        ClusterError::Storage(StorageError::NotFound("kb x".into())),
+        ClusterError::Storage(StorageError::Conflict("name taken".into())),
+        ClusterError::Storage(StorageError::Invalid("bad".into())),
+        ClusterError::Invalid("bad conf change".into()),
+        ClusterError::NotLeader { leader: Some(3) },
+        ClusterError::Dropped("leadership lost".into()),
+        ClusterError::Stopped,
+        ClusterError::Storage(StorageError::Corrupt("broken".into())),
+    ];
+    for error in cases {
+        let wire = WireError::from_error(&error);
+        let bytes = encode_frame(&ForwardReply::Failed(wire)).unwrap();
+        let Some(ForwardReply::Failed(wire)) = decode_frame::<ForwardReply>(&bytes) else {
+            panic!("reply did not round-trip");
+        };
+        let back = wire.into_error();
+        assert_eq!(
+            back.is_transient(),
+            error.is_transient(),
+            "{error} -> {back}"
+        );
+        match (&error, &back) {
+            (
+                ClusterError::Storage(StorageError::NotFound(a)),
+                ClusterError::Storage(StorageError::NotFound(b)),
+            )
+            | (
+                ClusterError::Storage(StorageError::Conflict(a)),
+                ClusterError::Storage(StorageError::Conflict(b)),
+            )
+            | (
+                ClusterError::Storage(StorageError::Invalid(a)),
+                ClusterError::Storage(StorageError::Invalid(b)),
+            ) => assert_eq!(a, b),
+            (ClusterError::NotLeader { leader: a }, ClusterError::NotLeader { leader: b }) => {
+                assert_eq!(a, b)
+            }
+            (ClusterError::Invalid(_), ClusterError::Invalid(_))
+            | (ClusterError::Dropped(_) | ClusterError::Stopped, ClusterError::Dropped(_))
+            | (ClusterError::Storage(StorageError::Corrupt(_)), ClusterError::Invalid(_)) => {}
+            _ => panic!("{error:?} came back as {back:?}"),
+        }
+    }
+}
