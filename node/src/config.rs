@@ -9,6 +9,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 use sift_actors::NodeOptions;
+use sift_actors::agent::AgentPreset;
+use sift_actors::sessions::RunLimits;
 
 /// The config file's shape. Every field is optional; unknown fields are an error.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -28,6 +30,27 @@ pub struct FileConfig {
     pub debug_faults: Option<bool>,
     #[serde(default)]
     pub embedding: EmbeddingFileConfig,
+    /// Agent runs: concurrency, queue, retention of finished runs' events.
+    #[serde(default)]
+    pub runs: RunsFileConfig,
+    /// Agent presets (`[[agents]]`); `default` exists even when not listed.
+    #[serde(default)]
+    pub agents: Vec<AgentPreset>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunsFileConfig {
+    /// Runs executing at once on this node (default 64).
+    pub max_concurrent: Option<usize>,
+    /// Runs that may wait for a slot (default 256); beyond that a run is `overloaded`.
+    pub max_queued: Option<usize>,
+    /// Longest wait for a slot, in milliseconds (default 30000).
+    pub queue_timeout_ms: Option<u64>,
+    /// How long a finished run's events stay available for resumption (default 600 s).
+    pub retention_secs: Option<u64>,
+    /// Longest accepted question in characters (default 8192); longer ones get 413.
+    pub max_question_chars: Option<usize>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -66,6 +89,8 @@ pub struct Config {
     pub max_json_bytes: u64,
     pub options: NodeOptions,
     pub embedding: EmbeddingFileConfig,
+    pub runs: RunLimits,
+    pub agents: Vec<AgentPreset>,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
@@ -116,6 +141,18 @@ impl Config {
         if let Some(v) = get("SIFT_MODEL_DIR") {
             file.embedding.model_dir = Some(v.into());
         }
+        if let Some(v) = parse("SIFT_MAX_CONCURRENT_RUNS")? {
+            file.runs.max_concurrent = Some(v as usize);
+        }
+        if let Some(v) = parse("SIFT_MAX_QUEUED_RUNS")? {
+            file.runs.max_queued = Some(v as usize);
+        }
+        if let Some(v) = parse("SIFT_RUN_QUEUE_TIMEOUT_MS")? {
+            file.runs.queue_timeout_ms = Some(v);
+        }
+        if let Some(v) = parse("SIFT_RUN_RETENTION_SECS")? {
+            file.runs.retention_secs = Some(v);
+        }
         Ok(file)
     }
 
@@ -161,7 +198,43 @@ impl Config {
                 bail!("embedding.remote.{name}.base_url must start with http:// or https://");
             }
         }
+        let run_defaults = RunLimits::default();
+        let runs = RunLimits {
+            max_concurrent_runs: file
+                .runs
+                .max_concurrent
+                .unwrap_or(run_defaults.max_concurrent_runs),
+            max_queued_runs: file.runs.max_queued.unwrap_or(run_defaults.max_queued_runs),
+            queue_timeout: file
+                .runs
+                .queue_timeout_ms
+                .map(Duration::from_millis)
+                .unwrap_or(run_defaults.queue_timeout),
+            retention: file
+                .runs
+                .retention_secs
+                .map(Duration::from_secs)
+                .unwrap_or(run_defaults.retention),
+            max_question_chars: file
+                .runs
+                .max_question_chars
+                .unwrap_or(run_defaults.max_question_chars),
+        };
+        if runs.max_concurrent_runs == 0 || runs.max_question_chars == 0 {
+            bail!("runs.max_concurrent and runs.max_question_chars must be at least 1");
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for preset in &file.agents {
+            if preset.name.is_empty() || !names.insert(preset.name.clone()) {
+                bail!(
+                    "agent preset names must be non-empty and unique: {:?}",
+                    preset.name
+                );
+            }
+        }
         Ok(Config {
+            runs,
+            agents: file.agents,
             data_dir: file
                 .data_dir
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
