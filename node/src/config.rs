@@ -10,6 +10,7 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use sift_actors::NodeOptions;
 use sift_actors::agent::AgentPreset;
+use sift_actors::models::llm::config::LlmConfig;
 use sift_actors::sessions::RunLimits;
 
 /// The config file's shape. Every field is optional; unknown fields are an error.
@@ -36,6 +37,9 @@ pub struct FileConfig {
     /// Agent presets (`[[agents]]`); `default` exists even when not listed.
     #[serde(default)]
     pub agents: Vec<AgentPreset>,
+    /// Chat model providers (`[[llm.providers]]`). None: answers are extractive.
+    #[serde(default)]
+    pub llm: LlmConfig,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -91,6 +95,7 @@ pub struct Config {
     pub embedding: EmbeddingFileConfig,
     pub runs: RunLimits,
     pub agents: Vec<AgentPreset>,
+    pub llm: LlmConfig,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
@@ -140,6 +145,14 @@ impl Config {
         }
         if let Some(v) = get("SIFT_MODEL_DIR") {
             file.embedding.model_dir = Some(v.into());
+        }
+        // SIFT_LLM_BASE_URL + SIFT_LLM_MODEL (+ SIFT_LLM_API_KEY): one OpenAI-compatible
+        // provider named `openai`, replacing a file provider of that name.
+        let from_env =
+            LlmConfig::from_lookup(|name| get(name)).map_err(|error| anyhow::anyhow!("{error}"))?;
+        for provider in from_env.providers {
+            file.llm.providers.retain(|p| p.name != provider.name);
+            file.llm.providers.insert(0, provider);
         }
         if let Some(v) = parse("SIFT_MAX_CONCURRENT_RUNS")? {
             file.runs.max_concurrent = Some(v as usize);
@@ -232,7 +245,11 @@ impl Config {
                 );
             }
         }
+        file.llm
+            .validate()
+            .map_err(|error| anyhow::anyhow!("llm: {error}"))?;
         Ok(Config {
+            llm: file.llm,
             runs,
             agents: file.agents,
             data_dir: file
@@ -274,6 +291,45 @@ mod tests {
         assert_eq!(config.listen.port(), 9000);
         assert_eq!(config.data_dir, PathBuf::from("/tmp/b"));
         assert!(config.embedding.remote.contains_key("tei"));
+        assert!(config.llm.providers.is_empty());
+    }
+
+    #[test]
+    fn llm_from_env_and_presets_and_runs_from_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sift.toml");
+        std::fs::write(
+            &path,
+            "[runs]\nmax_concurrent = 3\nretention_secs = 5\n\n[[agents]]\nname = \"brief\"\ndescription = \"short answers\"\n\n[[llm.providers]]\nname = \"backup\"\nkind = \"anthropic\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"claude\"\npriority = 5\n",
+        )
+        .unwrap();
+        let mut env = BTreeMap::new();
+        env.insert(
+            "SIFT_LLM_BASE_URL".to_string(),
+            "http://127.0.0.1:8089/v1".to_string(),
+        );
+        env.insert("SIFT_LLM_MODEL".to_string(), "local".to_string());
+        env.insert("SIFT_MAX_QUEUED_RUNS".to_string(), "7".to_string());
+        let config = Config::check(Config::load(Some(&path), &env).unwrap()).unwrap();
+        let names: Vec<&str> = config
+            .llm
+            .providers
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        assert_eq!(names, ["openai", "backup"]);
+        assert_eq!(config.llm.providers[0].model, "local");
+        assert_eq!(config.runs.max_concurrent_runs, 3);
+        assert_eq!(config.runs.max_queued_runs, 7);
+        assert_eq!(config.runs.retention, Duration::from_secs(5));
+        assert_eq!(config.agents[0].name, "brief");
+        // Half an env configuration is an error, not a silent extractive node.
+        let mut env = BTreeMap::new();
+        env.insert(
+            "SIFT_LLM_BASE_URL".to_string(),
+            "http://127.0.0.1:8089/v1".to_string(),
+        );
+        assert!(Config::load(None, &env).is_err());
     }
 
     #[test]

@@ -9,6 +9,7 @@ use sift_actors::models::embedding::{
     Embedder, LocalEmbedderOptions, MiniLmEmbedder, OpenAiEmbedder, OpenAiEmbedderConfig,
     resolve_model_dir,
 };
+use sift_actors::models::llm::build_router;
 use sift_actors::sessions::{Sessions, SessionsConfig};
 use sift_actors::{Embedders, SiftNode};
 use tokio::sync::oneshot;
@@ -114,10 +115,15 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     let addr = listener.local_addr()?;
+    let model = build_router(&config.llm).context("configuring the chat model providers")?;
+    match &model {
+        Some(model) => info!(model = model.name(), "chat model configured"),
+        None => info!("no chat model configured: answers are extractive"),
+    }
     let sessions = Sessions::new(
         node.clone(),
         SessionsConfig {
-            model: None,
+            model,
             presets: config.agents.clone(),
             limits: config.runs.clone(),
         },
