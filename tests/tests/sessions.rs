@@ -227,3 +227,357 @@ fn first_title() -> String {
 async fn fixture_with_llm(providers: Vec<ProviderConfig>) -> Fixture {
     fixture(providers, |_| {}).await
 }
+
+#[tokio::test]
+async fn provider_down_before_first_token_fails_over_without_leaking() {
+    // Provider 1 answers 200 and starts an event it never finishes, then breaks the
+    // connection: no complete event, so nothing of it may reach the user.
+    let broken = FakeLlm::start(|_: &FakeRequest| {
+        FakeReply::StreamThenBreak(vec![
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"LEAKED".into(),
+        ])
+    })
+    .await;
+    // Provider 2 speaks the Anthropic wire format.
+    let healthy = FakeLlm::start(react_agent(first_title())).await;
+    let fixture = fixture_with_llm(vec![
+        provider(&broken, "first", 0),
+        anthropic_provider(&healthy, "second", 1),
+    ])
+    .await;
+    let client = &fixture.client;
+    let session = new_session(client).await;
+    let events = ask(client, &session, "What does the first study find?")
+        .await
+        .rest()
+        .await;
+    assert_well_formed(&events, &session);
+    assert!(!broken.requests().is_empty(), "provider 1 was never tried");
+    assert!(healthy.requests().iter().all(|r| r.is_anthropic()));
+    for event in &events {
+        assert!(
+            !event.data.to_string().contains("LEAKED"),
+            "partial output of the failed provider leaked: {event:?}"
+        );
+    }
+    assert_citations_retrieved(&events);
+    assert!(answer_text(&events).contains("[1]"));
+    assert_eq!(events.last().unwrap().data["finish_reason"], "stop");
+    let turns = client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect(200);
+    assert_eq!(turns["messages"][0]["mode"], "agent");
+    let metrics = client.metrics_text().await;
+    assert!(
+        metrics.contains("sift_agent_runs_total"),
+        "run metrics missing"
+    );
+    fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn all_providers_down_falls_back_to_a_cited_answer() {
+    let down =
+        |_: &FakeRequest| FakeReply::Status(503, json!({ "error": { "message": "overloaded" } }));
+    let first = FakeLlm::start(down).await;
+    let second = FakeLlm::start(down).await;
+    let fixture = fixture_with_llm(vec![
+        provider(&first, "first", 0),
+        provider(&second, "second", 1),
+    ])
+    .await;
+    let client = &fixture.client;
+    let session = new_session(client).await;
+    let events = ask(client, &session, &fixture.query).await.rest().await;
+    assert_well_formed(&events, &session);
+    assert!(!first.requests().is_empty() && !second.requests().is_empty());
+    let answer = answer_text(&events);
+    assert!(
+        !answer.trim().is_empty(),
+        "no fallback answer: {:#?}",
+        names(&events)
+    );
+    let citations: Vec<&SseEvent> = events_named(&events, "citation");
+    assert!(!citations.is_empty(), "the fallback answer cites nothing");
+    for citation in citations {
+        assert!(
+            fixture
+                .chunk_ids
+                .contains(citation.data["chunk_id"].as_str().unwrap())
+        );
+    }
+    let turns = client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect(200);
+    let mode = turns["messages"][0]["mode"].as_str().unwrap().to_string();
+    assert!(
+        mode == "fast_path" || mode == "extractive",
+        "a fallback answer, not {mode}"
+    );
+    fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn no_model_answers_extractively_with_citations() {
+    let fixture = fixture(vec![], |_| {}).await;
+    let client = &fixture.client;
+    let session = new_session(client).await;
+    let events = ask(client, &session, &fixture.query).await.rest().await;
+    assert_well_formed(&events, &session);
+    let answer = answer_text(&events);
+    assert!(
+        answer.starts_with("Extractive answer"),
+        "an extractive answer says so: {answer}"
+    );
+    let citations = events_named(&events, "citation");
+    assert!(!citations.is_empty());
+    for citation in &citations {
+        assert!(
+            fixture
+                .chunk_ids
+                .contains(citation.data["chunk_id"].as_str().unwrap())
+        );
+    }
+    let turns = client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect(200);
+    assert_eq!(turns["messages"][0]["mode"], "extractive");
+    assert_eq!(
+        turns["messages"][0]["citations"].as_array().unwrap().len(),
+        citations.len()
+    );
+    fixture.node.shutdown().await;
+}
+
+/// A model that thinks aloud, slowly, and never finishes.
+fn endless_thinker() -> impl Fn(&FakeRequest) -> FakeReply + Send + Sync {
+    |request: &FakeRequest| {
+        if !request.offers_tool("final_answer") {
+            return text_reply(request, &request.last_user_text(), 2);
+        }
+        let mut pieces = openai_text("Let me think about this carefully. ", 4);
+        pieces.truncate(3); // role chunk and two content chunks, then silence
+        FakeReply::StreamThenHang(pieces)
+    }
+}
+
+#[tokio::test]
+async fn stop_ends_a_running_stream_and_stop_on_a_finished_run_is_409() {
+    let fake = FakeLlm::start(endless_thinker()).await;
+    let fixture = fixture_with_llm(vec![provider(&fake, "local", 0)]).await;
+    let client = &fixture.client;
+    let session = new_session(client).await;
+    let mut stream = ask(client, &session, "Think about the first study").await;
+    let first = stream.until("thought").await;
+    let run_id = first[0].data["run_id"].as_str().unwrap().to_string();
+    let status = client.get(&format!("/v1/runs/{run_id}")).await.expect(200);
+    assert_eq!(status["finished"], false);
+    client
+        .post_json(&format!("/v1/runs/{run_id}/stop"), &json!({}))
+        .await
+        .expect(202);
+    let rest = stream.rest().await;
+    let done = rest.last().expect("the stream ends with done");
+    assert_eq!(done.event, "done");
+    assert_eq!(done.data["finish_reason"], "stopped");
+    let again = client
+        .post_json(&format!("/v1/runs/{run_id}/stop"), &json!({}))
+        .await;
+    again.expect_error(409, "run_finished");
+    // The session is free for its next question.
+    let status = client.get(&format!("/v1/runs/{run_id}")).await.expect(200);
+    assert_eq!(status["finished"], true);
+    fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn resume_with_last_event_id_and_two_clients_on_one_stream() {
+    // Slow pieces so that followers join while the run is still streaming.
+    let fake =
+        FakeLlm::start_with_delay(react_agent(first_title()), Duration::from_millis(15)).await;
+    let fixture = fixture_with_llm(vec![provider(&fake, "local", 0)]).await;
+    let client = &fixture.client;
+    let session = new_session(client).await;
+    let mut first = ask(client, &session, "What does the first study find?").await;
+    let meta = first.next().await.unwrap();
+    let run_id = meta.data["run_id"].as_str().unwrap().to_string();
+    // A second client on the same run, from the start, while it runs.
+    let mut second = follow_run(client, &run_id, None).await;
+    // A third client reads two events, disconnects, and resumes after the last it saw.
+    let mut third = follow_run(client, &run_id, None).await;
+    let seen = vec![third.next().await.unwrap(), third.next().await.unwrap()];
+    drop(third);
+    let mut full_first = vec![meta];
+    full_first.extend(first.rest().await);
+    let mut full_second = Vec::new();
+    while let Some(event) = second.next().await {
+        full_second.push(event);
+    }
+    assert_well_formed(&full_first, &session);
+    assert_eq!(full_first, full_second, "both clients get every event");
+    let resumed = follow_run(client, &run_id, seen.last().unwrap().id)
+        .await
+        .rest()
+        .await;
+    let mut stitched = seen.clone();
+    stitched.extend(resumed);
+    assert_eq!(
+        stitched, full_first,
+        "resumption after Last-Event-ID misses nothing"
+    );
+    // A finished run stays resumable.
+    let tail = follow_run(client, &run_id, Some(full_first.len() as u64 - 1))
+        .await
+        .rest()
+        .await;
+    assert_eq!(names(&tail), ["done"]);
+    fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn tool_calls_written_as_json_in_text_are_executed() {
+    let query = first_title();
+    let fake = FakeLlm::start(move |request: &FakeRequest| {
+        let ids = request.chunk_ids_shown();
+        let call = if ids.is_empty() {
+            json!({ "name": "knowledge_search", "arguments": { "query": query } })
+        } else {
+            json!({ "name": "final_answer", "arguments": final_answer_citing(request, 2) })
+        };
+        let text = format!("I will use a tool.\n```json\n{call}\n```\n");
+        text_reply(request, &text, 9)
+    })
+    .await;
+    let mut local = provider(&fake, "local", 0);
+    local.tool_mode = ToolMode::Text;
+    let fixture = fixture_with_llm(vec![local]).await;
+    let client = &fixture.client;
+    let session = new_session(client).await;
+    let events = ask(client, &session, "What does the first study find?")
+        .await
+        .rest()
+        .await;
+    assert_well_formed(&events, &session);
+    assert!(
+        events_named(&events, "tool_call")
+            .iter()
+            .any(|e| e.data["name"] == "knowledge_search"),
+        "the JSON tool call in the text was not executed: {:#?}",
+        names(&events)
+    );
+    assert!(
+        fake.requests().iter().all(|r| r.body["tools"].is_null()),
+        "text mode offers no native tools"
+    );
+    assert_citations_retrieved(&events);
+    fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn openai_compatible_chat_carries_citations_in_both_modes() {
+    let fake = FakeLlm::start(react_agent(first_title())).await;
+    let fixture = fixture_with_llm(vec![provider(&fake, "local", 0)]).await;
+    let client = &fixture.client;
+    let models = client.get("/v1/models").await.expect(200);
+    assert!(
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == "default")
+    );
+    let request = json!({
+        "model": "default",
+        "messages": [{ "role": "user", "content": "What does the first study find?" }],
+        "sift": { "kbs": ["papers"] },
+    });
+    let answer = client
+        .post_json("/v1/chat/completions", &request)
+        .await
+        .expect(200);
+    assert_eq!(answer["object"], "chat.completion");
+    let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(content.contains("[1]"), "{content}");
+    let citations = answer["sift"]["citations"].as_array().unwrap();
+    assert!(!citations.is_empty());
+    for citation in citations {
+        assert!(
+            fixture
+                .chunk_ids
+                .contains(citation["chunk_id"].as_str().unwrap())
+        );
+    }
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let chunks = sift_tests::sse::SseReader::open(
+        client
+            .request(reqwest::Method::POST, "/v1/chat/completions")
+            .json(&streamed),
+    )
+    .await
+    .rest()
+    .await;
+    assert_eq!(chunks.last().unwrap().data, "[DONE]");
+    let objects: Vec<&Value> = chunks
+        .iter()
+        .map(|c| &c.data)
+        .filter(|d| d.is_object())
+        .collect();
+    assert!(
+        objects
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
+    let text: String = objects
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert!(text.contains("[1]"), "{text}");
+    let last = objects.last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "stop");
+    let streamed_citations = last["sift"]["citations"].as_array().unwrap();
+    assert!(
+        !streamed_citations.is_empty(),
+        "citations lost in the stream"
+    );
+    for citation in streamed_citations {
+        assert!(
+            fixture
+                .chunk_ids
+                .contains(citation["chunk_id"].as_str().unwrap())
+        );
+    }
+    fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn admission_rejects_beyond_the_cap_with_a_proper_stream() {
+    let fake = FakeLlm::start(endless_thinker()).await;
+    let fixture = fixture(vec![provider(&fake, "local", 0)], |config| {
+        config.runs.max_concurrent_runs = 1;
+        config.runs.max_queued_runs = 0;
+    })
+    .await;
+    let client = &fixture.client;
+    let busy = new_session(client).await;
+    let mut running = ask(client, &busy, "Think about the first study").await;
+    let first = running.until("thought").await;
+    let run_id = first[0].data["run_id"].as_str().unwrap().to_string();
+    let other = new_session(client).await;
+    let rejected = ask(client, &other, "Another question").await.rest().await;
+    assert_eq!(names(&rejected), ["meta", "error", "done"]);
+    assert_eq!(rejected[1].data["code"], "overloaded");
+    assert_eq!(rejected[2].data["finish_reason"], "error");
+    assert!(rejected[2].data["message_id"].is_null());
+    client
+        .post_json(&format!("/v1/runs/{run_id}/stop"), &json!({}))
+        .await
+        .expect(202);
+    let rest = running.rest().await;
+    assert_eq!(rest.last().unwrap().data["finish_reason"], "stopped");
+    fixture.node.shutdown().await;
+}
