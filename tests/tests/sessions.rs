@@ -581,3 +581,141 @@ async fn admission_rejects_beyond_the_cap_with_a_proper_stream() {
     assert_eq!(rest.last().unwrap().data["finish_reason"], "stopped");
     fixture.node.shutdown().await;
 }
+
+#[tokio::test]
+async fn bad_session_input_gets_clear_errors_and_changes_nothing() {
+    // No model and no documents needed: every request here is refused before a run starts.
+    let dir = sift_tests::temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    let node = InProcessNode::start_with(config).await;
+    let client = node.client();
+    client.create_kb(json!({ "name": "papers" })).await;
+
+    // Creating sessions.
+    client
+        .post_json("/v1/sessions", &json!({ "kbs": ["nope"] }))
+        .await
+        .expect_error(404, "kb_not_found");
+    client
+        .post_json("/v1/sessions", &json!({ "kbs": [] }))
+        .await
+        .expect_error(400, "invalid_kbs");
+    client
+        .post_json(
+            "/v1/sessions",
+            &json!({ "kbs": ["papers"], "agent": "nobody" }),
+        )
+        .await
+        .expect_error(404, "agent_not_found");
+    client
+        .post_json(
+            "/v1/sessions",
+            &json!({ "kbs": ["papers"], "colour": "red" }),
+        )
+        .await
+        .expect_error(400, "invalid_json");
+    assert_eq!(
+        client.get("/v1/sessions").await.expect(200)["sessions"],
+        json!([])
+    );
+
+    // A session id that does not exist.
+    let missing = "0190c7d2-0000-7000-8000-000000000000";
+    client
+        .get(&format!("/v1/sessions/{missing}"))
+        .await
+        .expect_error(404, "session_not_found");
+    client
+        .get(&format!("/v1/sessions/{missing}/messages"))
+        .await
+        .expect_error(404, "session_not_found");
+    client
+        .delete(&format!("/v1/sessions/{missing}"))
+        .await
+        .expect_error(404, "session_not_found");
+    client
+        .post_json(
+            &format!("/v1/sessions/{missing}/messages"),
+            &json!({ "content": "hello?" }),
+        )
+        .await
+        .expect_error(404, "session_not_found");
+
+    // Over-long and empty questions.
+    let session = new_session(&client).await;
+    let long = "why ".repeat(2100); // 8400 characters > 8192
+    let message = client
+        .post_json(
+            &format!("/v1/sessions/{session}/messages"),
+            &json!({ "content": long }),
+        )
+        .await
+        .expect_error(413, "question_too_long");
+    assert!(message.contains("8192"), "{message}");
+    client
+        .post_json(
+            &format!("/v1/sessions/{session}/messages"),
+            &json!({ "content": "   " }),
+        )
+        .await
+        .expect_error(400, "empty_question");
+    client
+        .post_json(&format!("/v1/sessions/{session}/messages"), &json!({}))
+        .await
+        .expect_error(400, "invalid_json");
+    let stored = client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect(200);
+    assert_eq!(
+        stored["messages"],
+        json!([]),
+        "refused questions store nothing"
+    );
+
+    // Runs that do not exist.
+    client
+        .get(&format!("/v1/runs/{missing}/events"))
+        .await
+        .expect_error(404, "run_not_found");
+    client
+        .post_json(&format!("/v1/runs/{missing}/stop"), &json!({}))
+        .await
+        .expect_error(404, "run_not_found");
+
+    // The OpenAI-compatible endpoint.
+    let chat = |body: Value| {
+        let client = client.clone();
+        async move { client.post_json("/v1/chat/completions", &body).await }
+    };
+    chat(
+        json!({ "model": "nobody", "messages": [{ "role": "user", "content": "q" }],
+                 "sift": { "kbs": ["papers"] } }),
+    )
+    .await
+    .expect_error(404, "model_not_found");
+    chat(json!({ "model": "default", "messages": [{ "role": "user", "content": "q" }] }))
+        .await
+        .expect_error(400, "missing_kbs");
+    chat(json!({ "model": "default", "messages": [], "sift": { "kbs": ["papers"] } }))
+        .await
+        .expect_error(400, "invalid_messages");
+    chat(
+        json!({ "model": "default", "messages": [{ "role": "user", "content": long }],
+                 "sift": { "kbs": ["papers"] } }),
+    )
+    .await
+    .expect_error(413, "question_too_long");
+
+    // Deleting a session removes it and its turns.
+    client
+        .delete(&format!("/v1/sessions/{session}"))
+        .await
+        .expect(204);
+    client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect_error(404, "session_not_found");
+    node.shutdown().await;
+}
