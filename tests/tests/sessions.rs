@@ -719,3 +719,62 @@ async fn bad_session_input_gets_clear_errors_and_changes_nothing() {
         .expect_error(404, "session_not_found");
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn sift_ask_renders_the_answer_and_sources_and_fails_clearly() {
+    let fixture = fixture(vec![], |_| {}).await;
+    let binary = env!("CARGO_BIN_EXE_sift-under-test");
+    let output = tokio::process::Command::new(binary)
+        .args(["ask", "--node", &fixture.node.url, "papers", &fixture.query])
+        .env_remove("SIFT_NODE")
+        .output()
+        .await
+        .expect("running sift ask");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "sift ask failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("→ knowledge_search"), "{stdout}");
+    assert!(stdout.contains("Extractive answer"), "{stdout}");
+    assert!(stdout.contains("Sources"), "{stdout}");
+    assert!(stdout.contains("[1]"), "{stdout}");
+    assert!(
+        !stdout.contains("\x1b["),
+        "no colour codes when not on a terminal"
+    );
+
+    let output = tokio::process::Command::new(binary)
+        .args(["ask", "--node", &fixture.node.url, "nope", "anything"])
+        .output()
+        .await
+        .expect("running sift ask");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("kb_not_found"), "{stderr}");
+    fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_panicking_run_ends_its_stream_with_internal_error_and_done() {
+    // Config::for_test turns fault injection on; no model and no documents are needed.
+    let dir = sift_tests::temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    let node = InProcessNode::start_with(config).await;
+    let client = node.client();
+    client.create_kb(json!({ "name": "papers" })).await;
+    let session = new_session(&client).await;
+    let events = ask(&client, &session, "__sift_debug_panic__")
+        .await
+        .rest()
+        .await;
+    assert_eq!(names(&events), ["meta", "error", "done"]);
+    assert_eq!(events[1].data["code"], "internal");
+    assert_eq!(events[2].data["finish_reason"], "error");
+    // The node and the session keep working: the next question runs.
+    let events = ask(&client, &session, "anything at all").await.rest().await;
+    assert_well_formed(&events, &session);
+    node.shutdown().await;
+}

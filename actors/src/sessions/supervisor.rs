@@ -49,6 +49,9 @@ impl Default for RunLimits {
     }
 }
 
+/// With `debug_faults` on, a run asked exactly this panics (tests of supervision).
+pub const DEBUG_PANIC_QUESTION: &str = "__sift_debug_panic__";
+
 /// Default limit on a question's length, in characters (longer ones are refused with 413).
 pub const MAX_QUESTION_CHARS: usize = 8192;
 
@@ -154,7 +157,16 @@ pub async fn supervise_run(
     let deadline = Duration::from_secs(input.budget.deadline_secs) + DEADLINE_GRACE;
     let (events, mut receiver) = mpsc::unbounded_channel::<AgentEvent>();
     let cancel = log.cancel.clone();
-    let mut task = tokio::spawn(run_agent(deps, input, events, cancel.clone()));
+    // Fault injection (debug_faults only): a run that panics, to exercise supervision.
+    let inject_panic =
+        deps.node.context().options.debug_faults && input.question == DEBUG_PANIC_QUESTION;
+    let run = run_agent(deps, input, events, cancel.clone());
+    let mut task = tokio::spawn(async move {
+        if inject_panic {
+            panic!("injected agent run panic");
+        }
+        run.await
+    });
     let forwarder = {
         let log = log.clone();
         tokio::spawn(async move {
