@@ -114,7 +114,9 @@ async fn answer(
     match reply {
         Reply::Stream(pieces) => sse_response(Body::from_stream(pieces_stream(pieces))),
         Reply::StreamThenBreak(pieces) => {
+            // The pause lets hyper flush the pieces before it drops the connection.
             let broken = stream::once(async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
                 Err(std::io::Error::new(
                     std::io::ErrorKind::ConnectionReset,
                     "scripted break",
