@@ -570,7 +570,6 @@ impl Run {
             _ = self.cancel.cancelled() => return None,
             outcomes = join_all(runs) => outcomes,
         };
-        drop(context);
 
         for (index, ((call, prepared), outcome)) in
             calls.iter().zip(prepared).zip(outcomes).enumerate()

@@ -176,7 +176,7 @@ mod tests {
     fn coverage_counts_prefix_matches() {
         let query = terms("rust borrow checker");
         assert!((coverage(&query, "The Rust borrow checker rejects this") - 1.0).abs() < 1e-9);
-        assert!((coverage(&query, "Borrowing in Rust") - 1.0 / 3.0).abs() < 1e-9);
+        assert!((coverage(&query, "Borrowing in Rust") - 2.0 / 3.0).abs() < 1e-9);
         assert_eq!(missing_terms(&query, "rust"), vec!["borrow", "checker"]);
     }
 
