@@ -778,3 +778,56 @@ async fn a_panicking_run_ends_its_stream_with_internal_error_and_done() {
     assert_well_formed(&events, &session);
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn context_compression_summarises_old_turns_and_keeps_the_facts() {
+    let fake = FakeLlm::start(react_agent(first_title())).await;
+    let mut small = provider(&fake, "small", 0);
+    // A small window: every run is past 50% once the session has more than two turns.
+    small.context_window = 2000;
+    let fixture = fixture_with_llm(vec![small]).await;
+    let client = &fixture.client;
+    let session = new_session(client).await;
+    let questions = [
+        "Note the project codename BLUEHERON and budget 4711 euros. What does the first study find?",
+        "What methods did the first study use?",
+        "Which population was studied?",
+        "What were the main limitations?",
+    ];
+    for question in questions {
+        let events = ask(client, &session, question).await.rest().await;
+        assert_well_formed(&events, &session);
+        assert_eq!(events.last().unwrap().data["finish_reason"], "stop");
+    }
+    let record = client
+        .get(&format!("/v1/sessions/{session}"))
+        .await
+        .expect(200);
+    assert_eq!(record["turns"], 4);
+    let summary = record["history_summary"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no history summary was stored: {record}"));
+    assert!(
+        summary.contains("4711"),
+        "the summary lost the number: {summary}"
+    );
+    assert!(
+        record["summary_turns"].as_u64().unwrap() >= 1,
+        "the summary covers the oldest turn: {record}"
+    );
+    // The next run still has the facts of the summarised first turn.
+    let before = fake.requests().len();
+    let events = ask(client, &session, "Summarise what we discussed")
+        .await
+        .rest()
+        .await;
+    assert_well_formed(&events, &session);
+    let later = fake.requests().into_iter().skip(before).collect::<Vec<_>>();
+    assert!(
+        later
+            .iter()
+            .any(|r| r.offers_tool("final_answer") && r.text().contains("4711")),
+        "the next run's model calls lost the summarised facts"
+    );
+    fixture.node.shutdown().await;
+}

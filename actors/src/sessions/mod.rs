@@ -12,8 +12,8 @@
 //!   the session gets it back as history, with the stored summary of older turns.
 //!
 //! Contract with the agent on `AgentOutcome::history_summary`: a summary that differs from the
-//! one the run was given covers every turn the run was given (the next run gets the summary
-//! and only the turns after them).
+//! one the run was given covers every turn it was given but the most recent
+//! [`KEEP_RECENT_TURNS`] (the next run gets the summary and only the turns after those).
 
 pub mod run_log;
 pub mod supervisor;
@@ -31,6 +31,7 @@ pub use run_log::{RunEvent, RunEventKind, RunLog, RunStatus};
 pub use supervisor::{Admission, MAX_QUESTION_CHARS, RunLimits};
 
 use crate::SiftNode;
+use crate::agent::context::KEEP_RECENT_TURNS;
 use crate::agent::{
     AgentDeps, AgentOutcome, AgentPreset, AnswerMode, Citation, PastTurn, RunFinish, RunInput,
     TraceStep,
@@ -288,16 +289,26 @@ impl Sessions {
             });
         }
         let turns = self.store().session_turns(session_id)?;
-        let history = turns
+        let given: Vec<&StoredTurn> = turns
             .iter()
             .skip(session.summary_turns as usize)
             .filter(|turn| matches!(turn.finish_reason.as_str(), "stop" | "budget"))
+            .collect();
+        let history = given
+            .iter()
             .map(|turn| PastTurn {
                 question: turn.question.clone(),
                 answer: turn.answer.clone(),
                 citations: turn.citations.iter().cloned().map(citation_from).collect(),
             })
             .collect();
+        // If the run summarises, its summary covers all but the most recent
+        // KEEP_RECENT_TURNS turns it was given: the next runs start after those.
+        let summarised_through = given
+            .len()
+            .checked_sub(KEEP_RECENT_TURNS + 1)
+            .map(|last| given[last].seq + 1)
+            .unwrap_or(session.summary_turns);
         let run_id = uuid::Uuid::now_v7().to_string();
         {
             let mut active = self.lock_active();
@@ -320,7 +331,7 @@ impl Sessions {
             history_summary: session.history_summary.clone(),
             budget: preset.budget.clone(),
         };
-        Ok(self.launch(preset, input, Some(turns.len() as u32)))
+        Ok(self.launch(preset, input, Some(summarised_through)))
     }
 
     /// Starts a run that is not stored in any session.
@@ -341,8 +352,8 @@ impl Sessions {
         Ok(self.launch(preset, input, None))
     }
 
-    /// Registers the run's log, writes `meta`, and spawns its supervisor. `stored_turns`:
-    /// the session's turn count when the run is stored in a session.
+    /// Registers the run's log, writes `meta`, and spawns its supervisor. `stored_turns`: for
+    /// a run stored in a session, how many of its turns a new history summary covers.
     fn launch(
         self: &Arc<Self>,
         preset: Arc<AgentPreset>,
@@ -368,9 +379,9 @@ impl Sessions {
             let end =
                 supervisor::supervise_run(&sessions.admission, deps, input, run_log.clone()).await;
             let mut message_id = None;
-            if let (Some(turns_before), Some(outcome)) = (stored_turns, &end.outcome) {
+            if let (Some(summary_turns), Some(outcome)) = (stored_turns, &end.outcome) {
                 message_id = sessions
-                    .store_turn(&run_log, &question, outcome, turns_before, given_summary)
+                    .store_turn(&run_log, &question, outcome, summary_turns, given_summary)
                     .await;
             }
             run_log.push(RunEventKind::Done {
@@ -387,7 +398,7 @@ impl Sessions {
         log: &RunLog,
         question: &str,
         outcome: &AgentOutcome,
-        turns_before: u32,
+        summary_turns: u32,
         given_summary: Option<String>,
     ) -> Option<String> {
         let message_id = uuid::Uuid::now_v7().to_string();
@@ -424,7 +435,7 @@ impl Sessions {
             let summary = MetaOp::SetHistorySummary {
                 session_id: log.session_id.clone(),
                 summary: outcome.history_summary.clone(),
-                summary_turns: turns_before,
+                summary_turns,
                 at_ms: now_ms(),
             };
             if let Err(error) = meta.propose(summary).await {
