@@ -375,6 +375,14 @@ async fn stop_ends_a_running_stream_and_stop_on_a_finished_run_is_409() {
     let run_id = first[0].data["run_id"].as_str().unwrap().to_string();
     let status = client.get(&format!("/v1/runs/{run_id}")).await.expect(200);
     assert_eq!(status["finished"], false);
+    // One run per session at a time: turns stay in order.
+    client
+        .post_json(
+            &format!("/v1/sessions/{session}/messages"),
+            &json!({ "content": "a second question" }),
+        )
+        .await
+        .expect_error(409, "run_in_progress");
     client
         .post_json(&format!("/v1/runs/{run_id}/stop"), &json!({}))
         .await
@@ -830,4 +838,39 @@ async fn context_compression_summarises_old_turns_and_keeps_the_facts() {
         "the next run's model calls lost the summarised facts"
     );
     fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn finished_runs_are_forgotten_after_the_retention_time() {
+    let dir = sift_tests::temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    config.runs.retention = Duration::ZERO;
+    let node = InProcessNode::start_with(config).await;
+    let client = node.client();
+    client.create_kb(json!({ "name": "papers" })).await;
+    let session = new_session(&client).await;
+    let events = ask(&client, &session, "anything").await.rest().await;
+    let run_id = assert_well_formed(&events, &session);
+    // Bounded wait: the log is dropped once the (zero) retention time has passed.
+    let started = std::time::Instant::now();
+    loop {
+        let answer = client.get(&format!("/v1/runs/{run_id}/events")).await;
+        if answer.status == 404 {
+            answer.expect_error(404, "run_not_found");
+            break;
+        }
+        assert!(
+            started.elapsed() < sift_tests::WAIT,
+            "the finished run was never forgotten"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The turn itself stays stored.
+    let turns = client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect(200);
+    assert_eq!(turns["messages"].as_array().unwrap().len(), 1);
+    node.shutdown().await;
 }

@@ -500,6 +500,33 @@ impl Sessions {
     }
 }
 
+/// Describes the session layer's metrics (call once at startup).
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        "sift_agent_runs_total",
+        "agent runs by outcome: stop, budget, stopped, error, overloaded"
+    );
+    metrics::describe_counter!(
+        "sift_agent_answers_total",
+        "answers by mode: agent, fast_path, extractive"
+    );
+    metrics::describe_histogram!("sift_agent_run_iterations", "ReAct iterations per run");
+    metrics::describe_histogram!(
+        "sift_agent_run_seconds",
+        "wall time per run, queue included"
+    );
+    metrics::describe_histogram!(
+        "sift_agent_run_queue_seconds",
+        "time a run waited for admission"
+    );
+    metrics::describe_gauge!("sift_agent_runs_active", "runs executing on this node");
+    metrics::describe_gauge!("sift_agent_runs_queued", "runs waiting for a slot");
+    metrics::describe_counter!(
+        "sift_agent_tokens_total",
+        "model tokens of runs by direction (in, out)"
+    );
+}
+
 pub fn finish_name(finish: RunFinish) -> &'static str {
     match finish {
         RunFinish::Stop => "stop",
