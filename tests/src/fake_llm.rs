@@ -295,6 +295,11 @@ pub fn openai_text(text: &str, parts: usize) -> Vec<String> {
 
 /// An OpenAI streamed tool call whose JSON arguments arrive in `parts` fragments.
 pub fn openai_tool_call(id: &str, name: &str, arguments: &Value, parts: usize) -> Vec<String> {
+    openai_tool_call_raw(id, name, &arguments.to_string(), parts)
+}
+
+/// [`openai_tool_call`] with the argument text as given (possibly malformed JSON).
+pub fn openai_tool_call_raw(id: &str, name: &str, arguments: &str, parts: usize) -> Vec<String> {
     let mut chunks = vec![openai_chunk(
         json!({ "role": "assistant", "content": null, "tool_calls": [{
             "index": 0, "id": id, "type": "function",
@@ -302,7 +307,7 @@ pub fn openai_tool_call(id: &str, name: &str, arguments: &Value, parts: usize) -
         }]}),
         None,
     )];
-    for piece in split_text(&arguments.to_string(), parts) {
+    for piece in split_text(arguments, parts) {
         chunks.push(openai_chunk(
             json!({ "tool_calls": [{ "index": 0, "function": { "arguments": piece } }] }),
             None,
