@@ -240,6 +240,8 @@ pub struct StreamAggregator {
     usage: Option<Usage>,
     /// Some tool call was released already.
     released_calls: bool,
+    /// Server index -> call index, for servers that reuse an index for a new call.
+    renumbered: BTreeMap<u64, u64>,
 }
 
 #[derive(Debug, Default)]
@@ -309,12 +311,7 @@ impl StreamAggregator {
     }
 
     fn push_fragment(&mut self, position: usize, fragment: &Value) -> Result<(), String> {
-        let index = match fragment.get("index") {
-            Some(index) => index
-                .as_u64()
-                .ok_or_else(|| format!("tool call index is not a number: {index}"))?,
-            None => position as u64,
-        };
+        let index = self.fragment_index(position, fragment)?;
         let call = self.calls.entry(index).or_default();
         if let Some(id) = fragment.get("id").and_then(Value::as_str)
             && call.id.is_empty()
@@ -336,9 +333,50 @@ impl StreamAggregator {
         Ok(())
     }
 
+    /// Which call a fragment continues. Normally its `index`; but servers that omit the index
+    /// (one complete call per fragment) or number every call 0 are recognised by a new `id`.
+    fn fragment_index(&mut self, position: usize, fragment: &Value) -> Result<u64, String> {
+        let id = fragment
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty());
+        let next_free = self.calls.keys().next_back().map_or(0, |last| last + 1);
+        let index_of_id = |calls: &BTreeMap<u64, PartialCall>, id: &str| {
+            calls
+                .iter()
+                .find(|(_, call)| call.id == id)
+                .map(|(index, _)| *index)
+        };
+        let Some(index) = fragment.get("index") else {
+            return Ok(match id {
+                Some(id) => index_of_id(&self.calls, id).unwrap_or(next_free),
+                // No index and no id: a continuation of the latest call.
+                None => self
+                    .calls
+                    .keys()
+                    .next_back()
+                    .copied()
+                    .unwrap_or(position as u64),
+            });
+        };
+        let index = index
+            .as_u64()
+            .ok_or_else(|| format!("tool call index is not a number: {index}"))?;
+        let mut target = self.renumbered.get(&index).copied().unwrap_or(index);
+        if let (Some(id), Some(call)) = (id, self.calls.get(&target))
+            && !call.id.is_empty()
+            && call.id != id
+        {
+            target = index_of_id(&self.calls, id).unwrap_or(next_free);
+            self.renumbered.insert(index, target);
+        }
+        Ok(target)
+    }
+
     /// The assembled tool calls, in index order.
     fn take_calls(&mut self) -> Vec<ChatEvent> {
         self.released_calls |= !self.calls.is_empty();
+        self.renumbered.clear();
         std::mem::take(&mut self.calls)
             .into_iter()
             .map(|(index, call)| {

@@ -482,3 +482,63 @@ async fn json_schema_mode_constrains_each_step_and_streams_the_thought() {
         json!(["thought", "tool", "arguments"])
     );
 }
+
+#[test]
+fn calls_without_an_index_or_with_a_reused_index_stay_apart() {
+    let call = |id: &str, name: &str, arguments: &str| {
+        ChatEvent::ToolCall(ToolCall {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            arguments: arguments.to_owned(),
+        })
+    };
+    // No index at all: one complete call per fragment (older Ollama), then a continuation.
+    let mut aggregator = StreamAggregator::default();
+    for delta in [
+        json!({"tool_calls": [{"id": "a", "function": {"name": "knowledge_search", "arguments": "{\"query\":"}}]}),
+        json!({"tool_calls": [{"function": {"arguments": "\"x\"}"}}]}),
+        json!({"tool_calls": [{"id": "b", "function": {"name": "final_answer", "arguments": {"answer": "y"}}}]}),
+    ] {
+        assert!(
+            aggregator
+                .push(&openai_chunk(delta, None))
+                .unwrap()
+                .is_empty()
+        );
+    }
+    let mut events = aggregator
+        .push(&openai_chunk(json!({}), Some("stop")))
+        .unwrap();
+    events.extend(aggregator.finish());
+    assert_eq!(
+        events,
+        vec![
+            call("a", "knowledge_search", r#"{"query":"x"}"#),
+            call("b", "final_answer", r#"{"answer":"y"}"#),
+            ChatEvent::Finished(FinishReason::ToolCalls),
+        ]
+    );
+
+    // Every call numbered 0 by the server, each with its own id.
+    let mut aggregator = StreamAggregator::default();
+    for delta in [
+        json!({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "one", "arguments": "{\"n\":"}}]}),
+        json!({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}),
+        json!({"tool_calls": [{"index": 0, "id": "b", "function": {"name": "two", "arguments": "{\"n\":"}}]}),
+        json!({"tool_calls": [{"index": 0, "function": {"arguments": "2}"}}]}),
+    ] {
+        aggregator.push(&openai_chunk(delta, None)).unwrap();
+    }
+    let mut events = aggregator
+        .push(&openai_chunk(json!({}), Some("tool_calls")))
+        .unwrap();
+    events.extend(aggregator.finish());
+    assert_eq!(
+        events,
+        vec![
+            call("a", "one", r#"{"n":1}"#),
+            call("b", "two", r#"{"n":2}"#),
+            ChatEvent::Finished(FinishReason::ToolCalls),
+        ]
+    );
+}

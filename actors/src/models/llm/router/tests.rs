@@ -1,5 +1,6 @@
 //! Routing tests against real HTTP servers speaking the OpenAI and Anthropic streaming formats.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
@@ -323,4 +324,202 @@ async fn an_anthropic_provider_takes_over_from_a_failed_openai_one() {
     assert_eq!(error, None);
     assert_eq!(text_of(&events), "from claude");
     assert_eq!(second.requests()[0].path, "/v1/messages");
+}
+
+/// A recorder keeping every counter, gauge and histogram in memory, keyed by
+/// `name{label=value,...}` (labels sorted).
+#[derive(Default)]
+struct MemoryRecorder {
+    values: Mutex<std::collections::BTreeMap<String, Arc<std::sync::atomic::AtomicU64>>>,
+    samples: Mutex<std::collections::BTreeMap<String, Arc<Samples>>>,
+}
+
+#[derive(Default)]
+struct Samples(Mutex<Vec<f64>>);
+
+impl metrics::HistogramFn for Samples {
+    fn record(&self, value: f64) {
+        self.0.lock().unwrap().push(value);
+    }
+}
+
+fn key_text(key: &metrics::Key) -> String {
+    let mut labels: Vec<String> = key
+        .labels()
+        .map(|label| format!("{}={}", label.key(), label.value()))
+        .collect();
+    labels.sort();
+    format!("{}{{{}}}", key.name(), labels.join(","))
+}
+
+impl MemoryRecorder {
+    fn value(&self, key: &str) -> Arc<std::sync::atomic::AtomicU64> {
+        Arc::clone(
+            self.values
+                .lock()
+                .unwrap()
+                .entry(key.to_owned())
+                .or_default(),
+        )
+    }
+
+    fn counter(&self, key: &str) -> u64 {
+        self.value(key).load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn gauge(&self, key: &str) -> f64 {
+        f64::from_bits(self.value(key).load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn samples(&self, key: &str) -> usize {
+        self.samples
+            .lock()
+            .unwrap()
+            .get(key)
+            .map_or(0, |samples| samples.0.lock().unwrap().len())
+    }
+}
+
+impl metrics::Recorder for MemoryRecorder {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::from_arc(self.value(&key_text(key)))
+    }
+
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::from_arc(self.value(&key_text(key)))
+    }
+
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        let samples = Arc::clone(
+            self.samples
+                .lock()
+                .unwrap()
+                .entry(key_text(key))
+                .or_default(),
+        );
+        metrics::Histogram::from_arc(samples)
+    }
+}
+
+#[tokio::test]
+async fn routing_records_outcomes_tokens_failovers_and_breaker_state() {
+    let recorder = MemoryRecorder::default();
+    // Thread-local: the test runtime runs every task on this thread.
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let first = FakeModelServer::start(vec![], server_error()).await;
+    let second =
+        FakeModelServer::start(vec![], Reply::Stream(openai_text_answer(&["a", "b", "c"]))).await;
+    let model = router(vec![
+        ProviderConfig {
+            breaker_failure_threshold: 2,
+            ..first.provider("first", ProviderKind::OpenAi)
+        },
+        second.provider("second", ProviderKind::OpenAi),
+    ]);
+    assert_eq!(
+        recorder.gauge("sift_llm_circuit_state{provider=first}"),
+        0.0
+    );
+
+    for _ in 0..2 {
+        let (_, error) = collect(model.stream(question()).await.unwrap()).await;
+        assert_eq!(error, None);
+    }
+
+    assert_eq!(recorder.counter("sift_llm_failovers_total{}"), 2);
+    assert_eq!(
+        recorder.counter("sift_llm_requests_total{outcome=error,provider=first}"),
+        2
+    );
+    assert_eq!(
+        recorder.counter("sift_llm_requests_total{outcome=ok,provider=second}"),
+        2
+    );
+    assert_eq!(
+        recorder.counter("sift_llm_tokens_total{direction=in,provider=second}"),
+        22
+    );
+    assert_eq!(
+        recorder.counter("sift_llm_tokens_total{direction=out,provider=second}"),
+        6
+    );
+    assert_eq!(
+        recorder.samples("sift_llm_first_token_seconds{provider=second}"),
+        2
+    );
+    assert_eq!(
+        recorder.samples("sift_llm_first_token_seconds{provider=first}"),
+        0
+    );
+    assert_eq!(
+        recorder.samples("sift_llm_request_seconds{provider=first}"),
+        2
+    );
+    assert_eq!(
+        recorder.samples("sift_llm_request_seconds{provider=second}"),
+        2
+    );
+    assert_eq!(
+        recorder.gauge("sift_llm_circuit_state{provider=first}"),
+        1.0
+    );
+
+    // A stream dropped before its end counts as cancelled.
+    let stream = model.stream(question()).await.unwrap();
+    drop(stream);
+    assert_eq!(
+        recorder.counter("sift_llm_requests_total{outcome=circuit_open,provider=first}"),
+        1
+    );
+    assert_eq!(
+        recorder.counter("sift_llm_requests_total{outcome=cancelled,provider=second}"),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_breaker_opening_during_retries_reports_the_real_error() {
+    let server = FakeModelServer::start(vec![], server_error()).await;
+    let model = router(vec![ProviderConfig {
+        max_retries: 5,
+        breaker_failure_threshold: 2,
+        ..server.provider("flaky", ProviderKind::OpenAi)
+    }]);
+
+    let error = model.stream(question()).await.err().unwrap();
+
+    assert_eq!(server.requests().len(), 2);
+    let LlmError::AllFailed(errors) = error else {
+        panic!("expected AllFailed");
+    };
+    assert!(
+        matches!(&errors[..], [LlmError::Status { status: 500, .. }]),
+        "{errors:?}"
+    );
 }
