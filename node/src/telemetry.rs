@@ -90,6 +90,7 @@ fn describe() {
     );
     describe_counter!("sift_http_requests_total", "HTTP requests by status class");
     sift_actors::models::embedding::describe_metrics();
+    sift_actors::models::llm::describe_metrics();
 }
 
 /// Logs to stderr; `RUST_LOG` (or `SIFT_LOG`) overrides the default `info` level.

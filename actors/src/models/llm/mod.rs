@@ -8,6 +8,32 @@
 //! `response_format`) into the same events. The agent never sees a wire format.
 //!
 //! Dropping a [`ChatStream`] cancels the request (the HTTP connection is closed).
+//!
+//! Modules: [`config`] (providers, [`build_router`]), [`openai`] and [`anthropic`] (the two
+//! wire formats), [`tool_modes`] (tool calls for models without native tool calling),
+//! [`router`] (priority, retries, failover, circuit breakers, first-token probing) and [`sse`].
+//!
+//! Metrics (recorded by the router, label `provider` = the provider's configured name):
+//! `sift_llm_requests_total{provider, outcome}` (one per attempt; `ok`, `error`, `timeout`,
+//! `circuit_open`, `cancelled`), `sift_llm_request_seconds`, `sift_llm_first_token_seconds`,
+//! `sift_llm_tokens_total{provider, direction = in | out}`, `sift_llm_failovers_total` and
+//! `sift_llm_circuit_state` (0 closed, 1 open, 2 half-open). [`describe_metrics`] describes them.
+
+pub mod anthropic;
+pub mod config;
+mod http;
+pub mod openai;
+pub mod router;
+pub mod sse;
+pub mod tool_modes;
+
+#[cfg(test)]
+mod test_server;
+
+pub use anthropic::AnthropicProvider;
+pub use config::{LlmConfig, ProviderConfig, ProviderKind, ToolMode, build_provider, build_router};
+pub use openai::OpenAiProvider;
+pub use router::{CircuitState, LlmRouter, RouteSettings};
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -156,3 +182,37 @@ pub trait ChatModel: Send + Sync {
 }
 
 pub type SharedChatModel = Arc<dyn ChatModel>;
+
+/// Describes the model metrics (call once at startup, after installing the recorder).
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        "sift_llm_requests_total",
+        metrics::Unit::Count,
+        "Model request attempts by provider and outcome (ok, error, timeout, circuit_open, cancelled)"
+    );
+    metrics::describe_histogram!(
+        "sift_llm_request_seconds",
+        metrics::Unit::Seconds,
+        "Model request attempts from sending to the end of the stream (or the failure)"
+    );
+    metrics::describe_histogram!(
+        "sift_llm_first_token_seconds",
+        metrics::Unit::Seconds,
+        "Time from sending a model request to its first streamed event"
+    );
+    metrics::describe_counter!(
+        "sift_llm_tokens_total",
+        metrics::Unit::Count,
+        "Tokens reported by the providers, by direction (in = prompt, out = completion)"
+    );
+    metrics::describe_counter!(
+        "sift_llm_failovers_total",
+        metrics::Unit::Count,
+        "Requests moved to the next provider after one failed before its first token"
+    );
+    metrics::describe_gauge!(
+        "sift_llm_circuit_state",
+        metrics::Unit::Count,
+        "Circuit breaker state per provider: 0 closed, 1 open, 2 half-open"
+    );
+}
