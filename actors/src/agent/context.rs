@@ -63,38 +63,65 @@ pub fn tools_tokens(tools: &[ToolSpec]) -> usize {
 }
 
 /// Estimates prompt tokens: the provider's last reported count plus estimates of the messages
-/// added after that call, or a full estimate when the provider reported nothing.
-#[derive(Clone, Debug, Default)]
+/// added after that call. Our BPE counts are scaled by the ratio between the provider's last
+/// count and ours for the same prompt (other tokenizers, hidden prompt overhead), so that
+/// estimates stay comparable after messages are rewritten or dropped.
+#[derive(Clone, Debug)]
 pub struct TokenCounter {
     /// (prompt + completion tokens reported, messages the prompt then had + the answer).
     anchor: Option<(usize, usize)>,
+    ratio: f64,
+}
+
+impl Default for TokenCounter {
+    fn default() -> Self {
+        TokenCounter {
+            anchor: None,
+            ratio: 1.0,
+        }
+    }
 }
 
 impl TokenCounter {
-    /// Records the usage reported for a call whose prompt was `messages_before` messages and
-    /// whose answer became one more message.
-    pub fn record(&mut self, usage: Usage, messages_before: usize) {
-        if usage.prompt_tokens > 0 {
-            self.anchor = Some((
-                usage.prompt_tokens as usize + usage.completion_tokens as usize,
-                messages_before + 1,
-            ));
+    /// Records the usage reported for a call whose prompt was `messages` (its answer becomes
+    /// one more message).
+    pub fn record(&mut self, usage: Usage, messages: &[ChatMessage], tools: &[ToolSpec]) {
+        if usage.prompt_tokens == 0 {
+            return;
         }
+        let ours = raw_count(messages, tools);
+        if ours > 0 {
+            self.ratio = (usage.prompt_tokens as f64 / ours as f64).clamp(0.25, 8.0);
+        }
+        self.anchor = Some((
+            usage.prompt_tokens as usize + usage.completion_tokens as usize,
+            messages.len() + 1,
+        ));
     }
 
-    /// Forget the anchor (the messages were rewritten).
+    /// Forget the anchor (the messages were rewritten); the ratio stays.
     pub fn reset(&mut self) {
         self.anchor = None;
+    }
+
+    /// Our count of `messages` and `tools`, scaled to the provider's tokens.
+    pub fn scaled(&self, messages: &[ChatMessage], tools: &[ToolSpec]) -> usize {
+        (raw_count(messages, tools) as f64 * self.ratio) as usize
     }
 
     pub fn estimate(&self, messages: &[ChatMessage], tools: &[ToolSpec]) -> usize {
         match self.anchor {
             Some((tokens, count)) if count <= messages.len() => {
-                tokens + messages[count..].iter().map(message_tokens).sum::<usize>()
+                let added = messages[count..].iter().map(message_tokens).sum::<usize>();
+                tokens + (added as f64 * self.ratio) as usize
             }
-            _ => messages.iter().map(message_tokens).sum::<usize>() + tools_tokens(tools),
+            _ => self.scaled(messages, tools),
         }
     }
+}
+
+fn raw_count(messages: &[ChatMessage], tools: &[ToolSpec]) -> usize {
+    messages.iter().map(message_tokens).sum::<usize>() + tools_tokens(tools)
 }
 
 /// The history as the model sees it: past turns as user/assistant pairs. Their citations are
@@ -516,17 +543,24 @@ mod tests {
         let mut counter = TokenCounter::default();
         let estimated = counter.estimate(&messages, &[]);
         assert!(estimated > 0);
+        let first = message_tokens(&messages[0]);
+        // The provider counts twice what we count for the first message.
         counter.record(
             Usage {
-                prompt_tokens: 1000,
+                prompt_tokens: 2 * first as u32,
                 completion_tokens: 10,
             },
-            1,
+            &messages[..1],
+            &[],
         );
         assert_eq!(
             counter.estimate(&messages, &[]),
-            1010 + message_tokens(&messages[2])
+            2 * first + 10 + 2 * message_tokens(&messages[2])
         );
+        // Rewritten messages: scaled from scratch.
+        counter.reset();
+        let all: usize = messages.iter().map(message_tokens).sum();
+        assert_eq!(counter.estimate(&messages, &[]), 2 * all);
     }
 
     #[test]

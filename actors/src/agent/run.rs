@@ -173,6 +173,14 @@ impl Run {
         }
     }
 
+    /// Adds a tool of a configured service to this run's fixed set (before it starts).
+    pub(super) fn add_tool(
+        &mut self,
+        tool: std::sync::Arc<dyn super::tools::ExternalTool>,
+    ) -> bool {
+        self.toolbox.add_external(tool)
+    }
+
     fn emit(&self, event: AgentEvent) {
         // A closed receiver does not stop the run: the session layer keeps the log.
         let _ = self.events.send(event);
@@ -448,7 +456,7 @@ impl Run {
     fn tool_error_observation(&mut self, call: &ToolCall, error: &ToolError) -> String {
         metrics::counter!(
             "sift_agent_tool_calls_total",
-            "tool" => tool_label(&call.name),
+            "tool" => self.toolbox.label(&call.name),
             "status" => error.status()
         )
         .increment(1);
@@ -463,8 +471,13 @@ impl Run {
             Instant::now(),
             json!({"status": error.status(), "error": error.to_string()}),
         );
+        let shown = if self.toolbox.allows(&call.name) {
+            call.name.as_str()
+        } else {
+            "unknown"
+        };
         wrap_observation(
-            &tool_label(&call.name),
+            shown,
             true,
             &format!("Error: {error}. The run continues: fix the call or use another tool."),
         )
@@ -580,7 +593,7 @@ impl Run {
                     observations[index] = Some(self.tool_error_observation(call, &error));
                 }
                 (Some(Prepared::Repeat(message)), _) => {
-                    metrics::counter!("sift_agent_tool_calls_total", "tool" => tool_label(&call.name), "status" => "repeated")
+                    metrics::counter!("sift_agent_tool_calls_total", "tool" => self.toolbox.label(&call.name), "status" => "repeated")
                         .increment(1);
                     self.emit(AgentEvent::ToolResult {
                         id: call.id.clone(),
@@ -614,7 +627,7 @@ impl Run {
 
     /// Records a successful tool output: events, evidence, verifier and reflector notes.
     fn observe(&mut self, call: &ToolCall, started: Instant, output: ToolOutput) -> String {
-        metrics::counter!("sift_agent_tool_calls_total", "tool" => tool_label(&call.name), "status" => "ok")
+        metrics::counter!("sift_agent_tool_calls_total", "tool" => self.toolbox.label(&call.name), "status" => "ok")
             .increment(1);
         if !output.failed_shards.is_empty() {
             self.emit(AgentEvent::Partial {
@@ -750,6 +763,7 @@ impl Run {
         }
         .await;
         // Usage: the provider's, else our estimate.
+        let reported = usage.is_some();
         let usage = usage.unwrap_or_else(|| Usage {
             prompt_tokens: self.counter.estimate(messages, &tools) as u32,
             completion_tokens: (context::count_tokens(&turn.text)
@@ -760,7 +774,9 @@ impl Run {
                     .sum::<usize>()) as u32,
         });
         if outcome.is_ok() {
-            self.counter.record(usage, messages.len());
+            if reported {
+                self.counter.record(usage, messages, &tools);
+            }
             self.last_prompt_tokens = usage.prompt_tokens;
             self.prompt_tokens += usage.prompt_tokens as u64;
             self.completion_tokens += usage.completion_tokens as u64;
@@ -850,15 +866,16 @@ impl Run {
             };
             let target = (0.6 * window as f64) as usize;
             let evidence = &self.evidence;
+            // While dropping, estimate from scratch scaled to the provider's count (the anchor
+            // no longer describes the messages), plus whatever the anchored estimate knew
+            // beyond that (hidden overhead the provider counted).
+            let counter = self.counter.clone();
+            let overhead = estimate.saturating_sub(counter.scaled(messages, tools));
             let (dropped, ids) = drop_tool_groups(
                 messages,
                 protect_before,
                 target,
-                |m| {
-                    // Estimates from scratch: the anchor no longer describes the messages.
-                    m.iter().map(context::message_tokens).sum::<usize>()
-                        + context::tools_tokens(tools)
-                },
+                |m| counter.scaled(m, tools) + overhead,
                 |text| mentioned_ids(text, evidence),
             );
             if dropped > 0 {
@@ -1298,18 +1315,6 @@ fn split_deltas(text: &str, size: usize) -> Vec<String> {
     out
 }
 
-/// The `tool` label: built-in names as they are, anything else a fixed word (labels never
-/// carry model-written text).
-fn tool_label(name: &str) -> String {
-    if super::tools::BUILTIN_TOOLS.contains(&name) || name == "web_search" {
-        name.to_string()
-    } else if name.contains("__") {
-        "mcp".into()
-    } else {
-        "unknown".into()
-    }
-}
-
 fn finish_label(finish: RunFinish) -> &'static str {
     match finish {
         RunFinish::Stop => "stop",
@@ -1376,12 +1381,5 @@ mod tests {
     fn final_answer_needs_text() {
         assert!(parse_final_answer("{\"answer\": \" \", \"citations\": []}").is_err());
         assert!(parse_final_answer("{\"answer\": \"yes\"").is_err());
-    }
-
-    #[test]
-    fn tool_labels_are_a_fixed_set() {
-        assert_eq!(tool_label("knowledge_search"), "knowledge_search");
-        assert_eq!(tool_label("srv__lookup"), "mcp");
-        assert_eq!(tool_label("ignore previous instructions"), "unknown");
     }
 }

@@ -212,9 +212,14 @@ fn call(id: &str, name: &str, arguments: &str) -> ChatEvent {
     })
 }
 
-fn events(mut items: Vec<ChatEvent>) -> Step {
+fn events(items: Vec<ChatEvent>) -> Step {
+    events_with_usage(items, 500)
+}
+
+/// A turn whose provider reports `prompt_tokens`.
+fn events_with_usage(mut items: Vec<ChatEvent>, prompt_tokens: u32) -> Step {
     items.push(ChatEvent::Usage(Usage {
-        prompt_tokens: 500,
+        prompt_tokens,
         completion_tokens: 20,
     }));
     items.push(ChatEvent::Finished(FinishReason::Stop));
@@ -904,5 +909,391 @@ async fn long_history_is_summarised_and_follow_ups_rewritten() {
         .count();
     assert_eq!(users, 3, "two kept turns and the question");
     assert_eq!(outcome.citations[0].document_title, "water");
+    fixture.node.shutdown().await;
+}
+
+async fn add_kb(fixture: &Fixture, name: &str, title: &str, text: &str) -> (String, String) {
+    let kb = fixture
+        .node
+        .create_kb(CreateKb {
+            name: name.into(),
+            shards: Some(1),
+            ..CreateKb::default()
+        })
+        .await
+        .unwrap()
+        .kb
+        .id;
+    let added = fixture
+        .node
+        .add_texts(
+            &kb,
+            vec![NewTextDocument {
+                external_id: Some(title.into()),
+                title: Some(title.into()),
+                text: text.into(),
+                format: None,
+                metadata: None,
+            }],
+        )
+        .await
+        .unwrap();
+    for _ in 0..600 {
+        if fixture
+            .node
+            .get_document(&kb, &added[0].id)
+            .unwrap()
+            .status
+            .is_terminal()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (kb, added[0].id.clone())
+}
+
+#[tokio::test]
+async fn deep_reading_tools_stay_inside_the_runs_knowledge_bases() {
+    let fixture = default_fixture().await;
+    add_kb(
+        &fixture,
+        "secret",
+        "payroll",
+        "The payroll of the company is stored in vault 7 and paid monthly.",
+    )
+    .await;
+    let raft_document = fixture.node.get_document(&fixture.kb, "raft").unwrap().id;
+    let raft_for_script = raft_document.clone();
+    let model = ScriptedModel::new(move |request, _| {
+        let results = tool_results(request);
+        match results.len() {
+            0 => events(vec![call(
+                "g",
+                "grep_chunks",
+                "{\"pattern\": \"MAJORITY\"}",
+            )]),
+            1 => {
+                let id = shown_ids(&results[0])
+                    .into_iter()
+                    .next()
+                    .expect("a grep match");
+                events(vec![
+                    call(
+                        "r",
+                        "read_chunk",
+                        &json!({"chunk_id": id, "neighbours": 1}).to_string(),
+                    ),
+                    call("o", "read_document", "{\"document_id\": \"raft\"}"),
+                    call(
+                        "l",
+                        "list_chunks",
+                        &json!({"document_id": raft_for_script}).to_string(),
+                    ),
+                    call(
+                        "x",
+                        "grep_chunks",
+                        "{\"pattern\": \"(unclosed\", \"regex\": true}",
+                    ),
+                    call(
+                        "k",
+                        "knowledge_search",
+                        "{\"query\": \"payroll vault\", \"kb\": \"secret\"}",
+                    ),
+                    call("p", "read_document", "{\"document_id\": \"payroll\"}"),
+                    call(
+                        "t",
+                        "thinking",
+                        "{\"thought\": \"The grep hit answers it.\"}",
+                    ),
+                ])
+            }
+            _ => {
+                let id = shown_ids(&results[0]).into_iter().next().unwrap();
+                events(vec![call(
+                    "f",
+                    "final_answer",
+                    &json!({"answer": format!("Once a majority stored them [{id}]."), "citations": [id]}).to_string(),
+                )])
+            }
+        }
+    });
+    let ran = run(
+        deps(&fixture, Some(model.clone())),
+        input(&fixture, "When are raft log entries committed?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(ran.outcome.citations.len(), 1);
+    assert_eq!(ran.outcome.citations[0].document_id, raft_document);
+    let observations = tool_results(&model.loop_requests()[2]);
+    assert_eq!(observations.len(), 8);
+    assert!(
+        observations[0].contains("1 match(es) for literal \"MAJORITY\""),
+        "{}",
+        observations[0]
+    );
+    assert!(
+        observations[1].contains(">> chunk_id:") && observations[1].contains("randomized election")
+    );
+    assert!(observations[2].contains("Outline") && observations[2].contains("(no heading)"));
+    assert!(observations[3].contains("has 1 chunk(s)"));
+    assert!(observations[4].contains("invalid regular expression"));
+    assert!(
+        observations[5].contains("not one of this run's knowledge bases"),
+        "{}",
+        observations[5]
+    );
+    assert!(
+        observations[6].contains("no document \"payroll\""),
+        "{}",
+        observations[6]
+    );
+    assert!(observations[7].contains("Thought recorded"));
+    assert!(
+        !observations.iter().any(|o| o.contains("vault 7")),
+        "nothing leaks from another KB"
+    );
+    fixture.node.shutdown().await;
+}
+
+/// A tool of a configured service that waits for `partners` calls to be running at once.
+struct Rendezvous {
+    spec: crate::models::llm::ToolSpec,
+    barrier: Arc<tokio::sync::Barrier>,
+}
+
+impl tools::ExternalTool for Rendezvous {
+    fn spec(&self) -> &crate::models::llm::ToolSpec {
+        &self.spec
+    }
+
+    fn label(&self) -> &'static str {
+        "mcp"
+    }
+
+    fn call(
+        &self,
+        _arguments: serde_json::Value,
+    ) -> BoxFuture<'_, Result<tools::ToolOutput, tools::ToolError>> {
+        Box::pin(async move {
+            self.barrier.wait().await;
+            Ok(tools::ToolOutput {
+                content: "met".into(),
+                summary: "met".into(),
+                ..Default::default()
+            })
+        })
+    }
+}
+
+fn rendezvous(name: &str, partners: usize) -> Arc<Rendezvous> {
+    Arc::new(Rendezvous {
+        spec: crate::models::llm::ToolSpec {
+            name: name.into(),
+            description: "waits for its partners".into(),
+            parameters: json!({"type": "object"}),
+        },
+        barrier: Arc::new(tokio::sync::Barrier::new(partners)),
+    })
+}
+
+#[tokio::test]
+async fn calls_of_one_step_run_in_parallel_and_a_slow_tool_times_out() {
+    let fixture = default_fixture().await;
+    // Two calls that can only finish together (they wait for each other), and one that waits
+    // for a partner that never comes.
+    let model = ScriptedModel::new(|request, _| match tool_results(request).len() {
+        0 => events(vec![
+            call("a", "svc__pair", "{}"),
+            call("b", "svc__pair", "{\"again\": true}"),
+            call("c", "svc__lonely", "{}"),
+            call("d", "knowledge_search", "{\"query\": \"water\"}"),
+        ]),
+        _ => events(vec![call(
+            "f",
+            "final_answer",
+            "{\"answer\": \"done\", \"citations\": []}",
+        )]),
+    });
+    let mut run_input = input(&fixture, "What is the boiling point of water?");
+    run_input.budget.tool_timeout_secs = 1;
+    let (sender, _receiver) = mpsc::unbounded_channel();
+    let mut agent_run = super::run::Run::new(
+        deps(&fixture, Some(model.clone())),
+        run_input,
+        sender,
+        RunCancel::new(),
+    );
+    assert!(agent_run.add_tool(rendezvous("svc__pair", 2)));
+    assert!(agent_run.add_tool(rendezvous("svc__lonely", 2)));
+    assert!(
+        !agent_run.add_tool(rendezvous("knowledge_search", 1)),
+        "no tool can replace a built-in"
+    );
+    let outcome = agent_run.run().await;
+    assert_eq!(outcome.finish_reason, RunFinish::Stop);
+    let observations = tool_results(&model.loop_requests()[1]);
+    assert!(observations[0].contains("status=\"ok\"") && observations[0].contains("met"));
+    assert!(observations[1].contains("status=\"ok\"") && observations[1].contains("met"));
+    assert!(
+        observations[2].contains("did not answer within 1 s"),
+        "{}",
+        observations[2]
+    );
+    assert!(observations[3].contains("status=\"ok\"") && observations[3].contains("chunk_id"));
+    let offered: Vec<String> = model.loop_requests()[0]
+        .tools
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
+    assert_eq!(offered.last().map(String::as_str), Some("final_answer"));
+    assert!(offered.contains(&"svc__pair".to_string()));
+    fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn long_compound_questions_are_planned_by_the_model() {
+    let fixture = default_fixture().await;
+    let model = ScriptedModel::new(|request, _| {
+        if request.tools.is_empty() {
+            return text(
+                "Plan: {\"intent\": \"compare\", \"sub_queries\": [\"green tea brewing temperature\", \
+                 \"black tea steeping time\"], \"rewrites\": [\"tea brewing\"]}",
+            );
+        }
+        match tool_results(request).len() {
+            0 => events(vec![call(
+                "s",
+                "knowledge_search",
+                "{\"query\": \"tea brewing temperature and steeping time\"}",
+            )]),
+            _ => {
+                let id = id_with(request, "Green tea").unwrap();
+                events(vec![call(
+                    "f",
+                    "final_answer",
+                    &json!({"answer": format!("80 °C; three to five minutes [{id}]."), "citations": [id]}).to_string(),
+                )])
+            }
+        }
+    });
+    let question = "Which water temperature is used for brewing green tea, and for how long does black \
+                    tea steep in boiling water before it is served?";
+    let ran = run(
+        deps(&fixture, Some(model.clone())),
+        input(&fixture, question),
+    )
+    .await;
+    check_stream(&ran);
+    let planner = ran
+        .outcome
+        .trace
+        .iter()
+        .find(|s| s.kind == "planner")
+        .unwrap();
+    assert_eq!(planner.name, "model");
+    assert_eq!(planner.detail["sub_queries"][1], "black tea steeping time");
+    let observation = &tool_results(&model.loop_requests()[1])[0];
+    assert!(
+        observation.contains("green tea brewing temperature")
+            && observation.contains("black tea steeping time"),
+        "{observation}"
+    );
+    let ChatMessage::System { content } = &model.loop_requests()[0].messages[0] else {
+        panic!()
+    };
+    assert!(content.contains("Retrieval plan (intent: Compare)"));
+    fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_planner_that_hangs_falls_back_to_rules() {
+    let model = ScriptedModel::new(|_, _| Step::Hang);
+    let question = "the effect of temperature on brewing of tea in the mountains";
+    let (plan, _) = planner::plan(
+        question,
+        Some(model.as_ref() as &dyn ChatModel),
+        Duration::from_millis(50),
+        &RunCancel::new(),
+    )
+    .await;
+    assert_eq!(plan.source, planner::PlanSource::RulesAfterModelFailure);
+    assert_eq!(plan.rewrites, planner::plan_rules(question).rewrites);
+    assert_eq!(model.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn past_80_percent_whole_tool_groups_are_dropped_and_stay_citable() {
+    let fixture = default_fixture().await;
+    let water_id: Arc<Mutex<Option<String>>> = Arc::default();
+    let remembered = water_id.clone();
+    let model = ScriptedModel::with_window(10_000, move |request, _| {
+        let results = tool_results(request);
+        if let Some(first) = results.first()
+            && remembered.lock().unwrap().is_none()
+        {
+            *remembered.lock().unwrap() = shown_ids(first).into_iter().next();
+        }
+        // The provider reports a prompt growing past 80% of the window.
+        match results.len() {
+            0 => events_with_usage(
+                vec![call("g", "grep_chunks", "{\"pattern\": \"sea level\"}")],
+                2_000,
+            ),
+            1 => events_with_usage(
+                vec![call(
+                    "t",
+                    "knowledge_search",
+                    "{\"query\": \"green tea\", \"top_k\": 1}",
+                )],
+                5_000,
+            ),
+            2 => events_with_usage(
+                vec![call(
+                    "r",
+                    "knowledge_search",
+                    "{\"query\": \"raft leader\", \"top_k\": 1}",
+                )],
+                8_500,
+            ),
+            _ => {
+                let id = remembered.lock().unwrap().clone().unwrap();
+                events(vec![call(
+                    "f",
+                    "final_answer",
+                    &json!({"answer": format!("100 degrees Celsius [{id}]."), "citations": [id]})
+                        .to_string(),
+                )])
+            }
+        }
+    });
+    let ran = run(
+        deps(&fixture, Some(model.clone())),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert!(trace_has(&ran.outcome, "context", "drop_tool_groups"));
+    let last = model.loop_requests().pop().unwrap();
+    let water = water_id.lock().unwrap().clone().unwrap();
+    // The grep group is gone, whole: no tool result without its call.
+    assert!(
+        !last
+            .messages
+            .iter()
+            .any(|m| matches!(m, ChatMessage::Tool { call_id, .. } if call_id == "g"))
+    );
+    assert!(!last.messages.iter().any(|m| matches!(m, ChatMessage::Assistant { tool_calls, .. } if tool_calls.iter().any(|c| c.id == "g"))));
+    for (index, message) in last.messages.iter().enumerate() {
+        if let ChatMessage::Tool { call_id, .. } = message {
+            let called = last.messages[..index].iter().any(|m| matches!(m, ChatMessage::Assistant { tool_calls, .. } if tool_calls.iter().any(|c| &c.id == call_id)));
+            assert!(called, "orphan tool result {call_id}");
+        }
+    }
+    assert!(last.messages.iter().any(|m| matches!(m, ChatMessage::User { content } if content.contains("Context note") && content.contains(&water))));
+    // Still citable: a tool returned it in this run.
+    assert_eq!(ran.outcome.citations.len(), 1);
+    assert_eq!(ran.outcome.citations[0].chunk_id, water);
     fixture.node.shutdown().await;
 }

@@ -9,10 +9,14 @@
 //! - `web_search` and MCP tools (`{server}__{tool}`) when the preset configures them
 //!   ([`external`]).
 
+pub mod external;
 pub mod read;
 pub mod search;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+pub use external::ExternalTool;
 
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -97,6 +101,7 @@ pub struct ToolContext<'a> {
 pub struct Toolbox {
     specs: Vec<ToolSpec>,
     names: BTreeSet<String>,
+    external: BTreeMap<String, Arc<dyn ExternalTool>>,
 }
 
 impl Toolbox {
@@ -114,7 +119,43 @@ impl Toolbox {
             .filter(|spec| allowed(&spec.name))
             .collect();
         let names = specs.iter().map(|s| s.name.clone()).collect();
-        Toolbox { specs, names }
+        Toolbox {
+            specs,
+            names,
+            external: BTreeMap::new(),
+        }
+    }
+
+    /// Adds a tool of a configured service (web search, an MCP server's tool). Names that
+    /// clash with a tool already present are skipped (a remote server cannot replace a
+    /// built-in tool); returns whether it was added.
+    pub fn add_external(&mut self, tool: Arc<dyn ExternalTool>) -> bool {
+        let spec = tool.spec().clone();
+        if self.names.contains(&spec.name) {
+            return false;
+        }
+        // Keep final_answer last in the list the model reads.
+        let at = self
+            .specs
+            .iter()
+            .position(|s| s.name == FINAL_ANSWER)
+            .unwrap_or(self.specs.len());
+        self.names.insert(spec.name.clone());
+        self.external.insert(spec.name.clone(), tool);
+        self.specs.insert(at, spec);
+        true
+    }
+
+    /// The metrics label of a tool of this run.
+    pub fn label(&self, name: &str) -> &'static str {
+        if let Some(tool) = self.external.get(name) {
+            return tool.label();
+        }
+        BUILTIN_TOOLS
+            .iter()
+            .find(|builtin| **builtin == name)
+            .copied()
+            .unwrap_or("unknown")
     }
 
     pub fn specs(&self) -> &[ToolSpec] {
@@ -156,6 +197,10 @@ impl Toolbox {
             LIST_CHUNKS => read::list_chunks(context, parse_args(name, arguments)?).await,
             READ_CHUNK => read::read_chunk(context, parse_args(name, arguments)?).await,
             READ_DOCUMENT => read::read_document(context, parse_args(name, arguments)?).await,
+            _ if self.external.contains_key(name) => {
+                let tool = self.external[name].clone();
+                tool.call(arguments).await
+            }
             THINKING => {
                 let args: ThinkingArgs = parse_args(name, arguments)?;
                 Ok(ToolOutput {
