@@ -174,6 +174,7 @@ impl Run {
     }
 
     /// Adds a tool of a configured service to this run's fixed set (before it starts).
+    #[cfg(test)]
     pub(super) fn add_tool(
         &mut self,
         tool: std::sync::Arc<dyn super::tools::ExternalTool>,
@@ -227,8 +228,34 @@ impl Run {
         }
     }
 
-    /// Follow-up rewrite and planning.
+    /// Connects the preset's services (web search, MCP servers), then the follow-up rewrite
+    /// and planning.
     async fn prepare(&mut self, model: Option<&dyn ChatModel>) {
+        if self.deps.preset.web_search.is_some() || !self.deps.preset.mcp_servers.is_empty() {
+            let started = Instant::now();
+            let preset = self.deps.preset.clone();
+            let connected = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => return,
+                connected = super::tools::external::connect_preset_tools(&preset) => connected,
+            };
+            let mut added = Vec::new();
+            for tool in connected.tools {
+                let name = tool.spec().name.clone();
+                if self.toolbox.add_external(tool) {
+                    added.push(name);
+                }
+            }
+            for failure in &connected.failures {
+                warn!(%failure, "mcp server left out of the run");
+            }
+            self.step(
+                "tools",
+                "connect",
+                started,
+                json!({"added": added, "failed": connected.failures}),
+            );
+        }
         let question = self.input.question.clone();
         if !self.history.is_empty() {
             let started = Instant::now();
