@@ -441,8 +441,116 @@ async fn react_path_ends_in_an_answer_citing_only_retrieved_chunks() {
     fixture.node.shutdown().await;
 }
 
+/// Counters and histogram samples in memory, keyed `name{label=value,...}` (labels sorted).
+#[derive(Default)]
+struct MemoryRecorder {
+    counters: Mutex<std::collections::BTreeMap<String, Arc<std::sync::atomic::AtomicU64>>>,
+    samples: Mutex<std::collections::BTreeMap<String, Arc<Samples>>>,
+}
+
+#[derive(Default)]
+struct Samples(Mutex<Vec<f64>>);
+
+impl metrics::HistogramFn for Samples {
+    fn record(&self, value: f64) {
+        self.0.lock().unwrap().push(value);
+    }
+}
+
+fn key_text(key: &metrics::Key) -> String {
+    let mut labels: Vec<String> = key
+        .labels()
+        .map(|label| format!("{}={}", label.key(), label.value()))
+        .collect();
+    labels.sort();
+    format!("{}{{{}}}", key.name(), labels.join(","))
+}
+
+impl MemoryRecorder {
+    fn counter(&self, key: &str) -> u64 {
+        self.counters
+            .lock()
+            .unwrap()
+            .get(key)
+            .map_or(0, |v| v.load(Ordering::Relaxed))
+    }
+
+    fn samples(&self, key: &str) -> Vec<f64> {
+        self.samples
+            .lock()
+            .unwrap()
+            .get(key)
+            .map(|s| s.0.lock().unwrap().clone())
+            .unwrap_or_default()
+    }
+}
+
+impl metrics::Recorder for MemoryRecorder {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        let value = self
+            .counters
+            .lock()
+            .unwrap()
+            .entry(key_text(key))
+            .or_default()
+            .clone();
+        metrics::Counter::from_arc(value)
+    }
+
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        let value = self
+            .counters
+            .lock()
+            .unwrap()
+            .entry(key_text(key))
+            .or_default()
+            .clone();
+        metrics::Gauge::from_arc(value)
+    }
+
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        let samples = self
+            .samples
+            .lock()
+            .unwrap()
+            .entry(key_text(key))
+            .or_default()
+            .clone();
+        metrics::Histogram::from_arc(samples)
+    }
+}
+
 #[tokio::test]
 async fn malformed_arguments_and_unknown_tools_become_observations() {
+    let recorder = MemoryRecorder::default();
+    // Thread-local: the test runtime runs the run's task on this thread.
+    let _guard = metrics::set_default_local_recorder(&recorder);
     let fixture = default_fixture().await;
     let model = ScriptedModel::new(|request, _| {
         let results = tool_results(request);
@@ -495,6 +603,32 @@ async fn malformed_arguments_and_unknown_tools_become_observations() {
     assert_eq!(errors, 3);
     // The malformed call is still shown, with its raw text.
     assert!(ran.events.iter().any(|e| matches!(e, AgentEvent::ToolCall { id, arguments, .. } if id == "bad" && arguments.is_string())));
+    for (key, expected) in [
+        (
+            "sift_agent_tool_calls_total{status=bad_arguments,tool=knowledge_search}",
+            1,
+        ),
+        (
+            "sift_agent_tool_calls_total{status=unknown_tool,tool=unknown}",
+            1,
+        ),
+        (
+            "sift_agent_tool_calls_total{status=bad_arguments,tool=read_chunk}",
+            1,
+        ),
+        (
+            "sift_agent_tool_calls_total{status=ok,tool=knowledge_search}",
+            1,
+        ),
+        (
+            "sift_agent_tool_calls_total{status=ok,tool=final_answer}",
+            1,
+        ),
+        ("sift_agent_runs_total{mode=agent,outcome=stop}", 1),
+    ] {
+        assert_eq!(recorder.counter(key), expected, "{key}");
+    }
+    assert_eq!(recorder.samples("sift_agent_iterations{}"), vec![3.0]);
     fixture.node.shutdown().await;
 }
 
