@@ -577,34 +577,57 @@ impl Run {
         let kbs = self.input.kbs.clone();
         let plan = self.plan.clone();
         let question = self.retrieval_question.clone();
-        let first_search = !self.searched;
         let toolbox = &self.toolbox;
         let context = ToolContext {
             node: &node,
             kbs: &kbs,
             plan: &plan,
             question: &question,
-            first_search,
+            first_search: false,
+        };
+        // Only the run's very first search also runs the plan's queries.
+        let first_context = ToolContext {
+            first_search: true,
+            ..context
+        };
+        let first_search_call = if self.searched {
+            None
+        } else {
+            calls
+                .iter()
+                .zip(prepared.iter())
+                .position(|(call, prepared)| {
+                    call.name == KNOWLEDGE_SEARCH && matches!(prepared, Some(Prepared::Run(_)))
+                })
         };
         let deadline = self.deadline;
-        let runs = calls.iter().zip(prepared.iter()).map(|(call, prepared)| {
-            let context = &context;
-            async move {
-                let Some(Prepared::Run(arguments)) = prepared else {
-                    return None;
-                };
-                let started = Instant::now();
-                let limit = tool_timeout
-                    .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-                let outcome = tokio::time::timeout(
-                    limit,
-                    toolbox.call(context, &call.name, arguments.clone()),
-                )
-                .await
-                .unwrap_or(Err(ToolError::Timeout(limit.as_secs())));
-                Some((started, outcome))
-            }
-        });
+        let runs =
+            calls
+                .iter()
+                .zip(prepared.iter())
+                .enumerate()
+                .map(|(index, (call, prepared))| {
+                    let context = if Some(index) == first_search_call {
+                        &first_context
+                    } else {
+                        &context
+                    };
+                    async move {
+                        let Some(Prepared::Run(arguments)) = prepared else {
+                            return None;
+                        };
+                        let started = Instant::now();
+                        let limit = tool_timeout
+                            .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+                        let outcome = tokio::time::timeout(
+                            limit,
+                            toolbox.call(context, &call.name, arguments.clone()),
+                        )
+                        .await
+                        .unwrap_or(Err(ToolError::Timeout(limit.as_secs())));
+                        Some((started, outcome))
+                    }
+                });
         let outcomes = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return None,

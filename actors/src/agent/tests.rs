@@ -1590,3 +1590,123 @@ async fn mcp_tools_are_called_and_a_slow_web_search_times_out() {
     );
     fixture.node.shutdown().await;
 }
+
+#[tokio::test]
+async fn at_most_five_retrievals_per_turn_then_the_answer_is_forced() {
+    let fixture = default_fixture().await;
+    let model = ScriptedModel::new(|request, n| {
+        if request.tools.len() == 1 {
+            return events(vec![call(
+                "f",
+                "final_answer",
+                "{\"answer\": \"What the evidence shows.\", \"citations\": []}",
+            )]);
+        }
+        events(vec![call(
+            &format!("s{n}"),
+            "knowledge_search",
+            &json!({"query": format!("water question {n}")}).to_string(),
+        )])
+    });
+    let ran = run(
+        deps(&fixture, Some(model.clone())),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(ran.outcome.finish_reason, RunFinish::Stop);
+    assert_eq!(ran.outcome.iterations, 6);
+    assert!(trace_has(&ran.outcome, "force_answer", "retrieval limit"));
+    let searches = ran
+        .outcome
+        .trace
+        .iter()
+        .filter(|s| s.kind == "tool" && s.name == "knowledge_search" && s.detail["status"] == "ok")
+        .count();
+    assert_eq!(searches, 5);
+    let requests = model.loop_requests();
+    let fifth = &tool_results(&requests[5])[4];
+    assert!(
+        fifth.contains("The retrieval limit (5 per turn) is reached"),
+        "{fifth}"
+    );
+    let refused = &tool_results(requests.last().unwrap())[5];
+    assert!(
+        refused.contains("status=\"error\"") && refused.contains("retrieval limit"),
+        "{refused}"
+    );
+    fixture.node.shutdown().await;
+}
+
+/// A configured service whose answer is partial.
+struct PartialTool(crate::models::llm::ToolSpec);
+
+impl tools::ExternalTool for PartialTool {
+    fn spec(&self) -> &crate::models::llm::ToolSpec {
+        &self.0
+    }
+
+    fn label(&self) -> &'static str {
+        "mcp"
+    }
+
+    fn call(
+        &self,
+        _arguments: serde_json::Value,
+    ) -> BoxFuture<'_, Result<tools::ToolOutput, tools::ToolError>> {
+        Box::pin(async move {
+            Ok(tools::ToolOutput {
+                content: "some results".into(),
+                summary: "partial".into(),
+                failed_shards: vec![FailedShardRef {
+                    kb_id: "kb".into(),
+                    shard: 1,
+                    reason: "deadline".into(),
+                }],
+                ..Default::default()
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn failed_shards_are_reported_as_partial_before_the_result() {
+    let fixture = default_fixture().await;
+    let model = ScriptedModel::new(|request, _| match tool_results(request).len() {
+        0 => events(vec![call("p", "svc__partial", "{}")]),
+        _ => events(vec![call(
+            "f",
+            "final_answer",
+            "{\"answer\": \"ok\", \"citations\": []}",
+        )]),
+    });
+    let (sender, mut receiver) = mpsc::unbounded_channel();
+    let mut agent_run = super::run::Run::new(
+        deps(&fixture, Some(model)),
+        input(&fixture, "anything"),
+        sender,
+        RunCancel::new(),
+    );
+    agent_run.add_tool(Arc::new(PartialTool(crate::models::llm::ToolSpec {
+        name: "svc__partial".into(),
+        description: "partial".into(),
+        parameters: json!({"type": "object"}),
+    })));
+    agent_run.run().await;
+    let mut events = Vec::new();
+    while let Ok(event) = receiver.try_recv() {
+        events.push(event);
+    }
+    let partial = events
+        .iter()
+        .position(
+            |e| matches!(e, AgentEvent::Partial { failed_shards } if failed_shards[0].shard == 1),
+        )
+        .expect("a partial event");
+    let result = events
+        .iter()
+        .position(|e| matches!(e, AgentEvent::ToolResult { id, .. } if id == "p"))
+        .unwrap();
+    assert!(partial < result);
+    fixture.node.shutdown().await;
+}
