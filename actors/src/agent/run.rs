@@ -707,7 +707,24 @@ impl Run {
                     text: &c.chunk.text,
                 })
                 .collect();
-            let verdicts = self.verifier.verify_all(&query_terms, &candidates);
+            // A hit is judged against the question and against each query that found it (a
+            // sub-query's evidence covers its part of the question); the best verdict counts.
+            let mut term_sets = vec![query_terms.clone()];
+            term_sets.extend(output.queries.iter().map(|q| terms(q)));
+            let verdicts: Vec<_> = candidates
+                .iter()
+                .map(|candidate| {
+                    term_sets
+                        .iter()
+                        .map(|set| self.verifier.verify(set, candidate))
+                        .max_by(|a, b| {
+                            (a.valid, a.score)
+                                .partial_cmp(&(b.valid, b.score))
+                                .unwrap_or(std::cmp::Ordering::Equal)
+                        })
+                        .expect("at least the question's terms")
+                })
+                .collect();
             let valid = verdicts.iter().filter(|v| v.valid).count();
             let rejected: Vec<String> = verdicts
                 .iter()

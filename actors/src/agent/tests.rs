@@ -1710,3 +1710,46 @@ async fn failed_shards_are_reported_as_partial_before_the_result() {
     assert!(partial < result);
     fixture.node.shutdown().await;
 }
+
+#[tokio::test]
+async fn cancel_stops_running_tools_promptly() {
+    let fixture = default_fixture().await;
+    let model = ScriptedModel::new(|_, _| events(vec![call("w", "svc__wait", "{}")]));
+    let (sender, mut receiver) = mpsc::unbounded_channel();
+    let cancel = RunCancel::new();
+    let mut agent_run = super::run::Run::new(
+        deps(&fixture, Some(model)),
+        input(&fixture, "What is the boiling point of water?"),
+        sender,
+        cancel.clone(),
+    );
+    // A tool that waits for a partner that never comes (and a timeout far away).
+    agent_run.add_tool(rendezvous("svc__wait", 2));
+    let handle = tokio::spawn(agent_run.run());
+    loop {
+        match receiver.recv().await.unwrap() {
+            AgentEvent::ToolCall { name, .. } if name == "svc__wait" => break,
+            _ => {}
+        }
+    }
+    cancel.cancel();
+    let outcome = handle.await.unwrap();
+    assert_eq!(outcome.finish_reason, RunFinish::Stopped);
+    let mut rest = Vec::new();
+    while let Some(event) = receiver.recv().await {
+        rest.push(event);
+    }
+    assert!(
+        !rest
+            .iter()
+            .any(|e| matches!(e, AgentEvent::ToolResult { .. })),
+        "the tool never finished"
+    );
+    assert!(matches!(
+        rest.last(),
+        Some(AgentEvent::Done {
+            finish_reason: RunFinish::Stopped
+        })
+    ));
+    fixture.node.shutdown().await;
+}
