@@ -174,6 +174,7 @@ impl Run {
     }
 
     /// Adds a tool of a configured service to this run's fixed set (before it starts).
+    #[cfg(test)]
     pub(super) fn add_tool(
         &mut self,
         tool: std::sync::Arc<dyn super::tools::ExternalTool>,
@@ -227,8 +228,34 @@ impl Run {
         }
     }
 
-    /// Follow-up rewrite and planning.
+    /// Connects the preset's services (web search, MCP servers), then the follow-up rewrite
+    /// and planning.
     async fn prepare(&mut self, model: Option<&dyn ChatModel>) {
+        if self.deps.preset.web_search.is_some() || !self.deps.preset.mcp_servers.is_empty() {
+            let started = Instant::now();
+            let preset = self.deps.preset.clone();
+            let connected = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => return,
+                connected = super::tools::external::connect_preset_tools(&preset) => connected,
+            };
+            let mut added = Vec::new();
+            for tool in connected.tools {
+                let name = tool.spec().name.clone();
+                if self.toolbox.add_external(tool) {
+                    added.push(name);
+                }
+            }
+            for failure in &connected.failures {
+                warn!(%failure, "mcp server left out of the run");
+            }
+            self.step(
+                "tools",
+                "connect",
+                started,
+                json!({"added": added, "failed": connected.failures}),
+            );
+        }
         let question = self.input.question.clone();
         if !self.history.is_empty() {
             let started = Instant::now();
@@ -550,34 +577,57 @@ impl Run {
         let kbs = self.input.kbs.clone();
         let plan = self.plan.clone();
         let question = self.retrieval_question.clone();
-        let first_search = !self.searched;
         let toolbox = &self.toolbox;
         let context = ToolContext {
             node: &node,
             kbs: &kbs,
             plan: &plan,
             question: &question,
-            first_search,
+            first_search: false,
+        };
+        // Only the run's very first search also runs the plan's queries.
+        let first_context = ToolContext {
+            first_search: true,
+            ..context
+        };
+        let first_search_call = if self.searched {
+            None
+        } else {
+            calls
+                .iter()
+                .zip(prepared.iter())
+                .position(|(call, prepared)| {
+                    call.name == KNOWLEDGE_SEARCH && matches!(prepared, Some(Prepared::Run(_)))
+                })
         };
         let deadline = self.deadline;
-        let runs = calls.iter().zip(prepared.iter()).map(|(call, prepared)| {
-            let context = &context;
-            async move {
-                let Some(Prepared::Run(arguments)) = prepared else {
-                    return None;
-                };
-                let started = Instant::now();
-                let limit = tool_timeout
-                    .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-                let outcome = tokio::time::timeout(
-                    limit,
-                    toolbox.call(context, &call.name, arguments.clone()),
-                )
-                .await
-                .unwrap_or(Err(ToolError::Timeout(limit.as_secs())));
-                Some((started, outcome))
-            }
-        });
+        let runs =
+            calls
+                .iter()
+                .zip(prepared.iter())
+                .enumerate()
+                .map(|(index, (call, prepared))| {
+                    let context = if Some(index) == first_search_call {
+                        &first_context
+                    } else {
+                        &context
+                    };
+                    async move {
+                        let Some(Prepared::Run(arguments)) = prepared else {
+                            return None;
+                        };
+                        let started = Instant::now();
+                        let limit = tool_timeout
+                            .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+                        let outcome = tokio::time::timeout(
+                            limit,
+                            toolbox.call(context, &call.name, arguments.clone()),
+                        )
+                        .await
+                        .unwrap_or(Err(ToolError::Timeout(limit.as_secs())));
+                        Some((started, outcome))
+                    }
+                });
         let outcomes = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return None,
@@ -657,7 +707,24 @@ impl Run {
                     text: &c.chunk.text,
                 })
                 .collect();
-            let verdicts = self.verifier.verify_all(&query_terms, &candidates);
+            // A hit is judged against the question and against each query that found it (a
+            // sub-query's evidence covers its part of the question); the best verdict counts.
+            let mut term_sets = vec![query_terms.clone()];
+            term_sets.extend(output.queries.iter().map(|q| terms(q)));
+            let verdicts: Vec<_> = candidates
+                .iter()
+                .map(|candidate| {
+                    term_sets
+                        .iter()
+                        .map(|set| self.verifier.verify(set, candidate))
+                        .max_by(|a, b| {
+                            (a.valid, a.score)
+                                .partial_cmp(&(b.valid, b.score))
+                                .unwrap_or(std::cmp::Ordering::Equal)
+                        })
+                        .expect("at least the question's terms")
+                })
+                .collect();
             let valid = verdicts.iter().filter(|v| v.valid).count();
             let rejected: Vec<String> = verdicts
                 .iter()
