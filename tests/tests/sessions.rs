@@ -993,3 +993,87 @@ async fn malformed_arguments_unknown_tools_and_hostile_documents_change_nothing(
     assert_eq!(counts["ready"], DOCUMENTS as u64 + 1);
     fixture.node.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_remote_mcp_tool_is_called_and_its_result_used() {
+    let mcp = sift_tests::fake_mcp::FakeMcp::start().await;
+    let fake = FakeLlm::start(|request: &FakeRequest| {
+        if !request.offers_tool("final_answer") {
+            return text_reply(request, &request.last_user_text(), 2);
+        }
+        let id = format!("call_{}", request.index);
+        let text = request.text();
+        if !text.contains("is 4711 euros") {
+            return sift_tests::fake_llm::tool_call_reply(
+                request,
+                &id,
+                "prices__lookup_price",
+                &json!({ "item": "widget" }),
+                5,
+            );
+        }
+        if request.chunk_ids_shown().is_empty() {
+            return sift_tests::fake_llm::tool_call_reply(
+                request,
+                &id,
+                "knowledge_search",
+                &json!({ "query": first_title() }),
+                5,
+            );
+        }
+        let mut arguments = final_answer_citing(request, 1);
+        let cited = arguments["answer"].as_str().unwrap().to_string();
+        arguments["answer"] = json!(format!("The widget costs 4711 euros. {cited}"));
+        sift_tests::fake_llm::tool_call_reply(request, &id, "final_answer", &arguments, 7)
+    })
+    .await;
+    let mcp_url = mcp.url();
+    let fixture = fixture(vec![provider(&fake, "local", 0)], move |config| {
+        let mut preset = sift_actors::agent::AgentPreset::default_preset();
+        preset.name = "pricing".into();
+        preset.mcp_servers = vec![
+            serde_json::from_value(json!({ "name": "prices", "url": mcp_url }))
+                .expect("an MCP server config"),
+        ];
+        config.agents = vec![preset];
+    })
+    .await;
+    let client = &fixture.client;
+    let session = client
+        .post_json(
+            "/v1/sessions",
+            &json!({ "kbs": ["papers"], "agent": "pricing" }),
+        )
+        .await
+        .expect(201)["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let events = ask(client, &session, "How much does the widget cost?")
+        .await
+        .rest()
+        .await;
+    assert_well_formed(&events, &session);
+    assert!(
+        events_named(&events, "tool_call")
+            .iter()
+            .any(|c| c.data["name"] == "prices__lookup_price"),
+        "{:#?}",
+        names(&events)
+    );
+    let calls = mcp.tool_calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0]["name"], "lookup_price");
+    assert_eq!(calls[0]["arguments"]["item"], "widget");
+    assert!(mcp.sessions_kept(), "the MCP session id was not sent back");
+    // The tool's result reached the model and the answer.
+    assert!(
+        fake.requests()
+            .iter()
+            .any(|r| r.text().contains("The price of widget is 4711 euros.")),
+        "the MCP result never reached the model"
+    );
+    assert!(answer_text(&events).contains("4711 euros"));
+    assert_eq!(events.last().unwrap().data["finish_reason"], "stop");
+    fixture.node.shutdown().await;
+}

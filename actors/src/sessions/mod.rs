@@ -558,7 +558,6 @@ pub fn describe_metrics() {
         "sift_agent_answers_total",
         "answers by mode: agent, fast_path, extractive"
     );
-    metrics::describe_histogram!("sift_agent_run_iterations", "ReAct iterations per run");
     metrics::describe_histogram!(
         "sift_agent_run_seconds",
         "wall time per run, queue included"

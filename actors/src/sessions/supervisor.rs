@@ -253,7 +253,6 @@ pub async fn supervise_run(
     metrics::counter!("sift_agent_runs_total", "outcome" => outcome_label).increment(1);
     metrics::histogram!("sift_agent_run_seconds").record(started.elapsed().as_secs_f64());
     if let Some(outcome) = &end.outcome {
-        metrics::histogram!("sift_agent_run_iterations").record(outcome.iterations as f64);
         metrics::counter!("sift_agent_tokens_total", "direction" => "in")
             .increment(outcome.prompt_tokens);
         metrics::counter!("sift_agent_tokens_total", "direction" => "out")
