@@ -1077,3 +1077,42 @@ async fn a_remote_mcp_tool_is_called_and_its_result_used() {
     assert_eq!(events.last().unwrap().data["finish_reason"], "stop");
     fixture.node.shutdown().await;
 }
+
+#[tokio::test]
+async fn deleting_a_session_mid_run_stops_the_run_and_stores_nothing() {
+    let fake = FakeLlm::start(endless_thinker()).await;
+    let fixture = fixture_with_llm(vec![provider(&fake, "local", 0)]).await;
+    let client = &fixture.client;
+    let session = new_session(client).await;
+    let mut stream = ask(client, &session, "Think about the first study").await;
+    stream.until("thought").await;
+    client
+        .delete(&format!("/v1/sessions/{session}"))
+        .await
+        .expect(204);
+    let rest = stream.rest().await;
+    let done = rest.last().expect("the stream ends with done");
+    assert_eq!(done.event, "done");
+    assert_eq!(done.data["finish_reason"], "stopped");
+    assert!(
+        done.data["message_id"].is_null(),
+        "no turn of a deleted session: {done:?}"
+    );
+    client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect_error(404, "session_not_found");
+    assert_eq!(
+        client.get("/v1/sessions").await.expect(200)["sessions"],
+        json!([])
+    );
+
+    // Shutting the node down ends running streams too.
+    let other = new_session(client).await;
+    let mut stream = ask(client, &other, "Think about the first study").await;
+    stream.until("thought").await;
+    let shutdown = tokio::spawn(fixture.node.shutdown());
+    let rest = stream.rest().await;
+    assert_eq!(rest.last().unwrap().data["finish_reason"], "stopped");
+    shutdown.await.unwrap();
+}
