@@ -111,7 +111,11 @@ impl Drop for Sessions {
             .unwrap_or_else(|p| p.into_inner())
             .take()
         {
-            runtime.shutdown_background();
+            // The last reference may go away on one of the runtime's own threads (a run's
+            // task): shut it down from a plain thread, never from inside itself.
+            let _ = std::thread::Builder::new()
+                .name("sift-run-shutdown".into())
+                .spawn(move || runtime.shutdown_background());
         }
     }
 }
