@@ -752,6 +752,35 @@ async fn sift_ask_renders_the_answer_and_sources_and_fails_clearly() {
         !stdout.contains("\x1b["),
         "no colour codes when not on a terminal"
     );
+    // A follow-up in the same session.
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    let session = stderr
+        .split_whitespace()
+        .skip_while(|w| *w != "--session")
+        .nth(1)
+        .unwrap_or_else(|| panic!("sift ask names its session: {stderr}"))
+        .trim_end_matches(')')
+        .to_string();
+    let output = tokio::process::Command::new(binary)
+        .args([
+            "ask",
+            "--node",
+            &fixture.node.url,
+            "--session",
+            &session,
+            "papers",
+            "and more?",
+        ])
+        .output()
+        .await
+        .expect("running sift ask");
+    assert!(output.status.success());
+    let turns = fixture
+        .client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect(200);
+    assert_eq!(turns["messages"].as_array().unwrap().len(), 2);
 
     let output = tokio::process::Command::new(binary)
         .args(["ask", "--node", &fixture.node.url, "nope", "anything"])
