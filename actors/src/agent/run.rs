@@ -129,7 +129,7 @@ pub(super) struct Run {
     /// Index of the current question in the messages; tool groups follow it.
     question_index: usize,
     dropped_note: Option<(usize, Vec<String>)>,
-    retrieval_refused: bool,
+    call_ids: std::collections::HashSet<String>,
 }
 
 impl Run {
@@ -165,7 +165,7 @@ impl Run {
             repeats: 0,
             question_index: 1,
             dropped_note: None,
-            retrieval_refused: false,
+            call_ids: Default::default(),
             deps,
             input,
             events,
@@ -378,6 +378,14 @@ impl Run {
                     );
                 }
             }
+            // Ids pair calls with results (in the messages and the events): make them unique
+            // in the run, whatever the provider sent (empty, or "call_0" every step).
+            for (index, call) in calls.iter_mut().enumerate() {
+                if call.id.trim().is_empty() || !self.call_ids.insert(call.id.clone()) {
+                    call.id = format!("call-{}-{index}", self.iterations);
+                    self.call_ids.insert(call.id.clone());
+                }
+            }
             if calls.is_empty() {
                 if turn.text.trim().is_empty() {
                     if !empty_retried {
@@ -556,7 +564,6 @@ impl Run {
             if call.name == KNOWLEDGE_SEARCH {
                 let done = self.reflector.retrievals() + searches_this_step;
                 if done >= self.reflector.config.max_retrievals {
-                    self.retrieval_refused = true;
                     force = Some("the retrieval limit of this turn was reached".into());
                     prepared.push(Some(Prepared::Refuse(ToolError::Failed(format!(
                         "the retrieval limit ({} searches per turn) is reached; answer with the evidence you have",

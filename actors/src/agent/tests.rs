@@ -746,6 +746,18 @@ async fn a_repeated_call_is_flagged_then_an_answer_is_forced() {
         .filter(|s| s.kind == "tool" && s.name == "knowledge_search" && s.detail["status"] == "ok")
         .count();
     assert_eq!(searches, 1, "a repeated call is not run again");
+    // The provider reused the id "s" every step: the run made them unique.
+    let ids: Vec<&str> = ran
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::ToolCall { id, .. } => Some(id.as_str()),
+            _ => None,
+        })
+        .collect();
+    let unique: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
+    assert_eq!(ids.len(), unique.len(), "{ids:?}");
+    assert_eq!(ids[0], "s");
     fixture.node.shutdown().await;
 }
 
