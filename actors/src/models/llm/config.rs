@@ -37,6 +37,10 @@ use super::{LlmError, SharedChatModel};
 pub const BASE_URL_ENV: &str = "SIFT_LLM_BASE_URL";
 pub const MODEL_ENV: &str = "SIFT_LLM_MODEL";
 pub const API_KEY_ENV: &str = "SIFT_LLM_API_KEY";
+/// Optional overrides of the env-only provider.
+pub const TOOL_MODE_ENV: &str = "SIFT_LLM_TOOL_MODE";
+pub const CONTEXT_WINDOW_ENV: &str = "SIFT_LLM_CONTEXT_WINDOW";
+pub const FIRST_TOKEN_TIMEOUT_ENV: &str = "SIFT_LLM_FIRST_TOKEN_TIMEOUT_MS";
 
 /// All chat model providers; the router tries them by `priority`, lowest first.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -293,8 +297,11 @@ impl ProviderConfig {
 }
 
 impl LlmConfig {
-    /// The env-only setup: one OpenAI-compatible provider when `SIFT_LLM_BASE_URL` and
-    /// `SIFT_LLM_MODEL` are set, none otherwise.
+    /// The env-only setup: one OpenAI-compatible provider named `openai` when
+    /// `SIFT_LLM_BASE_URL` and `SIFT_LLM_MODEL` are set, none otherwise. Optional:
+    /// `SIFT_LLM_API_KEY`, `SIFT_LLM_TOOL_MODE` (`native` | `text` | `json_schema`; small local
+    /// models do best with `json_schema`), `SIFT_LLM_CONTEXT_WINDOW`,
+    /// `SIFT_LLM_FIRST_TOKEN_TIMEOUT_MS` (slow CPU models need more than the default 60 s).
     pub fn from_env() -> Result<LlmConfig, LlmError> {
         LlmConfig::from_lookup(|name| std::env::var(name).ok())
     }
@@ -306,9 +313,22 @@ impl LlmConfig {
         let model = lookup(MODEL_ENV).filter(|value| !value.trim().is_empty());
         match (base_url, model) {
             (None, None) => Ok(LlmConfig::default()),
-            (Some(base_url), Some(model)) => Ok(LlmConfig {
-                providers: vec![ProviderConfig::openai(base_url, model, lookup(API_KEY_ENV))],
-            }),
+            (Some(base_url), Some(model)) => {
+                let mut provider = ProviderConfig::openai(base_url, model, lookup(API_KEY_ENV));
+                if let Some(mode) = lookup(TOOL_MODE_ENV).filter(|value| !value.trim().is_empty()) {
+                    provider.tool_mode = parse_tool_mode(&mode)?;
+                }
+                if let Some(window) = parse_number(&lookup, CONTEXT_WINDOW_ENV)? {
+                    provider.context_window = window;
+                }
+                if let Some(timeout) = parse_number(&lookup, FIRST_TOKEN_TIMEOUT_ENV)? {
+                    provider.first_token_timeout_ms = timeout;
+                }
+                provider.validate()?;
+                Ok(LlmConfig {
+                    providers: vec![provider],
+                })
+            }
             (Some(_), None) => Err(LlmError::Config(format!(
                 "{BASE_URL_ENV} is set but {MODEL_ENV} is not"
             ))),
@@ -339,6 +359,31 @@ impl LlmConfig {
         providers.sort_by_key(|provider| provider.priority);
         providers
     }
+}
+
+fn parse_tool_mode(value: &str) -> Result<ToolMode, LlmError> {
+    match value.trim() {
+        "native" => Ok(ToolMode::Native),
+        "text" => Ok(ToolMode::Text),
+        "json_schema" => Ok(ToolMode::JsonSchema),
+        other => Err(LlmError::Config(format!(
+            "{TOOL_MODE_ENV} must be native, text or json_schema, got {other:?}"
+        ))),
+    }
+}
+
+fn parse_number<T: std::str::FromStr>(
+    lookup: &impl Fn(&str) -> Option<String>,
+    name: &str,
+) -> Result<Option<T>, LlmError> {
+    let Some(value) = lookup(name).filter(|value| !value.trim().is_empty()) else {
+        return Ok(None);
+    };
+    value
+        .trim()
+        .parse()
+        .map(Some)
+        .map_err(|_| LlmError::Config(format!("{name} must be a positive number, got {value:?}")))
 }
 
 /// One provider client for `config` (no routing around it).
@@ -482,7 +527,7 @@ mod tests {
 
     #[test]
     fn env_setup_needs_base_url_and_model_together() {
-        let lookup = |pairs: &'static [(&'static str, &'static str)]| {
+        let lookup = |pairs: Vec<(&'static str, &'static str)>| {
             move |name: &str| {
                 pairs
                     .iter()
@@ -491,10 +536,10 @@ mod tests {
             }
         };
         assert_eq!(
-            LlmConfig::from_lookup(lookup(&[])).unwrap(),
+            LlmConfig::from_lookup(lookup(vec![])).unwrap(),
             LlmConfig::default()
         );
-        let config = LlmConfig::from_lookup(lookup(&[
+        let config = LlmConfig::from_lookup(lookup(vec![
             (BASE_URL_ENV, "http://127.0.0.1:8089/v1"),
             (MODEL_ENV, "local"),
             (API_KEY_ENV, "secret"),
@@ -503,8 +548,33 @@ mod tests {
         assert_eq!(config.providers.len(), 1);
         assert_eq!(config.providers[0].api_key.as_deref(), Some("secret"));
         assert!(!format!("{:?}", config.providers[0]).contains("secret"));
-        let error = LlmConfig::from_lookup(lookup(&[(BASE_URL_ENV, "http://x/v1")])).unwrap_err();
+        let error =
+            LlmConfig::from_lookup(lookup(vec![(BASE_URL_ENV, "http://x/v1")])).unwrap_err();
         assert!(error.to_string().contains(MODEL_ENV), "{error}");
+        let tuned = LlmConfig::from_lookup(lookup(vec![
+            (BASE_URL_ENV, "http://127.0.0.1:8089/v1"),
+            (MODEL_ENV, "local"),
+            (TOOL_MODE_ENV, "json_schema"),
+            (CONTEXT_WINDOW_ENV, "4096"),
+            (FIRST_TOKEN_TIMEOUT_ENV, "180000"),
+        ]))
+        .unwrap();
+        assert_eq!(tuned.providers[0].tool_mode, ToolMode::JsonSchema);
+        assert_eq!(tuned.providers[0].context_window, 4096);
+        assert_eq!(tuned.providers[0].first_token_timeout_ms, 180_000);
+        for (name, value, expected) in [
+            (TOOL_MODE_ENV, "xml", "must be native, text or json_schema"),
+            (CONTEXT_WINDOW_ENV, "big", "must be a positive number"),
+            (CONTEXT_WINDOW_ENV, "0", "context_window must be positive"),
+        ] {
+            let pairs = vec![
+                (BASE_URL_ENV, "http://x/v1"),
+                (MODEL_ENV, "m"),
+                (name, value),
+            ];
+            let error = LlmConfig::from_lookup(lookup(pairs)).unwrap_err();
+            assert!(error.to_string().contains(expected), "{error}");
+        }
     }
 
     #[test]

@@ -13,6 +13,8 @@
 //! without anything reaching the caller; an error after it is passed through (the caller has
 //! already shown output and decides what to do).
 
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -163,18 +165,22 @@ impl Route {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Attempts with retries until the first event, or the last error.
+    /// Attempts with retries until the first event, or the last error. A breaker that opens
+    /// during the retries ends them with the error that opened it.
     async fn try_provider(self: Arc<Self>, request: &ChatRequest) -> Result<ChatStream, LlmError> {
         let mut retries = 0;
+        let mut last_error: Option<LlmError> = None;
         loop {
             if !self.acquire() {
-                record_outcome(self.name(), "circuit_open");
-                return Err(LlmError::CircuitOpen {
-                    provider: self.name().to_owned(),
-                });
+                return Err(last_error.unwrap_or_else(|| {
+                    record_outcome(self.name(), "circuit_open");
+                    LlmError::CircuitOpen {
+                        provider: self.name().to_owned(),
+                    }
+                }));
             }
             let started = Instant::now();
-            match self.first_event(request.clone()).await {
+            let error = match self.first_event(request.clone()).await {
                 Ok((first, rest)) => {
                     self.succeeded();
                     metrics::histogram!("sift_llm_first_token_seconds", "provider" => self.name().to_owned())
@@ -182,23 +188,19 @@ impl Route {
                     debug!(provider = self.name(), "first model event received");
                     return Ok(Passthrough::new(self, first, rest, started).into_stream());
                 }
-                Err(error) => {
-                    self.failed(&error);
-                    record_outcome(self.name(), outcome_label(&error));
-                    record_seconds(self.name(), started);
-                    if !error.is_retryable() || retries >= self.settings.max_retries {
-                        return Err(error);
-                    }
-                    let delay = self
-                        .settings
-                        .backoff
-                        .saturating_mul(1u32 << retries.min(16))
-                        .min(MAX_BACKOFF);
-                    warn!(provider = self.name(), retry = retries + 1, delay_ms = delay.as_millis() as u64, %error, "model request failed, retrying");
-                    tokio::time::sleep(delay).await;
-                    retries += 1;
-                }
+                Err(error) => error,
+            };
+            self.failed(&error);
+            record_outcome(self.name(), outcome_label(&error));
+            record_seconds(self.name(), started);
+            if !error.is_retryable() || retries >= self.settings.max_retries {
+                return Err(error);
             }
+            let delay = backoff_delay(self.settings.backoff, retries);
+            warn!(provider = self.name(), retry = retries + 1, delay_ms = delay.as_millis() as u64, %error, "model request failed, retrying");
+            last_error = Some(error);
+            tokio::time::sleep(delay).await;
+            retries += 1;
         }
     }
 
@@ -376,6 +378,16 @@ impl Drop for Passthrough {
         // Dropped before the end: the caller stopped the run.
         self.end("cancelled");
     }
+}
+
+/// Exponential backoff with jitter: between half and all of `backoff * 2^retries`, capped.
+fn backoff_delay(backoff: Duration, retries: u32) -> Duration {
+    let ceiling = backoff
+        .saturating_mul(1u32 << retries.min(16))
+        .min(MAX_BACKOFF);
+    // A fresh RandomState is randomly keyed: enough entropy for jitter without a rand crate.
+    let random = RandomState::new().build_hasher().finish();
+    ceiling.mul_f64(0.5 + (random % 1_000) as f64 / 2_000.0)
 }
 
 fn outcome_label(error: &LlmError) -> &'static str {

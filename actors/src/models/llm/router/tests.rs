@@ -190,8 +190,8 @@ async fn the_breaker_opens_after_the_threshold_and_a_half_open_probe_closes_it()
     let providers = vec![(
         build_provider(&server.provider("flaky", ProviderKind::OpenAi)).unwrap(),
         RouteSettings {
-            first_token_timeout: Duration::from_secs(2),
-            idle_timeout: Duration::from_secs(2),
+            first_token_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(10),
             max_retries: 0,
             backoff: Duration::from_millis(10),
             breaker_failure_threshold: 2,
@@ -500,5 +500,26 @@ async fn routing_records_outcomes_tokens_failovers_and_breaker_state() {
     assert_eq!(
         recorder.counter("sift_llm_requests_total{outcome=cancelled,provider=second}"),
         1
+    );
+}
+
+#[tokio::test]
+async fn a_breaker_opening_during_retries_reports_the_real_error() {
+    let server = FakeModelServer::start(vec![], server_error()).await;
+    let model = router(vec![ProviderConfig {
+        max_retries: 5,
+        breaker_failure_threshold: 2,
+        ..server.provider("flaky", ProviderKind::OpenAi)
+    }]);
+
+    let error = model.stream(question()).await.err().unwrap();
+
+    assert_eq!(server.requests().len(), 2);
+    let LlmError::AllFailed(errors) = error else {
+        panic!("expected AllFailed");
+    };
+    assert!(
+        matches!(&errors[..], [LlmError::Status { status: 500, .. }]),
+        "{errors:?}"
     );
 }
