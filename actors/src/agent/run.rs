@@ -93,7 +93,8 @@ struct ModelTurn {
 
 /// One tool call of a step after the checks that come before running it.
 enum Prepared {
-    Run(serde_json::Value),
+    /// The arguments, and the call's signature (a failed call may be retried once as it was).
+    Run(serde_json::Value, String),
     /// Answered without running (unknown tool, bad arguments, repeated call, limit).
     Refuse(ToolError),
     Repeat(String),
@@ -123,13 +124,16 @@ pub(super) struct Run {
     summary_changed: bool,
     counter: TokenCounter,
     searched: bool,
-    /// Call signature -> step that first made it.
-    signatures: HashMap<String, u32>,
+    /// Call signature -> step that first made it, and whether it may run again (it failed,
+    /// and has not been retried yet).
+    signatures: HashMap<String, (u32, bool)>,
     repeats: u32,
     /// Index of the current question in the messages; tool groups follow it.
     question_index: usize,
     dropped_note: Option<(usize, Vec<String>)>,
-    retrieval_refused: bool,
+    call_ids: std::collections::HashSet<String>,
+    /// Signatures of failed calls already allowed a retry.
+    retried: std::collections::HashSet<String>,
 }
 
 impl Run {
@@ -165,7 +169,8 @@ impl Run {
             repeats: 0,
             question_index: 1,
             dropped_note: None,
-            retrieval_refused: false,
+            call_ids: Default::default(),
+            retried: Default::default(),
             deps,
             input,
             events,
@@ -378,6 +383,14 @@ impl Run {
                     );
                 }
             }
+            // Ids pair calls with results (in the messages and the events): make them unique
+            // in the run, whatever the provider sent (empty, or "call_0" every step).
+            for (index, call) in calls.iter_mut().enumerate() {
+                if call.id.trim().is_empty() || !self.call_ids.insert(call.id.clone()) {
+                    call.id = format!("call-{}-{index}", self.iterations);
+                    self.call_ids.insert(call.id.clone());
+                }
+            }
             if calls.is_empty() {
                 if turn.text.trim().is_empty() {
                     if !empty_retried {
@@ -541,7 +554,11 @@ impl Run {
                 }
             };
             let signature = signature(&call.name, &arguments);
-            if let Some(first) = self.signatures.get(&signature) {
+            let retry = self
+                .signatures
+                .get(&signature)
+                .is_some_and(|(_, may_retry)| *may_retry);
+            if let Some((first, _)) = self.signatures.get(&signature).filter(|_| !retry) {
                 self.repeats += 1;
                 prepared.push(Some(Prepared::Repeat(format!(
                     "You already called {} with these arguments in step {first}; repeating it returns nothing new. \
@@ -556,7 +573,6 @@ impl Run {
             if call.name == KNOWLEDGE_SEARCH {
                 let done = self.reflector.retrievals() + searches_this_step;
                 if done >= self.reflector.config.max_retrievals {
-                    self.retrieval_refused = true;
                     force = Some("the retrieval limit of this turn was reached".into());
                     prepared.push(Some(Prepared::Refuse(ToolError::Failed(format!(
                         "the retrieval limit ({} searches per turn) is reached; answer with the evidence you have",
@@ -566,8 +582,9 @@ impl Run {
                 }
                 searches_this_step += 1;
             }
-            self.signatures.insert(signature, self.iterations);
-            prepared.push(Some(Prepared::Run(arguments)));
+            self.signatures
+                .insert(signature.clone(), (self.iterations, false));
+            prepared.push(Some(Prepared::Run(arguments, signature)));
         }
 
         // Run the runnable calls in parallel. join_all: one failing or slow tool must not
@@ -597,7 +614,7 @@ impl Run {
                 .iter()
                 .zip(prepared.iter())
                 .position(|(call, prepared)| {
-                    call.name == KNOWLEDGE_SEARCH && matches!(prepared, Some(Prepared::Run(_)))
+                    call.name == KNOWLEDGE_SEARCH && matches!(prepared, Some(Prepared::Run(..)))
                 })
         };
         let deadline = self.deadline;
@@ -613,7 +630,7 @@ impl Run {
                         &context
                     };
                     async move {
-                        let Some(Prepared::Run(arguments)) = prepared else {
+                        let Some(Prepared::Run(arguments, _)) = prepared else {
                             return None;
                         };
                         let started = Instant::now();
@@ -658,10 +675,22 @@ impl Run {
                     );
                     observations[index] = Some(wrap_observation(&call.name, true, &message));
                 }
-                (Some(Prepared::Run(_)), Some((started, Ok(output)))) => {
+                (Some(Prepared::Run(..)), Some((started, Ok(output)))) => {
                     observations[index] = Some(self.observe(call, started, output));
                 }
-                (Some(Prepared::Run(_)), Some((started, Err(error)))) => {
+                (Some(Prepared::Run(_, signature)), Some((started, Err(error)))) => {
+                    // A failed call may be retried once (a timeout can be transient).
+                    let first_failure = self
+                        .signatures
+                        .get(&signature)
+                        .is_some_and(|(step, _)| *step == self.iterations)
+                        && !self.retried.contains(&signature);
+                    if first_failure {
+                        self.retried.insert(signature.clone());
+                        if let Some(entry) = self.signatures.get_mut(&signature) {
+                            entry.1 = true;
+                        }
+                    }
                     let observation = self.tool_error_observation(call, &error);
                     if let Some(step) = self.trace.last_mut() {
                         step.started_ms = started.duration_since(self.started).as_millis() as u64;
@@ -669,7 +698,7 @@ impl Run {
                     }
                     observations[index] = Some(observation);
                 }
-                (Some(Prepared::Run(_)), None) => {}
+                (Some(Prepared::Run(..)), None) => {}
             }
         }
         Some(force)

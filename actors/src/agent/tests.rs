@@ -746,6 +746,18 @@ async fn a_repeated_call_is_flagged_then_an_answer_is_forced() {
         .filter(|s| s.kind == "tool" && s.name == "knowledge_search" && s.detail["status"] == "ok")
         .count();
     assert_eq!(searches, 1, "a repeated call is not run again");
+    // The provider reused the id "s" every step: the run made them unique.
+    let ids: Vec<&str> = ran
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::ToolCall { id, .. } => Some(id.as_str()),
+            _ => None,
+        })
+        .collect();
+    let unique: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
+    assert_eq!(ids.len(), unique.len(), "{ids:?}");
+    assert_eq!(ids[0], "s");
     fixture.node.shutdown().await;
 }
 
@@ -1751,5 +1763,40 @@ async fn cancel_stops_running_tools_promptly() {
             finish_reason: RunFinish::Stopped
         })
     ));
+    fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failed_call_may_be_retried_once_before_it_counts_as_a_repeat() {
+    let fixture = default_fixture().await;
+    let model = ScriptedModel::new(|request, _| {
+        if request.tools.len() == 1 {
+            return events(vec![call(
+                "f",
+                "final_answer",
+                "{\"answer\": \"The chunk does not exist.\", \"citations\": []}",
+            )]);
+        }
+        events(vec![call("r", "read_chunk", "{\"chunk_id\": \"nope#0\"}")])
+    });
+    let ran = run(
+        deps(&fixture, Some(model.clone())),
+        input(&fixture, "What does chunk nope#0 say?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(
+        ran.outcome.iterations, 4,
+        "fail, retry (fails), repeat warned, repeat forced"
+    );
+    assert!(trace_has(&ran.outcome, "force_answer", "stuck loop"));
+    let observations = tool_results(model.loop_requests().last().unwrap());
+    assert!(observations[0].contains("no document \"nope\""));
+    assert!(
+        observations[1].contains("no document \"nope\""),
+        "the retry ran"
+    );
+    assert!(observations[2].contains("already called read_chunk"));
+    assert!(observations[3].contains("already called read_chunk"));
     fixture.node.shutdown().await;
 }
