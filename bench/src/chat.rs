@@ -124,9 +124,10 @@ fn tag_of(session: usize, turn: u32) -> String {
     format!("[bench {session}.{turn}]")
 }
 
-/// The tag in a question, and the question without it.
+/// The last tag in a text, and the text before it (prompts that quote earlier turns hold
+/// their tags too; the current question comes last).
 fn split_tag(text: &str) -> (Option<&str>, &str) {
-    match text.find("[bench ") {
+    match text.rfind("[bench ") {
         Some(at) => match text[at..].find(']') {
             Some(end) => (Some(&text[at..at + end + 1]), text[..at].trim_end()),
             None => (None, text),
@@ -136,7 +137,9 @@ fn split_tag(text: &str) -> (Option<&str>, &str) {
 }
 
 /// The scripted model: search for the question, then answer citing two retrieved chunks.
-/// Requests without tools (planner, rewrites) get a short text answer.
+/// Requests without tools get what a well-behaved model answers: a JSON plan to the
+/// planner, the question itself to a follow-up rewrite (tag kept, so the planner's call is
+/// attributed too), a short text otherwise.
 fn scripted_model(
     ledger: Arc<ModelLedger>,
     search_tokens: usize,
@@ -146,7 +149,15 @@ fn scripted_model(
         let question = request.last_user_text();
         let (tag, query) = split_tag(&question);
         let reply = if !request.offers_tool("final_answer") {
-            text_reply(request, query, 3)
+            let prompt = request.text();
+            let text = if prompt.contains("You plan retrieval") {
+                json!({ "intent": "general", "sub_queries": [], "rewrites": [query] }).to_string()
+            } else if let Some(at) = question.rfind("Last question: ") {
+                question[at + "Last question: ".len()..].trim().to_string()
+            } else {
+                query.to_string()
+            };
+            text_reply(request, &text, 3)
         } else if request.tool_results() == 0 || request.chunk_ids_shown().is_empty() {
             tool_call_reply(
                 request,
