@@ -148,6 +148,7 @@ fn scripted_model(
     move |request| {
         let question = request.last_user_text();
         let (tag, query) = split_tag(&question);
+        let query = query.strip_prefix("Question: ").unwrap_or(query);
         let reply = if !request.offers_tool("final_answer") {
             let prompt = request.text();
             let text = if prompt.contains("You plan retrieval") {
@@ -304,6 +305,7 @@ async fn run_turn(
         let _open = open_streams.enter();
         let mut response = response;
         let mut parser = SseParser::default();
+        let mut last_error: Option<String> = None;
         loop {
             let chunk = response
                 .chunk()
@@ -318,12 +320,19 @@ async fn run_turn(
                 }
                 match name.as_str() {
                     "citation" => outcome.citations += 1,
+                    "error" => {
+                        let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                        last_error = data["code"].as_str().map(str::to_string);
+                    }
                     "done" => {
                         outcome.done = Some(started.elapsed());
                         let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
                         let finish = data["finish_reason"].as_str().unwrap_or("?");
                         if finish != "stop" {
-                            return Err(format!("done: finish_reason {finish}"));
+                            return Err(match &last_error {
+                                Some(code) => format!("done: finish_reason {finish} ({code})"),
+                                None => format!("done: finish_reason {finish}"),
+                            });
                         }
                         return Ok(());
                     }
@@ -506,11 +515,15 @@ async fn session_task(shared: Arc<Shared>, index: usize) -> Tally {
             continue;
         }
         let Some(done) = outcome.done else { continue };
+        if outcome.citations == 0 {
+            // The run degraded (e.g. retrieval timed out and the agent fell back to an
+            // extractive answer): not a completed agent turn.
+            tally.uncited += 1;
+            tally.error("done: stop without citation (degraded answer)".into());
+            continue;
+        }
         tally.turns_completed += 1;
         tally.done.record(micros(done)).ok();
-        if outcome.citations == 0 {
-            tally.uncited += 1;
-        }
         if model.calls == 0 {
             tally.no_model_call += 1;
             continue;
@@ -612,7 +625,9 @@ fn percentiles(histogram: &Histogram<u64>) -> String {
     )
 }
 
-pub async fn run(args: ChatArgs) -> Result<()> {
+/// Starts the fake model, prepares the KB, checks the path with one turn, then runs the
+/// sessions.
+pub async fn measure(args: &ChatArgs) -> Result<ChatReport> {
     let client = SiftClient::new(&args.node, Duration::from_secs(60))?;
     let base = client.base_url().as_str().trim_end_matches('/').to_string();
 
@@ -636,7 +651,7 @@ pub async fn run(args: ChatArgs) -> Result<()> {
         fake.base_url()
     );
 
-    prepare_kb(&client, &args).await?;
+    prepare_kb(&client, args).await?;
 
     // Sessions keep one connection each; no pool limit, no overall request timeout (turns
     // have their own).
@@ -696,64 +711,90 @@ pub async fn run(args: ChatArgs) -> Result<()> {
     for task in tasks {
         tally.merge(task.await.context("a session task panicked")?);
     }
-    let elapsed = started.elapsed();
+    Ok(ChatReport {
+        elapsed: started.elapsed(),
+        peak_streams: shared.open_streams.peak.load(Ordering::Relaxed),
+        untagged_calls: ledger.untagged_calls.load(Ordering::Relaxed),
+        piece,
+        tally,
+    })
+}
 
-    let expected = u64::from(args.concurrency) * u64::from(args.turns);
-    let errors: u64 = tally.errors.values().sum();
-    println!(
-        "chat: {} sessions x {} turns against {} (kb {:?}); fake model at {} tokens/s, {} + {} argument fragments per turn",
-        args.concurrency,
-        args.turns,
-        args.node,
-        args.kb,
-        args.tokens_per_sec,
-        args.search_tokens,
-        args.answer_tokens
-    );
-    println!(
-        "turns: {expected} planned, {} streams opened, {} completed (done, finish_reason stop), {errors} errors, {} answers without citation; peak {} streams open at once; {:.1} s wall, {:.1} turns/s",
-        tally.streams_opened,
-        tally.turns_completed,
-        tally.uncited,
-        shared.open_streams.peak.load(Ordering::Relaxed),
-        elapsed.as_secs_f64(),
-        tally.turns_completed as f64 / elapsed.as_secs_f64().max(1e-9)
-    );
-    for (kind, count) in &tally.errors {
-        println!("  error {count:>6} x {kind}");
-    }
-    println!(
-        "session create        {}",
-        percentiles(&tally.session_create)
-    );
-    println!("time to first event   {}", percentiles(&tally.first_event));
-    println!("time to done          {}", percentiles(&tally.done));
-    println!(
-        "model streaming time  {}  ({} model calls, {:.2} per completed turn; nominal: pieces x {:.2} ms)",
-        percentiles(&tally.model),
-        tally.model_calls,
-        tally.model_calls as f64 / (tally.turns_completed.max(1)) as f64,
-        piece.as_secs_f64() * 1000.0
-    );
-    println!("agent overhead/turn   {}", percentiles(&tally.overhead));
-    if !tally.overhead.is_empty() {
+/// What one `chat` run measured.
+pub struct ChatReport {
+    elapsed: Duration,
+    peak_streams: usize,
+    untagged_calls: u64,
+    piece: Duration,
+    tally: Tally,
+}
+
+impl ChatReport {
+    fn print(&self, args: &ChatArgs) {
+        let tally = &self.tally;
+        let expected = u64::from(args.concurrency) * u64::from(args.turns);
+        let errors: u64 = tally.errors.values().sum();
         println!(
-            "mean per turn: wall {:.1} ms = model {:.1} ms + overhead {:.1} ms",
-            tally.done.mean() / 1000.0,
-            tally.model.mean() / 1000.0,
-            tally.overhead.mean() / 1000.0
+            "chat: {} sessions x {} turns against {} (kb {:?}); fake model at {} tokens/s, {} + {} argument fragments per turn",
+            args.concurrency,
+            args.turns,
+            args.node,
+            args.kb,
+            args.tokens_per_sec,
+            args.search_tokens,
+            args.answer_tokens
         );
-    }
-    if tally.no_model_call > 0 {
         println!(
-            "warning: {} completed turns never reached the fake model",
-            tally.no_model_call
+            "turns: {expected} planned, {} streams opened, {} completed (done, finish_reason stop, cited), {errors} errors; peak {} streams open at once; {:.1} s wall, {:.1} turns/s",
+            tally.streams_opened,
+            tally.turns_completed,
+            self.peak_streams,
+            self.elapsed.as_secs_f64(),
+            tally.turns_completed as f64 / self.elapsed.as_secs_f64().max(1e-9)
         );
+        for (kind, count) in &tally.errors {
+            println!("  error {count:>6} x {kind}");
+        }
+        println!(
+            "session create        {}",
+            percentiles(&tally.session_create)
+        );
+        println!("time to first event   {}", percentiles(&tally.first_event));
+        println!("time to done          {}", percentiles(&tally.done));
+        println!(
+            "model streaming time  {}  ({} model calls, {:.2} per completed turn; nominal: pieces x {:.2} ms)",
+            percentiles(&tally.model),
+            tally.model_calls,
+            tally.model_calls as f64 / (tally.turns_completed.max(1)) as f64,
+            self.piece.as_secs_f64() * 1000.0
+        );
+        println!("agent overhead/turn   {}", percentiles(&tally.overhead));
+        if !tally.overhead.is_empty() {
+            println!(
+                "mean per turn: wall {:.1} ms = model {:.1} ms + overhead {:.1} ms",
+                tally.done.mean() / 1000.0,
+                tally.model.mean() / 1000.0,
+                tally.overhead.mean() / 1000.0
+            );
+        }
+        if tally.no_model_call > 0 {
+            println!(
+                "warning: {} completed turns never reached the fake model",
+                tally.no_model_call
+            );
+        }
+        if self.untagged_calls > 0 {
+            println!(
+                "note: {} model calls carried no bench tag (not attributed to a turn)",
+                self.untagged_calls
+            );
+        }
     }
-    let untagged = ledger.untagged_calls.load(Ordering::Relaxed);
-    if untagged > 0 {
-        println!("note: {untagged} model calls carried no bench tag (not attributed to a turn)");
-    }
+}
+
+pub async fn run(args: ChatArgs) -> Result<()> {
+    let report = measure(&args).await?;
+    report.print(&args);
     Ok(())
 }
 
@@ -793,5 +834,54 @@ mod tests {
         assert!(parse_rate("0").is_err());
         assert!(parse_rate("-3").is_err());
         assert!(parse_rate("fast").is_err());
+    }
+
+    /// The whole bench against a real node in this process (embedded model, sample KB): every
+    /// turn goes through the fake model (search, then a cited final answer) and is counted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sessions_run_through_the_fake_model_and_are_counted() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let llm_listen = SocketAddr::from(([127, 0, 0, 1], port));
+        let dir = sift_tests::temp_dir();
+        let mut config = sift_node::config::Config::for_test(&dir.path().join("node"));
+        config.embedding.model_dir = Some(sift_tests::require_model());
+        config.llm.providers = vec![sift_actors::models::llm::config::ProviderConfig::openai(
+            format!("http://{llm_listen}/v1"),
+            "fake-model",
+            None,
+        )];
+        let node = sift_tests::InProcessNode::start_with(config).await;
+        let args = ChatArgs {
+            node: node.url.clone(),
+            kb: "chatbench".into(),
+            samples: sift_tests::repo_root().join("samples"),
+            concurrency: 4,
+            turns: 2,
+            llm_listen,
+            tokens_per_sec: 1000.0,
+            search_tokens: 5,
+            answer_tokens: 8,
+            turn_timeout: 300,
+        };
+        let report = measure(&args).await.expect("the bench runs");
+        let tally = &report.tally;
+        assert!(tally.errors.is_empty(), "errors: {:?}", tally.errors);
+        assert_eq!(tally.streams_opened, 8);
+        assert_eq!(tally.turns_completed, 8);
+        assert_eq!(tally.first_event.len(), 8);
+        assert_eq!(tally.done.len(), 8);
+        assert_eq!(tally.overhead.len(), 8);
+        assert_eq!(report.untagged_calls, 0);
+        // At least a search and a final answer per turn.
+        assert!(tally.model_calls >= 16, "{} model calls", tally.model_calls);
+        // Each turn streamed at least the search (5 + 4 chunks) and the answer (8 + 4) at 1 ms.
+        let nominal = tally.model.lowest_equivalent(21_000);
+        assert!(tally.model.min() >= nominal, "{} us", tally.model.min());
+        assert!((1..=4).contains(&report.peak_streams));
+        node.shutdown().await;
     }
 }
