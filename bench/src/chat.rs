@@ -9,8 +9,9 @@
 //! Every turn runs the real agent loop: the model first calls `knowledge_search` with the
 //! question (the node retrieves from the KB), then calls `final_answer` citing the first two
 //! chunks the agent showed it. Each of `--concurrency` tasks creates a session over `--kb` and
-//! posts `--turns` messages one after the other, reading each SSE stream to `done`; all tasks
-//! start together, so the node holds about `--concurrency` streams at once.
+//! posts `--turns` messages one after the other, reading each SSE stream to `done`. All
+//! sessions are created first; then every task posts its first message at the same moment,
+//! so the node holds about `--concurrency` streams at once.
 //!
 //! Every question carries a tag (`[bench S.T]`) the fake model reads back, so it can add up
 //! the streaming time it spent on that turn: `pieces x (1 / tokens-per-sec)` per model call,
@@ -449,7 +450,10 @@ struct Shared {
     piece: Duration,
     ledger: Arc<ModelLedger>,
     open_streams: Gauge,
+    /// All tasks start creating their session together...
     start: tokio::sync::Barrier,
+    /// ...and start their turns together once every session exists.
+    ready: tokio::sync::Barrier,
 }
 
 async fn create_session(shared: &Shared) -> Result<String, String> {
@@ -479,14 +483,19 @@ async fn session_task(shared: Arc<Shared>, index: usize) -> Tally {
     let mut tally = Tally::new();
     shared.start.wait().await;
     let created = Instant::now();
-    let session = match create_session(&shared).await {
+    let session = create_session(&shared).await;
+    if session.is_ok() {
+        tally.session_create.record(micros(created.elapsed())).ok();
+    }
+    // Every task waits here, failed or not: turns start together once all sessions exist.
+    shared.ready.wait().await;
+    let session = match session {
         Ok(id) => id,
         Err(kind) => {
             tally.error(kind);
             return tally;
         }
     };
-    tally.session_create.record(micros(created.elapsed())).ok();
     for turn in 0..shared.turns {
         let tag = tag_of(index, turn);
         let question = format!(
@@ -671,6 +680,7 @@ pub async fn measure(args: &ChatArgs) -> Result<ChatReport> {
         ledger: ledger.clone(),
         open_streams: Gauge::default(),
         start: tokio::sync::Barrier::new(args.concurrency as usize + 1),
+        ready: tokio::sync::Barrier::new(args.concurrency as usize + 1),
     });
 
     // One unmeasured turn checks the whole path: the node must answer through this fake model.
@@ -686,6 +696,7 @@ pub async fn measure(args: &ChatArgs) -> Result<ChatReport> {
             ledger: ledger.clone(),
             open_streams: Gauge::default(),
             start: tokio::sync::Barrier::new(1),
+            ready: tokio::sync::Barrier::new(1),
         });
         probe_tally.merge(session_task(warm, usize::MAX).await);
     }
@@ -706,12 +717,16 @@ pub async fn measure(args: &ChatArgs) -> Result<ChatReport> {
         .map(|index| tokio::spawn(session_task(shared.clone(), index)))
         .collect();
     shared.start.wait().await;
+    let creating = Instant::now();
+    shared.ready.wait().await;
+    let sessions_created_in = creating.elapsed();
     let started = Instant::now();
     let mut tally = Tally::new();
     for task in tasks {
         tally.merge(task.await.context("a session task panicked")?);
     }
     Ok(ChatReport {
+        sessions_created_in,
         elapsed: started.elapsed(),
         peak_streams: shared.open_streams.peak.load(Ordering::Relaxed),
         untagged_calls: ledger.untagged_calls.load(Ordering::Relaxed),
@@ -722,6 +737,9 @@ pub async fn measure(args: &ChatArgs) -> Result<ChatReport> {
 
 /// What one `chat` run measured.
 pub struct ChatReport {
+    /// From the start to the last session created (all at once).
+    sessions_created_in: Duration,
+    /// From the first turn posted to the last turn ended.
     elapsed: Duration,
     peak_streams: usize,
     untagged_calls: u64,
@@ -756,8 +774,10 @@ impl ChatReport {
             println!("  error {count:>6} x {kind}");
         }
         println!(
-            "session create        {}",
-            percentiles(&tally.session_create)
+            "session create        {}  (all {} sessions created in {:.1} s, before any turn)",
+            percentiles(&tally.session_create),
+            tally.session_create.len(),
+            self.sessions_created_in.as_secs_f64()
         );
         println!("time to first event   {}", percentiles(&tally.first_event));
         println!("time to done          {}", percentiles(&tally.done));
