@@ -782,10 +782,10 @@ impl ChatReport {
         println!("time to first event   {}", percentiles(&tally.first_event));
         println!("time to done          {}", percentiles(&tally.done));
         println!(
-            "model streaming time  {}  ({} model calls, {:.2} per completed turn; nominal: pieces x {:.2} ms)",
+            "model streaming time  {}  ({} model calls, {:.2} per turn posted; nominal: pieces x {:.2} ms)",
             percentiles(&tally.model),
             tally.model_calls,
-            tally.model_calls as f64 / (tally.turns_completed.max(1)) as f64,
+            tally.model_calls as f64 / expected.max(1) as f64,
             self.piece.as_secs_f64() * 1000.0
         );
         println!("agent overhead/turn   {}", percentiles(&tally.overhead));
