@@ -66,13 +66,18 @@ pub struct ChatArgs {
     #[arg(long, value_name = "DIR", default_value = "samples")]
     pub samples: PathBuf,
     /// Sessions running at once (each holds one SSE stream open at a time).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, visible_alias = "sessions", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub concurrency: u32,
     /// Messages posted per session, one after the other.
     #[arg(long, value_name = "T", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub turns: u32,
     /// Where the fake model server listens.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7701")]
+    #[arg(
+        long,
+        visible_alias = "fake-model",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:7701"
+    )]
     pub llm_listen: SocketAddr,
     /// Streaming rate of the fake model, in tokens (streamed chunks) per second per stream.
     #[arg(long, value_name = "R", default_value_t = 100.0, value_parser = parse_rate)]
@@ -205,6 +210,8 @@ struct TurnOutcome {
     opened: bool,
     /// Message posted to the first SSE event read.
     first_event: Option<Duration>,
+    /// Message posted to the first answer `delta`.
+    first_delta: Option<Duration>,
     /// Message posted to `done` read (only for turns that reached `done`).
     done: Option<Duration>,
     /// The error kind, when the turn failed.
@@ -285,6 +292,7 @@ async fn run_turn(
     let mut outcome = TurnOutcome {
         opened: false,
         first_event: None,
+        first_delta: None,
         done: None,
         error: None,
         citations: 0,
@@ -321,6 +329,9 @@ async fn run_turn(
                 }
                 match name.as_str() {
                     "citation" => outcome.citations += 1,
+                    "delta" if outcome.first_delta.is_none() => {
+                        outcome.first_delta = Some(started.elapsed());
+                    }
                     "error" => {
                         let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
                         last_error = data["code"].as_str().map(str::to_string);
@@ -378,6 +389,7 @@ impl Drop for GaugeGuard<'_> {
 /// Everything the tasks record.
 struct Tally {
     first_event: Histogram<u64>,
+    first_delta: Histogram<u64>,
     done: Histogram<u64>,
     model: Histogram<u64>,
     overhead: Histogram<u64>,
@@ -403,6 +415,7 @@ impl Tally {
     fn new() -> Tally {
         Tally {
             first_event: histogram(),
+            first_delta: histogram(),
             done: histogram(),
             model: histogram(),
             overhead: histogram(),
@@ -423,6 +436,7 @@ impl Tally {
     fn merge(&mut self, other: Tally) {
         for (mine, theirs) in [
             (&mut self.first_event, &other.first_event),
+            (&mut self.first_delta, &other.first_delta),
             (&mut self.done, &other.done),
             (&mut self.model, &other.model),
             (&mut self.overhead, &other.overhead),
@@ -533,6 +547,9 @@ async fn session_task(shared: Arc<Shared>, index: usize) -> Tally {
         }
         tally.turns_completed += 1;
         tally.done.record(micros(done)).ok();
+        if let Some(delta) = outcome.first_delta {
+            tally.first_delta.record(micros(delta)).ok();
+        }
         if model.calls == 0 {
             tally.no_model_call += 1;
             continue;
@@ -780,6 +797,7 @@ impl ChatReport {
             self.sessions_created_in.as_secs_f64()
         );
         println!("time to first event   {}", percentiles(&tally.first_event));
+        println!("time to first delta   {}", percentiles(&tally.first_delta));
         println!("time to done          {}", percentiles(&tally.done));
         println!(
             "model streaming time  {}  ({} model calls, {:.2} per turn posted; nominal: pieces x {:.2} ms)",

@@ -17,14 +17,21 @@ pub async fn ask(
     kbs: &[String],
     question: &str,
     agent: Option<&str>,
+    session: Option<&str>,
     raw: bool,
 ) -> Result<(), CliError> {
-    let mut body = json!({ "kbs": kbs });
-    if let Some(agent) = agent {
-        body["agent"] = json!(agent);
-    }
-    let session = client.post_json("/v1/sessions", &body).await?;
-    let session_id = session["id"].as_str().unwrap_or_default().to_string();
+    let session_id = match session {
+        // A follow-up in an existing session (its KBs and agent apply).
+        Some(id) => id.to_string(),
+        None => {
+            let mut body = json!({ "kbs": kbs });
+            if let Some(agent) = agent {
+                body["agent"] = json!(agent);
+            }
+            let session = client.post_json("/v1/sessions", &body).await?;
+            session["id"].as_str().unwrap_or_default().to_string()
+        }
+    };
     let response = client
         .post_stream(
             &format!("/v1/sessions/{session_id}/messages"),
@@ -59,7 +66,11 @@ pub async fn ask(
             Err(error) => return Err(CliError::Unreachable(format!("the stream broke: {error}"))),
         }
     }
-    renderer.finish()
+    let outcome = renderer.finish();
+    if !raw {
+        eprintln!("session {session_id} (ask a follow-up with --session {session_id})");
+    }
+    outcome
 }
 
 fn parse_block(block: &str) -> Option<(String, Value)> {

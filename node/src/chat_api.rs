@@ -292,8 +292,9 @@ impl Collected {
                 completion_tokens,
                 ..
             }) => {
-                self.prompt_tokens += *prompt_tokens as u64;
-                self.completion_tokens += *completion_tokens as u64;
+                // The run reports its totals (the last report wins).
+                self.prompt_tokens = *prompt_tokens as u64;
+                self.completion_tokens = *completion_tokens as u64;
             }
             RunEventKind::Done { finish_reason, .. } => self.finish = Some(*finish_reason),
             _ => {}

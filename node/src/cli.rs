@@ -71,6 +71,9 @@ pub enum Command {
         /// Agent preset.
         #[arg(long)]
         agent: Option<String>,
+        /// Continue this session (a follow-up question; the session's KBs apply).
+        #[arg(long)]
+        session: Option<String>,
         /// Print every event as `name json` instead of rendering.
         #[arg(long)]
         raw: bool,
@@ -235,6 +238,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
             kb,
             question,
             agent,
+            session,
             raw,
         } => {
             let kbs: Vec<String> = kb
@@ -242,7 +246,15 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
                 .map(|s| s.trim().to_string())
                 .filter(|s| !s.is_empty())
                 .collect();
-            crate::ask::ask(&client, &kbs, &question, agent.as_deref(), raw).await
+            crate::ask::ask(
+                &client,
+                &kbs,
+                &question,
+                agent.as_deref(),
+                session.as_deref(),
+                raw,
+            )
+            .await
         }
         Command::Demo { data_dir, samples } => crate::demo::run(&data_dir, &samples).await,
     }

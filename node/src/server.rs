@@ -127,7 +127,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             presets: config.agents.clone(),
             limits: config.runs.clone(),
         },
-    );
+    )
+    .context("starting the session layer")?;
     let state = AppState {
         sessions: sessions.clone(),
         node: node.clone(),

@@ -752,6 +752,35 @@ async fn sift_ask_renders_the_answer_and_sources_and_fails_clearly() {
         !stdout.contains("\x1b["),
         "no colour codes when not on a terminal"
     );
+    // A follow-up in the same session.
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    let session = stderr
+        .split_whitespace()
+        .skip_while(|w| *w != "--session")
+        .nth(1)
+        .unwrap_or_else(|| panic!("sift ask names its session: {stderr}"))
+        .trim_end_matches(')')
+        .to_string();
+    let output = tokio::process::Command::new(binary)
+        .args([
+            "ask",
+            "--node",
+            &fixture.node.url,
+            "--session",
+            &session,
+            "papers",
+            "and more?",
+        ])
+        .output()
+        .await
+        .expect("running sift ask");
+    assert!(output.status.success());
+    let turns = fixture
+        .client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect(200);
+    assert_eq!(turns["messages"].as_array().unwrap().len(), 2);
 
     let output = tokio::process::Command::new(binary)
         .args(["ask", "--node", &fixture.node.url, "nope", "anything"])
@@ -992,4 +1021,127 @@ async fn malformed_arguments_unknown_tools_and_hostile_documents_change_nothing(
     assert_eq!(counts["total"], DOCUMENTS as u64 + 1);
     assert_eq!(counts["ready"], DOCUMENTS as u64 + 1);
     fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_remote_mcp_tool_is_called_and_its_result_used() {
+    let mcp = sift_tests::fake_mcp::FakeMcp::start().await;
+    let fake = FakeLlm::start(|request: &FakeRequest| {
+        if !request.offers_tool("final_answer") {
+            return text_reply(request, &request.last_user_text(), 2);
+        }
+        let id = format!("call_{}", request.index);
+        let text = request.text();
+        if !text.contains("is 4711 euros") {
+            return sift_tests::fake_llm::tool_call_reply(
+                request,
+                &id,
+                "prices__lookup_price",
+                &json!({ "item": "widget" }),
+                5,
+            );
+        }
+        if request.chunk_ids_shown().is_empty() {
+            return sift_tests::fake_llm::tool_call_reply(
+                request,
+                &id,
+                "knowledge_search",
+                &json!({ "query": first_title() }),
+                5,
+            );
+        }
+        let mut arguments = final_answer_citing(request, 1);
+        let cited = arguments["answer"].as_str().unwrap().to_string();
+        arguments["answer"] = json!(format!("The widget costs 4711 euros. {cited}"));
+        sift_tests::fake_llm::tool_call_reply(request, &id, "final_answer", &arguments, 7)
+    })
+    .await;
+    let mcp_url = mcp.url();
+    let fixture = fixture(vec![provider(&fake, "local", 0)], move |config| {
+        let mut preset = sift_actors::agent::AgentPreset::default_preset();
+        preset.name = "pricing".into();
+        preset.mcp_servers = vec![
+            serde_json::from_value(json!({ "name": "prices", "url": mcp_url }))
+                .expect("an MCP server config"),
+        ];
+        config.agents = vec![preset];
+    })
+    .await;
+    let client = &fixture.client;
+    let session = client
+        .post_json(
+            "/v1/sessions",
+            &json!({ "kbs": ["papers"], "agent": "pricing" }),
+        )
+        .await
+        .expect(201)["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let events = ask(client, &session, "How much does the widget cost?")
+        .await
+        .rest()
+        .await;
+    assert_well_formed(&events, &session);
+    assert!(
+        events_named(&events, "tool_call")
+            .iter()
+            .any(|c| c.data["name"] == "prices__lookup_price"),
+        "{:#?}",
+        names(&events)
+    );
+    let calls = mcp.tool_calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0]["name"], "lookup_price");
+    assert_eq!(calls[0]["arguments"]["item"], "widget");
+    assert!(mcp.sessions_kept(), "the MCP session id was not sent back");
+    // The tool's result reached the model and the answer.
+    assert!(
+        fake.requests()
+            .iter()
+            .any(|r| r.text().contains("The price of widget is 4711 euros.")),
+        "the MCP result never reached the model"
+    );
+    assert!(answer_text(&events).contains("4711 euros"));
+    assert_eq!(events.last().unwrap().data["finish_reason"], "stop");
+    fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn deleting_a_session_mid_run_stops_the_run_and_stores_nothing() {
+    let fake = FakeLlm::start(endless_thinker()).await;
+    let fixture = fixture_with_llm(vec![provider(&fake, "local", 0)]).await;
+    let client = &fixture.client;
+    let session = new_session(client).await;
+    let mut stream = ask(client, &session, "Think about the first study").await;
+    stream.until("thought").await;
+    client
+        .delete(&format!("/v1/sessions/{session}"))
+        .await
+        .expect(204);
+    let rest = stream.rest().await;
+    let done = rest.last().expect("the stream ends with done");
+    assert_eq!(done.event, "done");
+    assert_eq!(done.data["finish_reason"], "stopped");
+    assert!(
+        done.data["message_id"].is_null(),
+        "no turn of a deleted session: {done:?}"
+    );
+    client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect_error(404, "session_not_found");
+    assert_eq!(
+        client.get("/v1/sessions").await.expect(200)["sessions"],
+        json!([])
+    );
+
+    // Shutting the node down ends running streams too.
+    let other = new_session(client).await;
+    let mut stream = ask(client, &other, "Think about the first study").await;
+    stream.until("thought").await;
+    let shutdown = tokio::spawn(fixture.node.shutdown());
+    let rest = stream.rest().await;
+    assert_eq!(rest.last().unwrap().data["finish_reason"], "stopped");
+    shutdown.await.unwrap();
 }

@@ -72,6 +72,14 @@ impl Evidence {
         self.order.iter().filter_map(|id| self.chunks.get(id))
     }
 
+    /// The most relevant chunk of `document_id` among the evidence (for answers that cite a
+    /// document instead of a chunk).
+    pub fn best_of_document(&self, document_id: &str) -> Option<&EvidenceChunk> {
+        self.in_order()
+            .filter(|c| c.chunk.document_id == document_id)
+            .max_by(|a, b| a.relevance.total_cmp(&b.relevance))
+    }
+
     /// The `n` most relevant searched chunks, best first (then read ones in order).
     pub fn best(&self, n: usize) -> Vec<&EvidenceChunk> {
         let mut searched: Vec<&EvidenceChunk> = self.in_order().filter(|c| c.searched).collect();
@@ -163,6 +171,8 @@ pub fn build_answer(raw: &str, cited: &[String], evidence: &Evidence) -> BuiltAn
         for item in &items {
             let resolved = if evidence.contains(item) {
                 Some(Ok(item.to_string()))
+            } else if let Some(best) = evidence.best_of_document(item) {
+                Some(Ok(best.chunk.chunk_id.clone()))
             } else if let Ok(k) = item.parse::<usize>() {
                 match cited.get(k.wrapping_sub(1)) {
                     Some(id) if evidence.contains(id) => Some(Ok(id.clone())),
@@ -202,6 +212,14 @@ pub fn build_answer(raw: &str, cited: &[String], evidence: &Evidence) -> BuiltAn
     text.push_str(&raw[last..]);
     let mut text = text.trim().to_string();
     let mut appended = String::new();
+    // A cited document id stands for its best chunk in the evidence.
+    let cited: Vec<String> = cited
+        .into_iter()
+        .map(|id| match evidence.best_of_document(&id) {
+            Some(best) if !evidence.contains(&id) => best.chunk.chunk_id.clone(),
+            _ => id,
+        })
+        .collect();
     for id in &cited {
         if evidence.contains(id) {
             if !numbering.contains(id) {
@@ -329,6 +347,19 @@ pub(crate) mod tests {
         assert_eq!(built.text, "I could not find it.");
         assert!(built.citations.is_empty());
         assert_eq!(built.dropped, vec!["x#1"]);
+    }
+
+    #[test]
+    fn a_cited_document_stands_for_its_best_chunk() {
+        let mut evidence = evidence();
+        let mut better = chunk("doc-b", 4, "beta better");
+        better.relevance = 0.9;
+        evidence.insert(better);
+        let built = build_answer("Beta [doc-b].", &["doc-b".into()], &evidence);
+        assert_eq!(built.text, "Beta [1].");
+        assert_eq!(built.citations.len(), 1);
+        assert_eq!(built.citations[0].chunk_id, "doc-b#4");
+        assert!(built.dropped.is_empty());
     }
 
     #[test]

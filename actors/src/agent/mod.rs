@@ -245,6 +245,25 @@ pub struct AgentDeps {
     pub preset: std::sync::Arc<AgentPreset>,
 }
 
+/// Describes the agent metrics (call once at startup, after installing the recorder).
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        "sift_agent_runs_total",
+        metrics::Unit::Count,
+        "Agent runs by outcome (stop, budget, stopped, error) and mode (agent, fast_path, extractive)"
+    );
+    metrics::describe_histogram!(
+        "sift_agent_iterations",
+        metrics::Unit::Count,
+        "Model iterations of the ReAct loop per run"
+    );
+    metrics::describe_counter!(
+        "sift_agent_tool_calls_total",
+        metrics::Unit::Count,
+        "Agent tool calls by tool and status (ok, bad_arguments, unknown_tool, error, timeout, repeated)"
+    );
+}
+
 /// Runs one question to its end. Never panics on bad model output or tool failures (they
 /// become observations or events); ends the stream with exactly one `Done`.
 pub async fn run_agent(

@@ -93,7 +93,8 @@ struct ModelTurn {
 
 /// One tool call of a step after the checks that come before running it.
 enum Prepared {
-    Run(serde_json::Value),
+    /// The arguments, and the call's signature (a failed call may be retried once as it was).
+    Run(serde_json::Value, String),
     /// Answered without running (unknown tool, bad arguments, repeated call, limit).
     Refuse(ToolError),
     Repeat(String),
@@ -123,13 +124,16 @@ pub(super) struct Run {
     summary_changed: bool,
     counter: TokenCounter,
     searched: bool,
-    /// Call signature -> step that first made it.
-    signatures: HashMap<String, u32>,
+    /// Call signature -> step that first made it, and whether it may run again (it failed,
+    /// and has not been retried yet).
+    signatures: HashMap<String, (u32, bool)>,
     repeats: u32,
     /// Index of the current question in the messages; tool groups follow it.
     question_index: usize,
     dropped_note: Option<(usize, Vec<String>)>,
-    retrieval_refused: bool,
+    call_ids: std::collections::HashSet<String>,
+    /// Signatures of failed calls already allowed a retry.
+    retried: std::collections::HashSet<String>,
 }
 
 impl Run {
@@ -165,7 +169,8 @@ impl Run {
             repeats: 0,
             question_index: 1,
             dropped_note: None,
-            retrieval_refused: false,
+            call_ids: Default::default(),
+            retried: Default::default(),
             deps,
             input,
             events,
@@ -174,6 +179,7 @@ impl Run {
     }
 
     /// Adds a tool of a configured service to this run's fixed set (before it starts).
+    #[cfg(test)]
     pub(super) fn add_tool(
         &mut self,
         tool: std::sync::Arc<dyn super::tools::ExternalTool>,
@@ -227,8 +233,34 @@ impl Run {
         }
     }
 
-    /// Follow-up rewrite and planning.
+    /// Connects the preset's services (web search, MCP servers), then the follow-up rewrite
+    /// and planning.
     async fn prepare(&mut self, model: Option<&dyn ChatModel>) {
+        if self.deps.preset.web_search.is_some() || !self.deps.preset.mcp_servers.is_empty() {
+            let started = Instant::now();
+            let preset = self.deps.preset.clone();
+            let connected = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => return,
+                connected = super::tools::external::connect_preset_tools(&preset) => connected,
+            };
+            let mut added = Vec::new();
+            for tool in connected.tools {
+                let name = tool.spec().name.clone();
+                if self.toolbox.add_external(tool) {
+                    added.push(name);
+                }
+            }
+            for failure in &connected.failures {
+                warn!(%failure, "mcp server left out of the run");
+            }
+            self.step(
+                "tools",
+                "connect",
+                started,
+                json!({"added": added, "failed": connected.failures}),
+            );
+        }
         let question = self.input.question.clone();
         if !self.history.is_empty() {
             let started = Instant::now();
@@ -349,6 +381,14 @@ impl Run {
                         Instant::now(),
                         json!({"calls": calls.iter().map(|c| &c.name).collect::<Vec<_>>()}),
                     );
+                }
+            }
+            // Ids pair calls with results (in the messages and the events): make them unique
+            // in the run, whatever the provider sent (empty, or "call_0" every step).
+            for (index, call) in calls.iter_mut().enumerate() {
+                if call.id.trim().is_empty() || !self.call_ids.insert(call.id.clone()) {
+                    call.id = format!("call-{}-{index}", self.iterations);
+                    self.call_ids.insert(call.id.clone());
                 }
             }
             if calls.is_empty() {
@@ -514,7 +554,11 @@ impl Run {
                 }
             };
             let signature = signature(&call.name, &arguments);
-            if let Some(first) = self.signatures.get(&signature) {
+            let retry = self
+                .signatures
+                .get(&signature)
+                .is_some_and(|(_, may_retry)| *may_retry);
+            if let Some((first, _)) = self.signatures.get(&signature).filter(|_| !retry) {
                 self.repeats += 1;
                 prepared.push(Some(Prepared::Repeat(format!(
                     "You already called {} with these arguments in step {first}; repeating it returns nothing new. \
@@ -529,7 +573,6 @@ impl Run {
             if call.name == KNOWLEDGE_SEARCH {
                 let done = self.reflector.retrievals() + searches_this_step;
                 if done >= self.reflector.config.max_retrievals {
-                    self.retrieval_refused = true;
                     force = Some("the retrieval limit of this turn was reached".into());
                     prepared.push(Some(Prepared::Refuse(ToolError::Failed(format!(
                         "the retrieval limit ({} searches per turn) is reached; answer with the evidence you have",
@@ -539,8 +582,9 @@ impl Run {
                 }
                 searches_this_step += 1;
             }
-            self.signatures.insert(signature, self.iterations);
-            prepared.push(Some(Prepared::Run(arguments)));
+            self.signatures
+                .insert(signature.clone(), (self.iterations, false));
+            prepared.push(Some(Prepared::Run(arguments, signature)));
         }
 
         // Run the runnable calls in parallel. join_all: one failing or slow tool must not
@@ -550,34 +594,57 @@ impl Run {
         let kbs = self.input.kbs.clone();
         let plan = self.plan.clone();
         let question = self.retrieval_question.clone();
-        let first_search = !self.searched;
         let toolbox = &self.toolbox;
         let context = ToolContext {
             node: &node,
             kbs: &kbs,
             plan: &plan,
             question: &question,
-            first_search,
+            first_search: false,
+        };
+        // Only the run's very first search also runs the plan's queries.
+        let first_context = ToolContext {
+            first_search: true,
+            ..context
+        };
+        let first_search_call = if self.searched {
+            None
+        } else {
+            calls
+                .iter()
+                .zip(prepared.iter())
+                .position(|(call, prepared)| {
+                    call.name == KNOWLEDGE_SEARCH && matches!(prepared, Some(Prepared::Run(..)))
+                })
         };
         let deadline = self.deadline;
-        let runs = calls.iter().zip(prepared.iter()).map(|(call, prepared)| {
-            let context = &context;
-            async move {
-                let Some(Prepared::Run(arguments)) = prepared else {
-                    return None;
-                };
-                let started = Instant::now();
-                let limit = tool_timeout
-                    .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-                let outcome = tokio::time::timeout(
-                    limit,
-                    toolbox.call(context, &call.name, arguments.clone()),
-                )
-                .await
-                .unwrap_or(Err(ToolError::Timeout(limit.as_secs())));
-                Some((started, outcome))
-            }
-        });
+        let runs =
+            calls
+                .iter()
+                .zip(prepared.iter())
+                .enumerate()
+                .map(|(index, (call, prepared))| {
+                    let context = if Some(index) == first_search_call {
+                        &first_context
+                    } else {
+                        &context
+                    };
+                    async move {
+                        let Some(Prepared::Run(arguments, _)) = prepared else {
+                            return None;
+                        };
+                        let started = Instant::now();
+                        let limit = tool_timeout
+                            .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+                        let outcome = tokio::time::timeout(
+                            limit,
+                            toolbox.call(context, &call.name, arguments.clone()),
+                        )
+                        .await
+                        .unwrap_or(Err(ToolError::Timeout(limit.as_secs())));
+                        Some((started, outcome))
+                    }
+                });
         let outcomes = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return None,
@@ -608,10 +675,22 @@ impl Run {
                     );
                     observations[index] = Some(wrap_observation(&call.name, true, &message));
                 }
-                (Some(Prepared::Run(_)), Some((started, Ok(output)))) => {
+                (Some(Prepared::Run(..)), Some((started, Ok(output)))) => {
                     observations[index] = Some(self.observe(call, started, output));
                 }
-                (Some(Prepared::Run(_)), Some((started, Err(error)))) => {
+                (Some(Prepared::Run(_, signature)), Some((started, Err(error)))) => {
+                    // A failed call may be retried once (a timeout can be transient).
+                    let first_failure = self
+                        .signatures
+                        .get(&signature)
+                        .is_some_and(|(step, _)| *step == self.iterations)
+                        && !self.retried.contains(&signature);
+                    if first_failure {
+                        self.retried.insert(signature.clone());
+                        if let Some(entry) = self.signatures.get_mut(&signature) {
+                            entry.1 = true;
+                        }
+                    }
                     let observation = self.tool_error_observation(call, &error);
                     if let Some(step) = self.trace.last_mut() {
                         step.started_ms = started.duration_since(self.started).as_millis() as u64;
@@ -619,7 +698,7 @@ impl Run {
                     }
                     observations[index] = Some(observation);
                 }
-                (Some(Prepared::Run(_)), None) => {}
+                (Some(Prepared::Run(..)), None) => {}
             }
         }
         Some(force)
@@ -657,7 +736,24 @@ impl Run {
                     text: &c.chunk.text,
                 })
                 .collect();
-            let verdicts = self.verifier.verify_all(&query_terms, &candidates);
+            // A hit is judged against the question and against each query that found it (a
+            // sub-query's evidence covers its part of the question); the best verdict counts.
+            let mut term_sets = vec![query_terms.clone()];
+            term_sets.extend(output.queries.iter().map(|q| terms(q)));
+            let verdicts: Vec<_> = candidates
+                .iter()
+                .map(|candidate| {
+                    term_sets
+                        .iter()
+                        .map(|set| self.verifier.verify(set, candidate))
+                        .max_by(|a, b| {
+                            (a.valid, a.score)
+                                .partial_cmp(&(b.valid, b.score))
+                                .unwrap_or(std::cmp::Ordering::Equal)
+                        })
+                        .expect("at least the question's terms")
+                })
+                .collect();
             let valid = verdicts.iter().filter(|v| v.valid).count();
             let rejected: Vec<String> = verdicts
                 .iter()

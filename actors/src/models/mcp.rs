@@ -8,6 +8,7 @@
 //! `initialize` is sent with every later message. Each exchange has the configured timeout.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -104,11 +105,17 @@ pub struct McpToolResult {
 pub struct McpClient {
     config: McpServerConfig,
     client: reqwest::Client,
-    session_id: Option<String>,
+    /// Replaced when the server forgets the session and the client opens a new one.
+    session: Mutex<Session>,
+    next_id: AtomicU64,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Session {
+    id: Option<String>,
     /// The protocol version the server agreed to.
     protocol_version: String,
     server_name: String,
-    next_id: AtomicU64,
 }
 
 impl std::fmt::Debug for McpClient {
@@ -117,8 +124,7 @@ impl std::fmt::Debug for McpClient {
             .debug_struct("McpClient")
             .field("name", &self.config.name)
             .field("url", &self.config.url)
-            .field("server_name", &self.server_name)
-            .field("protocol_version", &self.protocol_version)
+            .field("session", &self.session())
             .finish_non_exhaustive()
     }
 }
@@ -135,32 +141,51 @@ impl McpClient {
                 server: config.name.clone(),
                 message: format!("http client: {error}"),
             })?;
-        let mut mcp = McpClient {
+        let mcp = McpClient {
             config: config.clone(),
             client,
-            session_id: None,
-            protocol_version: PROTOCOL_VERSION.to_owned(),
-            server_name: String::new(),
+            session: Mutex::new(Session::default()),
             next_id: AtomicU64::new(1),
         };
+        mcp.initialize().await?;
+        Ok(mcp)
+    }
+
+    /// `initialize` without a session id, then `notifications/initialized` in the new session.
+    async fn initialize(&self) -> Result<(), McpError> {
+        *self.lock_session() = Session::default();
         let params = json!({
             "protocolVersion": PROTOCOL_VERSION,
             "capabilities": {},
             "clientInfo": {"name": "sift", "version": env!("CARGO_PKG_VERSION")},
         });
-        let (result, session_id) = mcp.request("initialize", params).await?;
-        mcp.session_id = session_id;
-        if let Some(version) = result.get("protocolVersion").and_then(Value::as_str) {
-            mcp.protocol_version = version.to_owned();
-        }
-        mcp.server_name = result
-            .pointer("/serverInfo/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        mcp.notify("notifications/initialized").await?;
-        debug!(server_name = %mcp.server_name, session = mcp.session_id.is_some(), "mcp session opened");
-        Ok(mcp)
+        let (result, session_id) = self.exchange("initialize", &params).await?;
+        let session = Session {
+            id: session_id,
+            protocol_version: result
+                .get("protocolVersion")
+                .and_then(Value::as_str)
+                .unwrap_or(PROTOCOL_VERSION)
+                .to_owned(),
+            server_name: result
+                .pointer("/serverInfo/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+        };
+        debug!(server_name = %session.server_name, session = session.id.is_some(), "mcp session opened");
+        *self.lock_session() = session;
+        self.notify("notifications/initialized").await
+    }
+
+    fn lock_session(&self) -> std::sync::MutexGuard<'_, Session> {
+        self.session
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn session(&self) -> Session {
+        self.lock_session().clone()
     }
 
     pub fn config(&self) -> &McpServerConfig {
@@ -168,8 +193,8 @@ impl McpClient {
     }
 
     /// The server's own name from `serverInfo`.
-    pub fn server_name(&self) -> &str {
-        &self.server_name
+    pub fn server_name(&self) -> String {
+        self.session().server_name
     }
 
     /// The name the model sees for one of this server's tools: `{config.name}__{tool}`.
@@ -263,12 +288,31 @@ impl McpClient {
         })
     }
 
-    /// One JSON-RPC request within the configured timeout: its `result` and the session id
-    /// header of the answer, if any.
+    /// One JSON-RPC request: its `result`. A server that answers 404 to a request carrying a
+    /// session id has forgotten the session: a new one is opened and the request sent again,
+    /// once (as the transport specification asks).
     async fn request(
         &self,
         method: &str,
         params: Value,
+    ) -> Result<(Value, Option<String>), McpError> {
+        let had_session = self.session().id.is_some();
+        match self.exchange(method, &params).await {
+            Err(McpError::Http { status: 404, .. }) if had_session => {
+                debug!(method, "mcp session expired, opening a new one");
+                self.initialize().await?;
+                self.exchange(method, &params).await
+            }
+            outcome => outcome,
+        }
+    }
+
+    /// One request within the configured timeout: its `result` and the session id header of
+    /// the answer, if any.
+    async fn exchange(
+        &self,
+        method: &str,
+        params: &Value,
     ) -> Result<(Value, Option<String>), McpError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
@@ -308,10 +352,11 @@ impl McpClient {
         for (name, value) in &self.config.headers {
             request = request.header(name, value);
         }
-        if let Some(session_id) = &self.session_id {
+        let session = self.session();
+        if let Some(session_id) = &session.id {
             request = request
                 .header(SESSION_HEADER, session_id)
-                .header("mcp-protocol-version", &self.protocol_version);
+                .header("mcp-protocol-version", &session.protocol_version);
         }
         let response = request.send().await.map_err(|error| McpError::Connect {
             server: self.config.name.clone(),
@@ -369,6 +414,10 @@ impl McpClient {
                 Some(bytes) => parser.push(&bytes),
                 None => parser.finish().into_iter().collect(),
             };
+            if parser.buffered_bytes() > MAX_EVENT_BYTES {
+                return Err(self
+                    .protocol_error(method, &format!("an event exceeds {MAX_EVENT_BYTES} bytes")));
+            }
             for event in events {
                 let Ok(value) = serde_json::from_str::<Value>(&event.data) else {
                     continue;
@@ -418,6 +467,9 @@ impl McpClient {
         }
     }
 }
+
+/// Largest single SSE event accepted.
+const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 
 /// Pages of `tools/list` followed at most.
 const MAX_TOOL_PAGES: usize = 100;

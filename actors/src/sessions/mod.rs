@@ -97,6 +97,27 @@ pub struct Sessions {
     runs: Mutex<HashMap<String, Arc<RunLog>>>,
     /// The running run of each session: one at a time, so turns stay in order.
     active: Mutex<HashMap<String, String>>,
+    /// Runs execute on their own runtime, so their CPU work (token counting, prompt building,
+    /// parsing) cannot delay the HTTP runtime: the first event of a new stream stays fast
+    /// under load. `None` once shut down.
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+}
+
+impl Drop for Sessions {
+    fn drop(&mut self) {
+        if let Some(runtime) = self
+            .runtime
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            // The last reference may go away on one of the runtime's own threads (a run's
+            // task): shut it down from a plain thread, never from inside itself.
+            let _ = std::thread::Builder::new()
+                .name("sift-run-shutdown".into())
+                .spawn(move || runtime.shutdown_background());
+        }
+    }
 }
 
 fn session_not_found(id: &str) -> SiftError {
@@ -114,7 +135,7 @@ fn run_not_found(id: &str) -> SiftError {
 }
 
 impl Sessions {
-    pub fn new(node: Arc<SiftNode>, config: SessionsConfig) -> Arc<Sessions> {
+    pub fn new(node: Arc<SiftNode>, config: SessionsConfig) -> Result<Arc<Sessions>> {
         let mut presets: BTreeMap<String, Arc<AgentPreset>> = config
             .presets
             .into_iter()
@@ -124,7 +145,17 @@ impl Sessions {
             .entry("default".into())
             .or_insert_with(|| Arc::new(AgentPreset::default_preset()));
         let admission = Admission::new(&config.limits);
-        Arc::new(Sessions {
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("sift-run")
+            .enable_all()
+            .build()
+            .map_err(|error| SiftError::Internal(format!("starting the run runtime: {error}")))?;
+        Ok(Arc::new(Sessions {
+            runtime: Mutex::new(Some(runtime)),
             node,
             model: config.model,
             presets,
@@ -132,7 +163,7 @@ impl Sessions {
             admission,
             runs: Mutex::new(HashMap::new()),
             active: Mutex::new(HashMap::new()),
-        })
+        }))
     }
 
     pub fn node(&self) -> &Arc<SiftNode> {
@@ -373,7 +404,7 @@ impl Sessions {
         };
         let sessions = self.clone();
         let run_log = log.clone();
-        tokio::spawn(async move {
+        let supervised = async move {
             let question = input.question.clone();
             let given_summary = input.history_summary.clone();
             let end =
@@ -384,12 +415,31 @@ impl Sessions {
                     .store_turn(&run_log, &question, outcome, summary_turns, given_summary)
                     .await;
             }
+            // Free the session before `done`: a client that saw `done` may ask again at once.
+            sessions.release_session(&run_log);
             run_log.push(RunEventKind::Done {
                 message_id,
                 finish_reason: end.finish_reason,
             });
-            sessions.finished(&run_log);
-        });
+            sessions.forget_later(&run_log);
+        };
+        let runtime = self.runtime.lock().unwrap_or_else(|p| p.into_inner());
+        match runtime.as_ref() {
+            Some(runtime) => {
+                runtime.spawn(supervised);
+            }
+            None => {
+                // Shut down: the run ends at once.
+                log.push(RunEventKind::Agent(crate::agent::AgentEvent::Error {
+                    code: "shutting_down".into(),
+                    message: "the node is shutting down".into(),
+                }));
+                log.push(RunEventKind::Done {
+                    message_id: None,
+                    finish_reason: RunFinish::Error,
+                });
+            }
+        }
         log
     }
 
@@ -445,14 +495,16 @@ impl Sessions {
         Some(message_id)
     }
 
-    /// Frees the session for its next run and forgets the log after the retention time.
-    fn finished(self: &Arc<Self>, log: &Arc<RunLog>) {
-        {
-            let mut active = self.lock_active();
-            if active.get(&log.session_id) == Some(&log.run_id) {
-                active.remove(&log.session_id);
-            }
+    /// Frees the session for its next run.
+    fn release_session(&self, log: &RunLog) {
+        let mut active = self.lock_active();
+        if active.get(&log.session_id) == Some(&log.run_id) {
+            active.remove(&log.session_id);
         }
+    }
+
+    /// Forgets the log after the retention time.
+    fn forget_later(self: &Arc<Self>, log: &Arc<RunLog>) {
         let sessions = Arc::downgrade(self);
         let run_id = log.run_id.clone();
         let retention = self.limits.retention;
@@ -492,7 +544,7 @@ impl Sessions {
             .count()
     }
 
-    /// Stops every run (node shutdown).
+    /// Stops every run (node shutdown): each ends its stream with `done` {stopped}.
     pub fn shutdown(&self) {
         for log in self.lock_runs().values() {
             log.cancel.cancel();
@@ -510,7 +562,6 @@ pub fn describe_metrics() {
         "sift_agent_answers_total",
         "answers by mode: agent, fast_path, extractive"
     );
-    metrics::describe_histogram!("sift_agent_run_iterations", "ReAct iterations per run");
     metrics::describe_histogram!(
         "sift_agent_run_seconds",
         "wall time per run, queue included"

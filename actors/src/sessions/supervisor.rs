@@ -253,7 +253,6 @@ pub async fn supervise_run(
     metrics::counter!("sift_agent_runs_total", "outcome" => outcome_label).increment(1);
     metrics::histogram!("sift_agent_run_seconds").record(started.elapsed().as_secs_f64());
     if let Some(outcome) = &end.outcome {
-        metrics::histogram!("sift_agent_run_iterations").record(outcome.iterations as f64);
         metrics::counter!("sift_agent_tokens_total", "direction" => "in")
             .increment(outcome.prompt_tokens);
         metrics::counter!("sift_agent_tokens_total", "direction" => "out")
@@ -275,5 +274,64 @@ async fn drain(forwarder: tokio::task::JoinHandle<()>) {
         .is_err()
     {
         abort.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::RunCancel;
+
+    fn admission(concurrent: usize, queued: usize, timeout: Duration) -> Arc<Admission> {
+        Arc::new(Admission::new(&RunLimits {
+            max_concurrent_runs: concurrent,
+            max_queued_runs: queued,
+            queue_timeout: timeout,
+            ..RunLimits::default()
+        }))
+    }
+
+    fn wait_in_queue(
+        admission: &Arc<Admission>,
+        cancel: &RunCancel,
+    ) -> tokio::task::JoinHandle<Result<(), Rejected>> {
+        let admission = admission.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move { admission.admit(&cancel).await.map(|_| ()) })
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_rejects_and_a_waiter_times_out() {
+        let admission = admission(1, 1, Duration::from_millis(50));
+        let cancel = RunCancel::new();
+        let _running = admission.admit(&cancel).await.expect("a free slot");
+        let waiting = wait_in_queue(&admission, &cancel);
+        tokio::task::yield_now().await;
+        assert!(matches!(
+            admission.admit(&cancel).await,
+            Err(Rejected::QueueFull)
+        ));
+        // Nobody frees the slot.
+        assert!(matches!(waiting.await.unwrap(), Err(Rejected::TimedOut)));
+    }
+
+    #[tokio::test]
+    async fn a_freed_slot_goes_to_a_waiter_and_a_stopped_waiter_leaves() {
+        let admission = admission(1, 4, Duration::from_secs(600));
+        let cancel = RunCancel::new();
+        let running = admission.admit(&cancel).await.expect("a free slot");
+        let next = wait_in_queue(&admission, &cancel);
+        tokio::task::yield_now().await;
+        drop(running);
+        assert!(next.await.unwrap().is_ok());
+        let _held = admission
+            .admit(&cancel)
+            .await
+            .expect("the slot is free again");
+        let stopped = RunCancel::new();
+        let queued = wait_in_queue(&admission, &stopped);
+        tokio::task::yield_now().await;
+        stopped.cancel();
+        assert!(matches!(queued.await.unwrap(), Err(Rejected::Cancelled)));
     }
 }

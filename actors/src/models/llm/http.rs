@@ -10,6 +10,9 @@ use super::sse::{SseEvent, SseParser};
 /// Error bodies are cut to this many characters in error messages.
 const MAX_ERROR_BODY_CHARS: usize = 300;
 
+/// Largest single SSE event accepted; a server sending more without an event end is broken.
+pub(crate) const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
 /// A client with the provider's connect timeout. There is no overall timeout: streams last as
 /// long as the model writes; the router bounds the first token and the gaps between events.
 pub(crate) fn build_client(config: &ProviderConfig) -> Result<reqwest::Client, LlmError> {
@@ -128,7 +131,16 @@ impl SseBody {
                 return None;
             }
             match self.response.chunk().await {
-                Ok(Some(bytes)) => self.pending.extend(self.parser.push(&bytes)),
+                Ok(Some(bytes)) => {
+                    self.pending.extend(self.parser.push(&bytes));
+                    if self.parser.buffered_bytes() > MAX_EVENT_BYTES {
+                        self.ended = true;
+                        return Some(Err(LlmError::Protocol {
+                            provider: self.provider.clone(),
+                            message: format!("an event exceeds {MAX_EVENT_BYTES} bytes"),
+                        }));
+                    }
+                }
                 Ok(None) => {
                     self.ended = true;
                     self.pending.extend(self.parser.finish());

@@ -17,7 +17,9 @@ use tracing::debug;
 
 use super::config::{ProviderConfig, ToolMode};
 use super::http::{SseBody, build_client, send};
-use super::tool_modes::{ToolModeDecoder, rewrite_for_text_tools, step_response_format};
+use super::tool_modes::{
+    ToolModeDecoder, call_id_prefix, rewrite_for_text_tools, step_response_format,
+};
 use super::{
     ChatEvent, ChatMessage, ChatModel, ChatRequest, ChatStream, FinishReason, LlmError, ToolCall,
     ToolSpec, Usage,
@@ -242,6 +244,8 @@ pub struct StreamAggregator {
     released_calls: bool,
     /// Server index -> call index, for servers that reuse an index for a new call.
     renumbered: BTreeMap<u64, u64>,
+    /// For calls the server gave no id (made once, unique per answer).
+    id_prefix: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -373,6 +377,10 @@ impl StreamAggregator {
         Ok(target)
     }
 
+    fn id_prefix(&mut self) -> String {
+        self.id_prefix.get_or_insert_with(call_id_prefix).clone()
+    }
+
     /// The assembled tool calls, in index order.
     fn take_calls(&mut self) -> Vec<ChatEvent> {
         self.released_calls |= !self.calls.is_empty();
@@ -382,7 +390,7 @@ impl StreamAggregator {
             .map(|(index, call)| {
                 ChatEvent::ToolCall(ToolCall {
                     id: if call.id.is_empty() {
-                        format!("call_{index}")
+                        format!("{}_{index}", self.id_prefix())
                     } else {
                         call.id
                     },

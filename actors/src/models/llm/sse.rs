@@ -55,6 +55,12 @@ impl SseParser {
         events
     }
 
+    /// Bytes held for the event being assembled (to bound what a misbehaving server can make
+    /// the client buffer).
+    pub fn buffered_bytes(&self) -> usize {
+        self.line.len() + self.data.len()
+    }
+
     /// The event still pending when the stream ended without a final blank line (servers that
     /// close right after their last `data:` line), if any.
     pub fn finish(&mut self) -> Option<SseEvent> {
@@ -176,6 +182,15 @@ mod tests {
             })
         );
         assert_eq!(parser.finish(), None);
+    }
+
+    #[test]
+    fn buffered_bytes_count_the_unfinished_event() {
+        let mut parser = SseParser::new();
+        parser.push(b"data: 12345\ndata: 678");
+        assert_eq!(parser.buffered_bytes(), "12345".len() + "data: 678".len());
+        parser.push(b"\n\n");
+        assert_eq!(parser.buffered_bytes(), 0);
     }
 
     #[test]

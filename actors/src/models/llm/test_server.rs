@@ -75,13 +75,13 @@ impl FakeModelServer {
         format!("http://{}/v1", self.address)
     }
 
-    /// A provider config pointing here, with short timeouts and no retries.
+    /// A provider config pointing here, with no retries (and timeouts only a hang reaches).
     pub fn provider(&self, name: &str, kind: ProviderKind) -> ProviderConfig {
         ProviderConfig {
             name: name.to_owned(),
             kind,
-            first_token_timeout_ms: 2_000,
-            idle_timeout_ms: 2_000,
+            first_token_timeout_ms: 10_000,
+            idle_timeout_ms: 10_000,
             max_retries: 0,
             backoff_ms: 10,
             ..ProviderConfig::openai(self.base_url(), "fake-model", Some("test-key".to_owned()))

@@ -173,7 +173,7 @@ impl ToolModeDecoder {
             _ if tools.is_empty() => StepParser::Native,
             ToolMode::Native => StepParser::Native,
             ToolMode::Text => StepParser::Text(TextToolParser::new(names)),
-            ToolMode::JsonSchema => StepParser::JsonStep(JsonStepParser::default()),
+            ToolMode::JsonSchema => StepParser::JsonStep(JsonStepParser::new(names)),
         };
         ToolModeDecoder {
             parser,
@@ -251,6 +251,14 @@ pub struct TextToolParser {
     tool_names: Vec<String>,
     /// Calls parsed so far (also numbers the made-up call ids).
     calls: usize,
+    /// Start of the made-up call ids, unique per answer: ids stay unique across a run's steps.
+    id_prefix: String,
+}
+
+/// A prefix for made-up call ids, e.g. `call_3f2a9c01b7de`.
+pub fn call_id_prefix() -> String {
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("call_{}", &random[..12])
 }
 
 impl TextToolParser {
@@ -259,6 +267,7 @@ impl TextToolParser {
             buffer: String::new(),
             tool_names,
             calls: 0,
+            id_prefix: call_id_prefix(),
         }
     }
 
@@ -336,7 +345,7 @@ impl TextToolParser {
                 for (name, arguments) in calls {
                     self.calls += 1;
                     events.push(ChatEvent::ToolCall(ToolCall {
-                        id: format!("text_call_{}", self.calls),
+                        id: format!("{}_{}", self.id_prefix, self.calls),
                         name,
                         arguments,
                     }));
@@ -486,6 +495,8 @@ fn call_from_object(
 /// the call to `tool` with `arguments`.
 #[derive(Debug, Default)]
 pub struct JsonStepParser {
+    /// Offered tool names, for the text fallback.
+    tool_names: Vec<String>,
     buffer: String,
     /// Byte offset in `buffer` where the thought's string content starts, once found.
     thought_start: Option<usize>,
@@ -498,6 +509,13 @@ pub struct JsonStepParser {
 }
 
 impl JsonStepParser {
+    pub fn new(tool_names: Vec<String>) -> Self {
+        JsonStepParser {
+            tool_names,
+            ..JsonStepParser::default()
+        }
+    }
+
     /// Feeds streamed JSON text; returns newly complete thought text.
     pub fn push(&mut self, text: &str) -> Vec<ChatEvent> {
         self.buffer.push_str(text);
@@ -534,7 +552,7 @@ impl JsonStepParser {
             if self.streamed_thought {
                 return Vec::new();
             }
-            let mut parser = TextToolParser::new(Vec::new());
+            let mut parser = TextToolParser::new(std::mem::take(&mut self.tool_names));
             let mut events = parser.push(&buffer);
             events.extend(parser.finish());
             return events;
@@ -552,7 +570,7 @@ impl JsonStepParser {
             None => "{}".to_owned(),
         };
         events.push(ChatEvent::ToolCall(ToolCall {
-            id: "step_call_1".to_owned(),
+            id: format!("{}_1", call_id_prefix()),
             name: tool.trim().to_owned(),
             arguments,
         }));

@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 
 use super::*;
 
-const SESSION: &str = "session-42";
+/// The session id of the first session.
+const SESSION: &str = "session-1";
 
 #[derive(Clone, Debug)]
 struct Recorded {
@@ -26,6 +27,9 @@ struct Recorded {
 #[derive(Default)]
 struct FakeMcp {
     requests: Mutex<Vec<Recorded>>,
+    /// Sessions opened so far; only the last one is live (the `forget` tool ends it).
+    sessions: Mutex<u32>,
+    live: Mutex<Option<String>>,
 }
 
 async fn start() -> (SocketAddr, Arc<FakeMcp>) {
@@ -87,14 +91,21 @@ async fn handle(State(state): State<Arc<FakeMcp>>, headers: HeaderMap, body: Str
             "capabilities": {"tools": {"listChanged": false}},
             "serverInfo": {"name": "fake-docs-server", "version": "1.0.0"},
         }});
+        let mut opened = state.sessions.lock().unwrap();
+        *opened += 1;
+        let id = format!("session-{opened}");
+        *state.live.lock().unwrap() = Some(id.clone());
         let mut response = json_response(result);
         response
             .headers_mut()
-            .insert("mcp-session-id", SESSION.parse().unwrap());
+            .insert("mcp-session-id", id.parse().unwrap());
         return response;
     }
-    if session.as_deref() != Some(SESSION) {
-        return (StatusCode::BAD_REQUEST, "missing or unknown session").into_response();
+    if session.is_none() {
+        return (StatusCode::BAD_REQUEST, "missing session").into_response();
+    }
+    if session != *state.live.lock().unwrap() {
+        return (StatusCode::NOT_FOUND, "unknown session").into_response();
     }
     let answer = |result: Value| json!({"jsonrpc": "2.0", "id": id, "result": result});
     match method.as_str() {
@@ -126,6 +137,12 @@ async fn handle(State(state): State<Arc<FakeMcp>>, headers: HeaderMap, body: Str
                         {"type": "text", "text": "see also: paxos"},
                     ],
                 }))),
+                "forget" => {
+                    *state.live.lock().unwrap() = None;
+                    json_response(answer(
+                        json!({"content": [{"type": "text", "text": "forgotten"}]}),
+                    ))
+                }
                 "slow" => {
                     tokio::time::sleep(std::time::Duration::from_secs(30)).await;
                     json_response(answer(json!({"content": []})))
@@ -208,7 +225,7 @@ async fn a_session_lists_tools_across_pages_and_calls_one() {
 async fn tool_errors_rpc_errors_and_timeouts_are_told_apart() {
     let (address, _state) = start().await;
     let client = McpClient::connect(&McpServerConfig {
-        timeout_ms: 300,
+        timeout_ms: 1_500,
         ..config(address)
     })
     .await
@@ -240,7 +257,7 @@ async fn tool_errors_rpc_errors_and_timeouts_are_told_apart() {
         McpError::Timeout {
             server: "docs".to_owned(),
             method: "tools/call".to_owned(),
-            timeout_ms: 300,
+            timeout_ms: 1_500,
         }
     );
     assert!(error.is_transient());
@@ -267,4 +284,36 @@ async fn an_endpoint_that_is_not_mcp_fails_to_connect_clearly() {
     drop(listener);
     let error = McpClient::connect(&config(closed)).await.unwrap_err();
     assert!(matches!(error, McpError::Connect { .. }), "{error:?}");
+}
+
+#[tokio::test]
+async fn a_forgotten_session_is_reopened_and_the_request_sent_again() {
+    let (address, state) = start().await;
+    let client = McpClient::connect(&config(address)).await.unwrap();
+    client.call("forget", json!({})).await.unwrap();
+
+    let result = client
+        .call("lookup", json!({"term": "raft"}))
+        .await
+        .unwrap();
+
+    assert!(result.text.starts_with("raft: "), "{result:?}");
+    let requests = state.requests.lock().unwrap().clone();
+    let trace: Vec<(String, Option<String>)> = requests
+        .iter()
+        .map(|request| (request.method.clone(), request.session.clone()))
+        .collect();
+    let session = |id: &str| Some(id.to_owned());
+    assert_eq!(
+        trace,
+        vec![
+            ("initialize".to_owned(), None),
+            ("notifications/initialized".to_owned(), session("session-1")),
+            ("tools/call".to_owned(), session("session-1")),
+            ("tools/call".to_owned(), session("session-1")),
+            ("initialize".to_owned(), None),
+            ("notifications/initialized".to_owned(), session("session-2")),
+            ("tools/call".to_owned(), session("session-2")),
+        ]
+    );
 }

@@ -64,7 +64,7 @@ async fn start() -> (SocketAddr, Arc<FakeSearx>) {
 fn client(address: SocketAddr) -> WebSearchClient {
     WebSearchClient::new(WebSearchConfig {
         base_url: format!("http://{address}/"),
-        timeout_ms: 300,
+        timeout_ms: 1_500,
         max_results: 2,
     })
 }
@@ -117,6 +117,6 @@ async fn provider_failures_are_clear_errors() {
         })
     );
     let error = client.search("slow").await.unwrap_err();
-    assert_eq!(error, WebSearchError::Timeout(300));
+    assert_eq!(error, WebSearchError::Timeout(1_500));
     assert!(error.is_transient());
 }

@@ -190,8 +190,8 @@ async fn the_breaker_opens_after_the_threshold_and_a_half_open_probe_closes_it()
     let providers = vec![(
         build_provider(&server.provider("flaky", ProviderKind::OpenAi)).unwrap(),
         RouteSettings {
-            first_token_timeout: Duration::from_secs(2),
-            idle_timeout: Duration::from_secs(2),
+            first_token_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(10),
             max_retries: 0,
             backoff: Duration::from_millis(10),
             breaker_failure_threshold: 2,

@@ -20,9 +20,27 @@ fn parse_in_pieces(text: &str, size: usize) -> Vec<ChatEvent> {
     merge_text(events)
 }
 
+/// Made-up call ids are `call_<random>_<n>`: keeps `call_<n>` for comparison (idempotent).
+fn normalise_ids(events: Vec<ChatEvent>) -> Vec<ChatEvent> {
+    events
+        .into_iter()
+        .map(|event| match event {
+            ChatEvent::ToolCall(mut call) => {
+                let parts: Vec<&str> = call.id.split('_').collect();
+                if let ["call", random, number] = parts[..] {
+                    assert_eq!(random.len(), 12, "{}", call.id);
+                    call.id = format!("call_{number}");
+                }
+                ChatEvent::ToolCall(call)
+            }
+            other => other,
+        })
+        .collect()
+}
+
 fn merge_text(events: Vec<ChatEvent>) -> Vec<ChatEvent> {
     let mut merged: Vec<ChatEvent> = Vec::new();
-    for event in events {
+    for event in normalise_ids(events) {
         match (merged.last_mut(), event) {
             (Some(ChatEvent::TextDelta(previous)), ChatEvent::TextDelta(text)) => {
                 previous.push_str(&text)
@@ -35,7 +53,7 @@ fn merge_text(events: Vec<ChatEvent>) -> Vec<ChatEvent> {
 
 fn call(number: usize, name: &str, arguments: serde_json::Value) -> ChatEvent {
     ChatEvent::ToolCall(ToolCall {
-        id: format!("text_call_{number}"),
+        id: format!("call_{number}"),
         name: name.to_owned(),
         arguments: arguments.to_string(),
     })
@@ -76,7 +94,7 @@ fn bare_objects_of_either_shape_are_calls() {
             call(1, "knowledge_search", json!({"query": "x"})),
             text(" then "),
             ChatEvent::ToolCall(ToolCall {
-                id: "text_call_2".to_owned(),
+                id: "call_2".to_owned(),
                 name: "final_answer".to_owned(),
                 arguments: "{\"answer\": \"y\"}".to_owned(),
             }),
@@ -146,7 +164,24 @@ fn step_in_pieces(input: &str, size: usize) -> Vec<ChatEvent> {
         events.extend(parser.push(&piece.iter().collect::<String>()));
     }
     events.extend(parser.finish());
-    events
+    normalise_ids(events)
+}
+
+#[test]
+fn made_up_call_ids_differ_between_answers() {
+    let text = "{\"name\": \"final_answer\", \"arguments\": {}}";
+    let ids: Vec<String> = (0..2)
+        .map(|_| {
+            let mut parser = TextToolParser::new(names());
+            let mut events = parser.push(text);
+            events.extend(parser.finish());
+            match &events[..] {
+                [ChatEvent::ToolCall(call)] => call.id.clone(),
+                other => panic!("{other:?}"),
+            }
+        })
+        .collect();
+    assert_ne!(ids[0], ids[1]);
 }
 
 #[test]
@@ -174,7 +209,7 @@ fn json_steps_stream_the_thought_with_escapes_in_any_chunking() {
         assert_eq!(
             events.last(),
             Some(&ChatEvent::ToolCall(ToolCall {
-                id: "step_call_1".to_owned(),
+                id: "call_1".to_owned(),
                 name: "knowledge_search".to_owned(),
                 arguments: r#"{"query":"q"}"#.to_owned(),
             })),
@@ -198,7 +233,7 @@ fn a_step_that_is_not_json_falls_back_to_the_text_reader() {
         vec![
             text("Sure: "),
             ChatEvent::ToolCall(ToolCall {
-                id: "text_call_1".to_owned(),
+                id: "call_1".to_owned(),
                 name: "final_answer".to_owned(),
                 arguments: r#"{"answer":"4"}"#.to_owned(),
             })
