@@ -82,11 +82,11 @@ pub struct ChatArgs {
     /// Streaming rate of the fake model, in tokens (streamed chunks) per second per stream.
     #[arg(long, value_name = "R", default_value_t = 100.0, value_parser = parse_rate)]
     pub tokens_per_sec: f64,
-    /// Fragments of the `knowledge_search` call's arguments (the call streams this many
-    /// chunks plus four: the opening chunk, the finish, the usage and `[DONE]`).
+    /// Fragments of the `knowledge_search` call's arguments, at most (the call streams them
+    /// plus four chunks: the opening chunk, the finish, the usage and `[DONE]`).
     #[arg(long, value_name = "N", default_value_t = 12)]
     pub search_tokens: usize,
-    /// Fragments of the `final_answer` call's arguments (plus four chunks, as above).
+    /// Fragments of the `final_answer` call's arguments, at most (plus four chunks, as above).
     #[arg(long, value_name = "N", default_value_t = 40)]
     pub answer_tokens: usize,
     /// Longest wait for one turn's `done`, in seconds; a slower turn counts as an error.
