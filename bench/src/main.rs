@@ -4,8 +4,9 @@
 //!   retrieval with nDCG@10, Recall@5/10/100 and MRR@10 (`metrics`) and client-side latency.
 //! - `load` drives concurrent search traffic for a fixed time and reports QPS and latency
 //!   percentiles from HDR histograms.
-//! - `chat` runs concurrent chat sessions over SSE against a fake model it serves itself, and
-//!   reports time to first event, first answer token and done, and the agent overhead per turn.
+//! - `chat` starts a fake model server at a fixed token rate and drives concurrent agent
+//!   sessions (SSE) against a node using it: time to first event and to `done`, and the agent
+//!   overhead per turn.
 //!
 //! `client` is a small typed client for `/v1/kbs/...`; it refuses any node that is not on a
 //! loopback address, so benchmark traffic never leaves the machine.
@@ -40,7 +41,7 @@ enum Command {
     Quality(quality::QualityArgs),
     /// Run concurrent searches for a fixed time and report QPS and latency percentiles.
     Load(load::LoadArgs),
-    /// Concurrent chat sessions (SSE) against a fake model at a fixed token rate.
+    /// Drive concurrent agent sessions (SSE) through a fake model at a fixed token rate.
     Chat(chat::ChatArgs),
 }
 

@@ -4,8 +4,12 @@
 //! handler that sees every request and picks the reply: streamed chunks (written one network
 //! write each, so tool-call arguments arrive split across many chunks), an error status, a
 //! stream that breaks, or silence before the first token.
+//!
+//! `sift-bench chat` runs the same server at a fixed token rate ([`FakeLlm::start_with_options`]:
+//! a fixed address, a pause per written piece, no request log).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -124,8 +128,35 @@ pub type Handler = Arc<dyn Fn(&FakeRequest) -> FakeReply + Send + Sync>;
 struct FakeState {
     handler: Handler,
     requests: Mutex<Vec<FakeRequest>>,
-    /// Pause between two written pieces (lets a test stop a run mid-stream).
+    /// Pause before each written piece (lets a test stop a run mid-stream; sets the token
+    /// rate of a benchmark).
     piece_delay: Duration,
+    /// Whether [`FakeLlm::requests`] keeps every request (off for long benchmark runs).
+    record_requests: bool,
+    /// Requests received so far (recorded or not).
+    received: AtomicUsize,
+}
+
+/// How [`FakeLlm::start_with_options`] runs the server.
+#[derive(Clone, Debug)]
+pub struct FakeOptions {
+    /// Where to listen; port 0 picks a free port.
+    pub address: SocketAddr,
+    /// Pause before each written piece. Pieces are paced against the stream's start
+    /// (piece `i` is written at `start + i * piece_delay`), so timer overshoot does not add up.
+    pub piece_delay: Duration,
+    /// Keep every request for [`FakeLlm::requests`].
+    pub record_requests: bool,
+}
+
+impl Default for FakeOptions {
+    fn default() -> Self {
+        FakeOptions {
+            address: SocketAddr::from(([127, 0, 0, 1], 0)),
+            piece_delay: Duration::ZERO,
+            record_requests: true,
+        }
+    }
 }
 
 /// The running server. It stops with the test's runtime.
@@ -146,23 +177,42 @@ impl FakeLlm {
         handler: impl Fn(&FakeRequest) -> FakeReply + Send + Sync + 'static,
         piece_delay: Duration,
     ) -> FakeLlm {
+        let options = FakeOptions {
+            piece_delay,
+            ..FakeOptions::default()
+        };
+        FakeLlm::start_with_options(handler, options)
+            .await
+            .expect("binding the fake model server")
+    }
+
+    /// A server as `options` say; fails only when the address cannot be bound.
+    pub async fn start_with_options(
+        handler: impl Fn(&FakeRequest) -> FakeReply + Send + Sync + 'static,
+        options: FakeOptions,
+    ) -> std::io::Result<FakeLlm> {
         let state = Arc::new(FakeState {
             handler: Arc::new(handler),
             requests: Mutex::new(Vec::new()),
-            piece_delay,
+            piece_delay: options.piece_delay,
+            record_requests: options.record_requests,
+            received: AtomicUsize::new(0),
         });
         let router = Router::new()
             .route("/v1/chat/completions", post(answer))
             .route("/v1/messages", post(answer))
             .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binding the fake model server");
-        let address = listener.local_addr().expect("its address");
+        let listener = tokio::net::TcpListener::bind(options.address).await?;
+        let address = listener.local_addr()?;
         tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
-        FakeLlm { address, state }
+        Ok(FakeLlm { address, state })
+    }
+
+    /// The address the server listens on.
+    pub fn address(&self) -> SocketAddr {
+        self.address
     }
 
     /// The API root, e.g. `http://127.0.0.1:PORT/v1`.
@@ -183,20 +233,25 @@ async fn answer(State(state): State<Arc<FakeState>>, uri: Uri, body: Bytes) -> R
         let request = FakeRequest {
             path: uri.path().to_string(),
             body,
-            index: requests.len(),
+            index: state.received.fetch_add(1, Ordering::Relaxed),
         };
-        requests.push(request.clone());
+        if state.record_requests {
+            requests.push(request.clone());
+        }
         request
     };
     let reply = (state.handler)(&request);
     let delay = state.piece_delay;
     let pieces_stream = |pieces: Vec<String>, end: End| {
-        let pieces = futures::stream::iter(pieces).then(move |piece| async move {
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            Ok::<_, std::io::Error>(Bytes::from(piece))
-        });
+        let start = tokio::time::Instant::now();
+        let pieces = futures::stream::iter(pieces.into_iter().enumerate()).then(
+            move |(at, piece)| async move {
+                if !delay.is_zero() {
+                    tokio::time::sleep_until(start + delay * (at as u32 + 1)).await;
+                }
+                Ok::<_, std::io::Error>(Bytes::from(piece))
+            },
+        );
         let end = futures::stream::once(async move {
             match end {
                 End::Clean => None,
