@@ -43,6 +43,9 @@ pub enum SiftError {
     Meta(#[from] ClusterError),
     #[error("internal: {0}")]
     Internal(String),
+    /// A question longer than the documented limit (413).
+    #[error("the question is longer than {max_chars} characters")]
+    QuestionTooLong { max_chars: usize },
 }
 
 impl SiftError {
@@ -87,6 +90,7 @@ impl SiftError {
             SiftError::Meta(ClusterError::Storage(StorageError::Conflict(_))) => "conflict",
             SiftError::Meta(_) => "metadata_error",
             SiftError::Internal(_) => "internal",
+            SiftError::QuestionTooLong { .. } => "question_too_long",
         }
     }
 
@@ -97,7 +101,7 @@ impl SiftError {
             SiftError::Invalid { .. } => 400,
             SiftError::Conflict { .. } => 409,
             SiftError::Unprocessable { .. } => 422,
-            SiftError::TooLarge { .. } => 413,
+            SiftError::TooLarge { .. } | SiftError::QuestionTooLong { .. } => 413,
             SiftError::Parse(crate::ingest::parse::ParseError::UnsupportedType(_)) => 415,
             SiftError::Parse(_) => 422,
             SiftError::QueueFull { .. } => 429,
@@ -124,6 +128,7 @@ impl SiftError {
             | SiftError::Unprocessable { .. }
             | SiftError::TooLarge { .. }
             | SiftError::Parse(_)
+            | SiftError::QuestionTooLong { .. }
             | SiftError::Internal(_) => false,
         }
     }

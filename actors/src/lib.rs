@@ -15,6 +15,7 @@
 //! - [`models`]: the embedded all-MiniLM-L6-v2 embedder (candle) and OpenAI-compatible
 //!   `/v1/embeddings` clients.
 //! - [`meta`]: the node's handle on the metadata log, publishing document events.
+//! - [`sessions`]: chat sessions, supervised agent runs with resumable event logs, admission.
 
 pub mod agent;
 pub mod context;
@@ -25,6 +26,7 @@ pub mod meta;
 pub mod models;
 pub mod node;
 pub mod retrieval;
+pub mod sessions;
 pub mod shards;
 
 pub use context::{EMBEDDED_MODEL, Embedders, NodeContext, NodeOptions};

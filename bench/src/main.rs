@@ -4,10 +4,13 @@
 //!   retrieval with nDCG@10, Recall@5/10/100 and MRR@10 (`metrics`) and client-side latency.
 //! - `load` drives concurrent search traffic for a fixed time and reports QPS and latency
 //!   percentiles from HDR histograms.
+//! - `chat` runs concurrent chat sessions over SSE against a fake model it serves itself, and
+//!   reports time to first event, first answer token and done, and the agent overhead per turn.
 //!
 //! `client` is a small typed client for `/v1/kbs/...`; it refuses any node that is not on a
 //! loopback address, so benchmark traffic never leaves the machine.
 
+mod chat;
 mod client;
 mod dataset;
 mod error;
@@ -37,6 +40,8 @@ enum Command {
     Quality(quality::QualityArgs),
     /// Run concurrent searches for a fixed time and report QPS and latency percentiles.
     Load(load::LoadArgs),
+    /// Concurrent chat sessions (SSE) against a fake model at a fixed token rate.
+    Chat(chat::ChatArgs),
 }
 
 #[tokio::main]
@@ -44,6 +49,7 @@ async fn main() -> ExitCode {
     let outcome = match Cli::parse().command {
         Command::Quality(args) => quality::run(args).await,
         Command::Load(args) => load::run(args).await,
+        Command::Chat(args) => chat::run(args).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

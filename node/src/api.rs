@@ -36,6 +36,8 @@ pub struct AppState {
     pub max_upload_bytes: u64,
     pub max_json_bytes: u64,
     pub temp_dir: PathBuf,
+    /// Chat sessions and agent runs (routes in [`crate::chat_api`]).
+    pub sessions: Arc<sift_actors::sessions::Sessions>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -62,6 +64,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/kbs/{kb}/documents/{doc}/chunks", get(document_chunks))
         .route("/v1/kbs/{kb}/search", post(search))
         .route("/v1/debug/kbs/{kb}/shards/{shard}/crash", post(crash_shard))
+        .merge(crate::chat_api::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(count_requests))

@@ -63,6 +63,18 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Ask a question over one or more knowledge bases (comma-separated) and watch the agent
+    /// work: thoughts dimmed, tool calls, then the answer and its numbered sources.
+    Ask {
+        kb: String,
+        question: String,
+        /// Agent preset.
+        #[arg(long)]
+        agent: Option<String>,
+        /// Print every event as `name json` instead of rendering.
+        #[arg(long)]
+        raw: bool,
+    },
     /// Start a node on embedded defaults, load the sample corpus, search it and print cited hits.
     Demo {
         /// Where the demo node keeps its data (wiped first).
@@ -218,6 +230,19 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
                 print_hits(&query, &answer);
             }
             Ok(())
+        }
+        Command::Ask {
+            kb,
+            question,
+            agent,
+            raw,
+        } => {
+            let kbs: Vec<String> = kb
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+            crate::ask::ask(&client, &kbs, &question, agent.as_deref(), raw).await
         }
         Command::Demo { data_dir, samples } => crate::demo::run(&data_dir, &samples).await,
     }
@@ -539,7 +564,9 @@ impl Client {
         Client {
             base: base.trim_end_matches('/').to_string(),
             http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(600))
+                // Bounds a whole request, event streams of `ask` included (runs have their own
+                // deadline, 300 s by default).
+                .timeout(Duration::from_secs(900))
                 .build()
                 .unwrap_or_default(),
         }
@@ -591,6 +618,37 @@ impl Client {
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<Value, CliError> {
         self.answer(self.http.post(format!("{}{path}", self.base)).json(body))
             .await
+    }
+
+    /// A POST answered with an event stream: the open response, or the node's JSON error.
+    pub async fn post_stream(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> Result<reqwest::Response, CliError> {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| CliError::Unreachable(format!("{} ({e})", self.base)))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status().as_u16();
+        let value: Value = response.json().await.unwrap_or(Value::Null);
+        Err(CliError::Refused {
+            status,
+            code: value["error"]["code"]
+                .as_str()
+                .unwrap_or("unknown")
+                .to_string(),
+            message: value["error"]["message"]
+                .as_str()
+                .map(String::from)
+                .unwrap_or_else(|| value.to_string()),
+        })
     }
 
     pub async fn upload(&self, kb: &str, file: &Path) -> Result<Value, CliError> {

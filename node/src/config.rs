@@ -9,6 +9,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 use sift_actors::NodeOptions;
+use sift_actors::agent::AgentPreset;
+use sift_actors::models::llm::config::LlmConfig;
+use sift_actors::sessions::RunLimits;
 
 /// The config file's shape. Every field is optional; unknown fields are an error.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -28,6 +31,30 @@ pub struct FileConfig {
     pub debug_faults: Option<bool>,
     #[serde(default)]
     pub embedding: EmbeddingFileConfig,
+    /// Agent runs: concurrency, queue, retention of finished runs' events.
+    #[serde(default)]
+    pub runs: RunsFileConfig,
+    /// Agent presets (`[[agents]]`); `default` exists even when not listed.
+    #[serde(default)]
+    pub agents: Vec<AgentPreset>,
+    /// Chat model providers (`[[llm.providers]]`). None: answers are extractive.
+    #[serde(default)]
+    pub llm: LlmConfig,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunsFileConfig {
+    /// Runs executing at once on this node (default 64).
+    pub max_concurrent: Option<usize>,
+    /// Runs that may wait for a slot (default 256); beyond that a run is `overloaded`.
+    pub max_queued: Option<usize>,
+    /// Longest wait for a slot, in milliseconds (default 30000).
+    pub queue_timeout_ms: Option<u64>,
+    /// How long a finished run's events stay available for resumption (default 600 s).
+    pub retention_secs: Option<u64>,
+    /// Longest accepted question in characters (default 8192); longer ones get 413.
+    pub max_question_chars: Option<usize>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -66,6 +93,9 @@ pub struct Config {
     pub max_json_bytes: u64,
     pub options: NodeOptions,
     pub embedding: EmbeddingFileConfig,
+    pub runs: RunLimits,
+    pub agents: Vec<AgentPreset>,
+    pub llm: LlmConfig,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
@@ -116,6 +146,26 @@ impl Config {
         if let Some(v) = get("SIFT_MODEL_DIR") {
             file.embedding.model_dir = Some(v.into());
         }
+        // SIFT_LLM_BASE_URL + SIFT_LLM_MODEL (+ SIFT_LLM_API_KEY): one OpenAI-compatible
+        // provider named `openai`, replacing a file provider of that name.
+        let from_env =
+            LlmConfig::from_lookup(|name| get(name)).map_err(|error| anyhow::anyhow!("{error}"))?;
+        for provider in from_env.providers {
+            file.llm.providers.retain(|p| p.name != provider.name);
+            file.llm.providers.insert(0, provider);
+        }
+        if let Some(v) = parse("SIFT_MAX_CONCURRENT_RUNS")? {
+            file.runs.max_concurrent = Some(v as usize);
+        }
+        if let Some(v) = parse("SIFT_MAX_QUEUED_RUNS")? {
+            file.runs.max_queued = Some(v as usize);
+        }
+        if let Some(v) = parse("SIFT_RUN_QUEUE_TIMEOUT_MS")? {
+            file.runs.queue_timeout_ms = Some(v);
+        }
+        if let Some(v) = parse("SIFT_RUN_RETENTION_SECS")? {
+            file.runs.retention_secs = Some(v);
+        }
         Ok(file)
     }
 
@@ -161,7 +211,47 @@ impl Config {
                 bail!("embedding.remote.{name}.base_url must start with http:// or https://");
             }
         }
+        let run_defaults = RunLimits::default();
+        let runs = RunLimits {
+            max_concurrent_runs: file
+                .runs
+                .max_concurrent
+                .unwrap_or(run_defaults.max_concurrent_runs),
+            max_queued_runs: file.runs.max_queued.unwrap_or(run_defaults.max_queued_runs),
+            queue_timeout: file
+                .runs
+                .queue_timeout_ms
+                .map(Duration::from_millis)
+                .unwrap_or(run_defaults.queue_timeout),
+            retention: file
+                .runs
+                .retention_secs
+                .map(Duration::from_secs)
+                .unwrap_or(run_defaults.retention),
+            max_question_chars: file
+                .runs
+                .max_question_chars
+                .unwrap_or(run_defaults.max_question_chars),
+        };
+        if runs.max_concurrent_runs == 0 || runs.max_question_chars == 0 {
+            bail!("runs.max_concurrent and runs.max_question_chars must be at least 1");
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for preset in &file.agents {
+            if preset.name.is_empty() || !names.insert(preset.name.clone()) {
+                bail!(
+                    "agent preset names must be non-empty and unique: {:?}",
+                    preset.name
+                );
+            }
+        }
+        file.llm
+            .validate()
+            .map_err(|error| anyhow::anyhow!("llm: {error}"))?;
         Ok(Config {
+            llm: file.llm,
+            runs,
+            agents: file.agents,
             data_dir: file
                 .data_dir
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
@@ -201,6 +291,45 @@ mod tests {
         assert_eq!(config.listen.port(), 9000);
         assert_eq!(config.data_dir, PathBuf::from("/tmp/b"));
         assert!(config.embedding.remote.contains_key("tei"));
+        assert!(config.llm.providers.is_empty());
+    }
+
+    #[test]
+    fn llm_from_env_and_presets_and_runs_from_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sift.toml");
+        std::fs::write(
+            &path,
+            "[runs]\nmax_concurrent = 3\nretention_secs = 5\n\n[[agents]]\nname = \"brief\"\ndescription = \"short answers\"\n\n[[llm.providers]]\nname = \"backup\"\nkind = \"anthropic\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"claude\"\npriority = 5\n",
+        )
+        .unwrap();
+        let mut env = BTreeMap::new();
+        env.insert(
+            "SIFT_LLM_BASE_URL".to_string(),
+            "http://127.0.0.1:8089/v1".to_string(),
+        );
+        env.insert("SIFT_LLM_MODEL".to_string(), "local".to_string());
+        env.insert("SIFT_MAX_QUEUED_RUNS".to_string(), "7".to_string());
+        let config = Config::check(Config::load(Some(&path), &env).unwrap()).unwrap();
+        let names: Vec<&str> = config
+            .llm
+            .providers
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        assert_eq!(names, ["openai", "backup"]);
+        assert_eq!(config.llm.providers[0].model, "local");
+        assert_eq!(config.runs.max_concurrent_runs, 3);
+        assert_eq!(config.runs.max_queued_runs, 7);
+        assert_eq!(config.runs.retention, Duration::from_secs(5));
+        assert_eq!(config.agents[0].name, "brief");
+        // Half an env configuration is an error, not a silent extractive node.
+        let mut env = BTreeMap::new();
+        env.insert(
+            "SIFT_LLM_BASE_URL".to_string(),
+            "http://127.0.0.1:8089/v1".to_string(),
+        );
+        assert!(Config::load(None, &env).is_err());
     }
 
     #[test]

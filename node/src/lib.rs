@@ -3,10 +3,14 @@
 //! - [`config`]: layered configuration (TOML file, `SIFT_*` environment, flags).
 //! - [`server`]: boots a node (model clients, actor tree) and serves [`api`].
 //! - [`api`]: the public HTTP API, with one error mapping.
-//! - [`cli`]: `sift serve | kb | ingest | search | demo`; client commands talk HTTP.
+//! - [`chat_api`]: sessions, run event streams, OpenAI-compatible chat completions.
+//! - [`cli`]: `sift serve | kb | ingest | search | ask | demo`; client commands talk HTTP.
+//! - [`ask`]: `sift ask`, rendering a run's event stream.
 //! - [`telemetry`]: logs and the Prometheus recorder.
 
 pub mod api;
+pub mod ask;
+pub mod chat_api;
 pub mod cli;
 pub mod config;
 pub mod demo;

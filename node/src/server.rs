@@ -9,6 +9,8 @@ use sift_actors::models::embedding::{
     Embedder, LocalEmbedderOptions, MiniLmEmbedder, OpenAiEmbedder, OpenAiEmbedderConfig,
     resolve_model_dir,
 };
+use sift_actors::models::llm::build_router;
+use sift_actors::sessions::{Sessions, SessionsConfig};
 use sift_actors::{Embedders, SiftNode};
 use tokio::sync::oneshot;
 use tracing::{info, warn};
@@ -21,6 +23,7 @@ use crate::telemetry;
 pub struct RunningNode {
     pub addr: SocketAddr,
     pub node: Arc<SiftNode>,
+    pub sessions: Arc<Sessions>,
     stop: Option<oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<()>,
 }
@@ -33,6 +36,7 @@ impl RunningNode {
 
     /// Stops accepting requests, lets in-flight ones finish, stops the actors.
     pub async fn shutdown(mut self) {
+        self.sessions.shutdown();
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -111,7 +115,22 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     let addr = listener.local_addr()?;
+    let model = build_router(&config.llm).context("configuring the chat model providers")?;
+    match &model {
+        Some(model) => info!(model = model.name(), "chat model configured"),
+        None => info!("no chat model configured: answers are extractive"),
+    }
+    let sessions = Sessions::new(
+        node.clone(),
+        SessionsConfig {
+            model,
+            presets: config.agents.clone(),
+            limits: config.runs.clone(),
+        },
+    )
+    .context("starting the session layer")?;
     let state = AppState {
+        sessions: sessions.clone(),
         node: node.clone(),
         prometheus,
         max_upload_bytes: config.max_upload_bytes,
@@ -132,6 +151,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     Ok(RunningNode {
         addr,
         node,
+        sessions,
         stop: Some(stop),
         server,
     })

@@ -19,6 +19,13 @@ pub fn prometheus() -> PrometheusHandle {
             let handle = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
                 .expect("buckets are non-empty")
+                .set_buckets_for_metric(
+                    Matcher::Full("sift_agent_iterations".into()),
+                    &[
+                        1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 24.0, 32.0,
+                    ],
+                )
+                .expect("buckets are non-empty")
                 .install_recorder()
                 .expect("no other metrics recorder is installed");
             let upkeep = handle.clone();
@@ -90,7 +97,9 @@ fn describe() {
     );
     describe_counter!("sift_http_requests_total", "HTTP requests by status class");
     sift_actors::models::embedding::describe_metrics();
+    sift_actors::sessions::describe_metrics();
     sift_actors::models::llm::describe_metrics();
+    sift_actors::agent::describe_metrics();
 }
 
 /// Logs to stderr; `RUST_LOG` (or `SIFT_LOG`) overrides the default `info` level.

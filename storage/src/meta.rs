@@ -17,6 +17,7 @@
 //! | `dochash/{kb_id}/{content_hash}` | doc id |
 //! | `tomb/{kb_id}/{doc_id}` | [`Tombstone`] |
 //! | `applied` | last applied log index (u64 big-endian) |
+//! | `sess/…`, `turn/…`, `turnmsg/…` | chat sessions and turns (see `sessions.rs`) |
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -182,6 +183,29 @@ pub enum MetaOp {
         kb_id: String,
         document_id: String,
     },
+    /// Creates a chat session (a retried create returns the existing one).
+    CreateSession {
+        id: String,
+        kbs: Vec<String>,
+        agent: String,
+        created_at_ms: u64,
+    },
+    /// Deletes a session and its turns.
+    DeleteSession {
+        id: String,
+    },
+    /// Stores a finished turn; idempotent by `turn.message_id`.
+    AppendTurn {
+        session_id: String,
+        turn: StoredTurn,
+    },
+    /// Stores the summary of the oldest `summary_turns` turns of a session.
+    SetHistorySummary {
+        session_id: String,
+        summary: Option<String>,
+        summary_turns: u32,
+        at_ms: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -207,6 +231,9 @@ pub enum MetaOutcome {
     DocumentDeleted(Tombstone),
     /// The op changed nothing (e.g. a repeated delete).
     Unchanged,
+    Session(SessionRecord),
+    SessionDeleted(SessionRecord),
+    TurnAppended(StoredTurn),
 }
 
 /// Applies committed ops; implemented by the sled store and driven by tests directly.
@@ -596,6 +623,50 @@ impl SledMetaStore {
                 pending.remove(tomb_key(kb_id, document_id));
                 Ok(MetaOutcome::Unchanged)
             }
+            MetaOp::CreateSession {
+                id,
+                kbs,
+                agent,
+                created_at_ms,
+            } => {
+                let record = SessionRecord {
+                    id: id.clone(),
+                    kbs: kbs.clone(),
+                    agent: agent.clone(),
+                    created_at_ms: *created_at_ms,
+                    updated_at_ms: *created_at_ms,
+                    turns: 0,
+                    history_summary: None,
+                    summary_turns: 0,
+                };
+                Ok(MetaOutcome::Session(
+                    self.apply_create_session(pending, &record)?,
+                ))
+            }
+            MetaOp::DeleteSession { id } => Ok(match self.apply_delete_session(pending, id)? {
+                Some(session) => MetaOutcome::SessionDeleted(session),
+                None => MetaOutcome::Unchanged,
+            }),
+            MetaOp::AppendTurn { session_id, turn } => Ok(MetaOutcome::TurnAppended(
+                self.apply_append_turn(pending, session_id, turn)?,
+            )),
+            MetaOp::SetHistorySummary {
+                session_id,
+                summary,
+                summary_turns,
+                at_ms,
+            } => Ok(
+                match self.apply_set_history_summary(
+                    pending,
+                    session_id,
+                    summary,
+                    *summary_turns,
+                    *at_ms,
+                )? {
+                    Some(session) => MetaOutcome::Session(session),
+                    None => MetaOutcome::Unchanged,
+                },
+            ),
         }
     }
 
@@ -795,6 +866,9 @@ impl MetaStateMachine for SledMetaStore {
         }
     }
 }
+
+mod sessions;
+pub use sessions::{SessionRecord, StoredTurn, TurnCitation, TurnTraceStep, TurnUsage};
 
 #[cfg(test)]
 mod tests;

@@ -6,6 +6,9 @@
 //!   [`sift_node::server::start`], for tests that need no separate process.
 //! - [`ApiClient`]: a thin HTTP client of the public API with bounded waits
 //!   ([`ApiClient::wait_ready`], [`ApiClient::wait_idle`], [`ApiClient::wait_document`]).
+//! - [`fake_llm`]: a scripted fake chat model server (OpenAI and Anthropic streaming).
+//! - [`fake_mcp`]: a fake remote MCP server (streamable HTTP, JSON-RPC).
+//! - [`sse`]: reading server-sent event streams of the API.
 //! - [`beir`]: loaders of the BEIR slices in `tests/fixtures/` and the quality measures
 //!   (hit@k, nDCG@k).
 //!
@@ -14,8 +17,11 @@
 
 pub mod beir;
 mod client;
+pub mod fake_llm;
+pub mod fake_mcp;
 mod in_process;
 mod process;
+pub mod sse;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -6,6 +6,22 @@
 //! event before and the message id of `done`, keeps the event log for `Last-Event-ID`
 //! resumption, and supervises the run (a panicking run ends its stream with `error`, `done`).
 
+pub mod context;
+pub mod evidence;
+pub mod extractive;
+pub mod model_io;
+pub mod planner;
+pub mod prompt;
+pub mod reflector;
+mod run;
+pub mod terms;
+#[cfg(test)]
+mod tests;
+pub mod tools;
+pub mod verifier;
+
+pub use planner::{QueryPlan, plan_rules};
+
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -147,6 +163,8 @@ pub struct RunBudget {
     pub max_tokens: u64,
     /// Wall-clock limit of the run, in seconds.
     pub deadline_secs: u64,
+    /// Longest one tool call may take, in seconds (a slow tool becomes an error observation).
+    pub tool_timeout_secs: u64,
 }
 
 impl Default for RunBudget {
@@ -155,6 +173,7 @@ impl Default for RunBudget {
             max_iterations: 8,
             max_tokens: 200_000,
             deadline_secs: 300,
+            tool_timeout_secs: 30,
         }
     }
 }
@@ -226,6 +245,25 @@ pub struct AgentDeps {
     pub preset: std::sync::Arc<AgentPreset>,
 }
 
+/// Describes the agent metrics (call once at startup, after installing the recorder).
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        "sift_agent_runs_total",
+        metrics::Unit::Count,
+        "Agent runs by outcome (stop, budget, stopped, error) and mode (agent, fast_path, extractive)"
+    );
+    metrics::describe_histogram!(
+        "sift_agent_iterations",
+        metrics::Unit::Count,
+        "Model iterations of the ReAct loop per run"
+    );
+    metrics::describe_counter!(
+        "sift_agent_tool_calls_total",
+        metrics::Unit::Count,
+        "Agent tool calls by tool and status (ok, bad_arguments, unknown_tool, error, timeout, repeated)"
+    );
+}
+
 /// Runs one question to its end. Never panics on bad model output or tool failures (they
 /// become observations or events); ends the stream with exactly one `Done`.
 pub async fn run_agent(
@@ -234,24 +272,5 @@ pub async fn run_agent(
     events: EventSink,
     cancel: RunCancel,
 ) -> AgentOutcome {
-    // Placeholder until the ReAct loop lands: says so, honestly, as an error.
-    let _ = (&deps, &cancel);
-    let _ = events.send(AgentEvent::Error {
-        code: "not_implemented".into(),
-        message: "agent runs are not implemented yet".into(),
-    });
-    let _ = events.send(AgentEvent::Done {
-        finish_reason: RunFinish::Error,
-    });
-    AgentOutcome {
-        answer: String::new(),
-        citations: Vec::new(),
-        finish_reason: RunFinish::Error,
-        mode: AnswerMode::Extractive,
-        iterations: 0,
-        prompt_tokens: 0,
-        completion_tokens: 0,
-        trace: Vec::new(),
-        history_summary: input.history_summary,
-    }
+    run::Run::new(deps, input, events, cancel).run().await
 }

@@ -385,4 +385,168 @@ fn export_import_round_trip_is_deterministic() {
     }
     assert_eq!(c.applied_index(), 4);
     assert!(c.get_kb("k1").unwrap().is_some());
+fn turn(message_id: &str, question: &str) -> StoredTurn {
+    StoredTurn {
+        message_id: message_id.into(),
+        session_id: String::new(),
+        run_id: format!("run-{message_id}"),
+        seq: 0,
+        question: question.into(),
+        answer: format!("answer to {question} [1]"),
+        citations: vec![TurnCitation {
+            n: 1,
+            chunk_id: "c1".into(),
+            kb_id: "k".into(),
+            document_id: "d1".into(),
+            document_title: "Doc".into(),
+            external_id: Some("e1".into()),
+            span: (3, 40),
+            text: "cited text".into(),
+        }],
+        finish_reason: "stop".into(),
+        mode: "agent".into(),
+        usage: TurnUsage {
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            iterations: 2,
+        },
+        trace: vec![TurnTraceStep {
+            kind: "tool".into(),
+            name: "knowledge_search".into(),
+            started_ms: 1,
+            duration_ms: 2,
+            detail_json: "{\"hits\":3}".into(),
+        }],
+        created_at_ms: 100,
+    }
+}
+
+#[test]
+fn sessions_turns_and_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    let mut log = Log {
+        store: &store,
+        index: 0,
+    };
+    let create = MetaOp::CreateSession {
+        id: "s1".into(),
+        kbs: vec!["k".into()],
+        agent: "default".into(),
+        created_at_ms: 10,
+    };
+    let MetaOutcome::Session(session) = log.apply(create.clone()).unwrap() else {
+        panic!()
+    };
+    assert_eq!(session.turns, 0);
+    // A retried create returns the same session, unchanged.
+    assert_eq!(log.apply(create).unwrap(), MetaOutcome::Session(session));
+    log.apply(MetaOp::CreateSession {
+        id: "s2".into(),
+        kbs: vec![],
+        agent: "default".into(),
+        created_at_ms: 20,
+    })
+    .unwrap();
+    let listed: Vec<String> = store
+        .list_sessions()
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(listed, ["s2", "s1"], "newest first");
+
+    let MetaOutcome::TurnAppended(first) = log
+        .apply(MetaOp::AppendTurn {
+            session_id: "s1".into(),
+            turn: turn("m1", "q1"),
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!((first.seq, first.session_id.as_str()), (0, "s1"));
+    // A retried append (same message id) is not stored twice.
+    let again = log
+        .apply(MetaOp::AppendTurn {
+            session_id: "s1".into(),
+            turn: turn("m1", "q1"),
+        })
+        .unwrap();
+    assert_eq!(again, MetaOutcome::TurnAppended(first.clone()));
+    log.apply(MetaOp::AppendTurn {
+        session_id: "s1".into(),
+        turn: turn("m2", "q2"),
+    })
+    .unwrap();
+    let turns = store.session_turns("s1").unwrap();
+    assert_eq!(turns.len(), 2);
+    assert_eq!(turns[0], first);
+    assert_eq!((turns[1].seq, turns[1].question.as_str()), (1, "q2"));
+    assert_eq!(store.get_session("s1").unwrap().unwrap().turns, 2);
+    assert!(store.session_turns("s2").unwrap().is_empty());
+
+    // A turn for a session that does not exist is an error and stores nothing.
+    let error = log
+        .apply(MetaOp::AppendTurn {
+            session_id: "nope".into(),
+            turn: turn("m3", "q3"),
+        })
+        .unwrap_err();
+    assert!(matches!(error, StorageError::NotFound(_)), "{error}");
+    assert!(store.session_turns("nope").unwrap().is_empty());
+
+    log.apply(MetaOp::SetHistorySummary {
+        session_id: "s1".into(),
+        summary: Some("earlier: q1".into()),
+        summary_turns: 5,
+        at_ms: 200,
+    })
+    .unwrap();
+    let s1 = store.get_session("s1").unwrap().unwrap();
+    assert_eq!(s1.history_summary.as_deref(), Some("earlier: q1"));
+    assert_eq!(s1.summary_turns, 2, "never more than the stored turns");
+
+    let deleted = log
+        .apply(MetaOp::DeleteSession { id: "s1".into() })
+        .unwrap();
+    assert!(matches!(deleted, MetaOutcome::SessionDeleted(_)));
+    assert!(store.get_session("s1").unwrap().is_none());
+    assert!(store.session_turns("s1").unwrap().is_empty());
+    assert_eq!(
+        log.apply(MetaOp::DeleteSession { id: "s1".into() })
+            .unwrap(),
+        MetaOutcome::Unchanged
+    );
+    // The other session is untouched.
+    assert!(store.get_session("s2").unwrap().is_some());
+}
+
+#[test]
+fn session_ops_round_trip_through_bincode() {
+    let ops = [
+        MetaOp::CreateSession {
+            id: "s".into(),
+            kbs: vec!["k1".into(), "k2".into()],
+            agent: "default".into(),
+            created_at_ms: 1,
+        },
+        MetaOp::AppendTurn {
+            session_id: "s".into(),
+            turn: turn("m", "q"),
+        },
+        MetaOp::SetHistorySummary {
+            session_id: "s".into(),
+            summary: None,
+            summary_turns: 0,
+            at_ms: 3,
+        },
+        MetaOp::DeleteSession { id: "s".into() },
+    ];
+    for op in ops {
+        let bin = bincode::serde::encode_to_vec(&op, bincode::config::standard()).unwrap();
+        let (back, _): (MetaOp, usize) =
+            bincode::serde::decode_from_slice(&bin, bincode::config::standard()).unwrap();
+        assert_eq!(op, back);
+    }
 }

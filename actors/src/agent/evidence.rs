@@ -1,0 +1,339 @@
+//! The evidence of a run: every chunk a tool returned, and the only chunks an answer may cite.
+//!
+//! [`build_answer`] turns the model's `final_answer` into the answer the user sees: cited ids
+//! that no tool returned are dropped (and reported for the trace), the rest are numbered by
+//! first use, and the text's markers (`[chunk_id]`, `[chunk_id, chunk_id]`, or `[k]` for the
+//! k-th id of the citation list) become `[n]`. Citations the text never marks are appended as
+//! markers at the end, so every citation is visible in the text.
+
+use std::collections::HashMap;
+
+use regex::Regex;
+use sift_storage::chunk::ChunkView;
+
+use super::Citation;
+
+/// A chunk a tool returned in this run.
+#[derive(Clone, Debug)]
+pub struct EvidenceChunk {
+    pub kb_id: String,
+    pub chunk: ChunkView,
+    /// Relevance in [0, 1] for search hits; 0 for chunks read directly.
+    pub relevance: f64,
+    /// The fused search score (0 for chunks read directly).
+    pub score: f64,
+    /// Found by a search (as opposed to read, listed or grepped).
+    pub searched: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Evidence {
+    chunks: HashMap<String, EvidenceChunk>,
+    order: Vec<String>,
+}
+
+impl Evidence {
+    /// Adds a chunk, keeping the better relevance of a chunk seen twice.
+    pub fn insert(&mut self, chunk: EvidenceChunk) {
+        let id = chunk.chunk.chunk_id.clone();
+        match self.chunks.get_mut(&id) {
+            Some(known) => {
+                if chunk.relevance > known.relevance {
+                    known.relevance = chunk.relevance;
+                    known.score = chunk.score;
+                }
+                known.searched |= chunk.searched;
+            }
+            None => {
+                self.order.push(id.clone());
+                self.chunks.insert(id, chunk);
+            }
+        }
+    }
+
+    pub fn get(&self, chunk_id: &str) -> Option<&EvidenceChunk> {
+        self.chunks.get(chunk_id)
+    }
+
+    pub fn contains(&self, chunk_id: &str) -> bool {
+        self.chunks.contains_key(chunk_id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.chunks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    /// Chunks in the order tools first returned them.
+    pub fn in_order(&self) -> impl Iterator<Item = &EvidenceChunk> {
+        self.order.iter().filter_map(|id| self.chunks.get(id))
+    }
+
+    /// The `n` most relevant searched chunks, best first (then read ones in order).
+    pub fn best(&self, n: usize) -> Vec<&EvidenceChunk> {
+        let mut searched: Vec<&EvidenceChunk> = self.in_order().filter(|c| c.searched).collect();
+        searched.sort_by(|a, b| b.relevance.total_cmp(&a.relevance));
+        searched.extend(self.in_order().filter(|c| !c.searched));
+        searched.truncate(n);
+        searched
+    }
+}
+
+/// A citation of a whole chunk.
+pub fn citation_for(n: u32, evidence: &EvidenceChunk) -> Citation {
+    let chunk = &evidence.chunk;
+    Citation {
+        n,
+        chunk_id: chunk.chunk_id.clone(),
+        kb_id: evidence.kb_id.clone(),
+        document_id: chunk.document_id.clone(),
+        document_title: chunk.title.clone(),
+        external_id: chunk.external_id.clone(),
+        span: chunk.span,
+        text: chunk.text.clone(),
+    }
+}
+
+/// The answer as shown, with its citations.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BuiltAnswer {
+    pub text: String,
+    pub citations: Vec<Citation>,
+    /// Cited ids that no tool returned in this run (dropped).
+    pub dropped: Vec<String>,
+}
+
+fn marker_regex() -> &'static Regex {
+    static RE: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
+    RE.get_or_init(|| Regex::new(r"[\[【]([^\[\]【】\n]{1,600})[\]】]").expect("valid regex"))
+}
+
+/// Whether `item` looks like a chunk id (`{document}#{position}`).
+fn looks_like_chunk_id(item: &str) -> bool {
+    item.rsplit_once('#').is_some_and(|(doc, pos)| {
+        !doc.is_empty() && !pos.is_empty() && pos.chars().all(|c| c.is_ascii_digit())
+    }) && !item.contains(char::is_whitespace)
+}
+
+fn clean_item(item: &str) -> &str {
+    let item = item.trim().trim_matches(['`', '"', '\'']);
+    let item = ["chunk_id:", "chunk_id=", "chunk:", "chunk "]
+        .iter()
+        .find_map(|prefix| item.strip_prefix(prefix))
+        .unwrap_or(item);
+    item.trim()
+}
+
+/// Builds the shown answer from the model's text and the ids it cited (see the module docs).
+pub fn build_answer(raw: &str, cited: &[String], evidence: &Evidence) -> BuiltAnswer {
+    let cited: Vec<String> = cited.iter().map(|c| clean_item(c).to_string()).collect();
+    let mut numbering: Vec<String> = Vec::new();
+    let mut dropped: Vec<String> = Vec::new();
+    let number_of = |id: &str, numbering: &mut Vec<String>| -> u32 {
+        match numbering.iter().position(|known| known == id) {
+            Some(at) => at as u32 + 1,
+            None => {
+                numbering.push(id.to_string());
+                numbering.len() as u32
+            }
+        }
+    };
+    let note_dropped = |id: &str, dropped: &mut Vec<String>| {
+        if !dropped.iter().any(|d| d == id) {
+            dropped.push(id.to_string());
+        }
+    };
+    let mut text = String::with_capacity(raw.len());
+    let mut last = 0;
+    for captures in marker_regex().captures_iter(raw) {
+        let whole = captures.get(0).expect("match");
+        // A markdown link `[text](url)` is not a marker.
+        if raw[whole.end()..].starts_with('(') {
+            continue;
+        }
+        let items: Vec<&str> = captures[1]
+            .split([',', ';', '，'])
+            .map(clean_item)
+            .collect();
+        let mut markers = String::new();
+        let mut recognised = 0;
+        for item in &items {
+            let resolved = if evidence.contains(item) {
+                Some(Ok(item.to_string()))
+            } else if let Ok(k) = item.parse::<usize>() {
+                match cited.get(k.wrapping_sub(1)) {
+                    Some(id) if evidence.contains(id) => Some(Ok(id.clone())),
+                    Some(id) => Some(Err(id.clone())),
+                    None => Some(Err(item.to_string())),
+                }
+            } else if looks_like_chunk_id(item) {
+                Some(Err(item.to_string()))
+            } else {
+                None
+            };
+            match resolved {
+                Some(Ok(id)) => {
+                    recognised += 1;
+                    markers.push_str(&format!("[{}]", number_of(&id, &mut numbering)));
+                }
+                Some(Err(id)) => {
+                    recognised += 1;
+                    if looks_like_chunk_id(&id) {
+                        note_dropped(&id, &mut dropped);
+                    }
+                }
+                None => {}
+            }
+        }
+        if recognised == 0 {
+            continue; // ordinary bracketed text
+        }
+        let mut before = &raw[last..whole.start()];
+        if markers.is_empty() {
+            before = before.trim_end_matches(' ');
+        }
+        text.push_str(before);
+        text.push_str(&markers);
+        last = whole.end();
+    }
+    text.push_str(&raw[last..]);
+    let mut text = text.trim().to_string();
+    let mut appended = String::new();
+    for id in &cited {
+        if evidence.contains(id) {
+            if !numbering.contains(id) {
+                appended.push_str(&format!("[{}]", number_of(id, &mut numbering)));
+            }
+        } else {
+            note_dropped(id, &mut dropped);
+        }
+    }
+    if !appended.is_empty() {
+        text.push(' ');
+        text.push_str(&appended);
+    }
+    let citations = numbering
+        .iter()
+        .enumerate()
+        .filter_map(|(index, id)| {
+            evidence
+                .get(id)
+                .map(|chunk| citation_for(index as u32 + 1, chunk))
+        })
+        .collect();
+    BuiltAnswer {
+        text,
+        citations,
+        dropped,
+    }
+}
+
+/// Chunk ids of `evidence` mentioned anywhere in `text` (for answers written as plain text).
+pub fn mentioned_ids(text: &str, evidence: &Evidence) -> Vec<String> {
+    let mut out: Vec<(usize, String)> = evidence
+        .in_order()
+        .filter_map(|c| {
+            text.find(&c.chunk.chunk_id)
+                .map(|at| (at, c.chunk.chunk_id.clone()))
+        })
+        .collect();
+    out.sort();
+    out.into_iter().map(|(_, id)| id).collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub fn chunk(document: &str, position: u32, text: &str) -> EvidenceChunk {
+        EvidenceChunk {
+            kb_id: "kb".into(),
+            chunk: ChunkView {
+                chunk_id: format!("{document}#{position}"),
+                document_id: document.into(),
+                external_id: None,
+                title: format!("title of {document}"),
+                position,
+                text: text.into(),
+                parent_text: None,
+                heading_path: Vec::new(),
+                span: (position * 100, position * 100 + text.chars().count() as u32),
+                metadata: Default::default(),
+            },
+            relevance: 0.5,
+            score: 1.0,
+            searched: true,
+        }
+    }
+
+    fn evidence() -> Evidence {
+        let mut evidence = Evidence::default();
+        evidence.insert(chunk("doc-a", 0, "alpha"));
+        evidence.insert(chunk("doc-b", 3, "beta"));
+        evidence
+    }
+
+    #[test]
+    fn ids_in_text_become_numbers_and_unreturned_ids_are_dropped() {
+        let built = build_answer(
+            "Alpha holds [doc-a#0]. Beta too [doc-b#3, doc-z#9]. Made up [doc-z#9].",
+            &["doc-a#0".into(), "doc-z#9".into()],
+            &evidence(),
+        );
+        assert_eq!(built.text, "Alpha holds [1]. Beta too [2]. Made up.");
+        assert_eq!(built.dropped, vec!["doc-z#9"]);
+        let ids: Vec<&str> = built
+            .citations
+            .iter()
+            .map(|c| c.chunk_id.as_str())
+            .collect();
+        assert_eq!(ids, vec!["doc-a#0", "doc-b#3"]);
+        assert_eq!(built.citations[1].n, 2);
+        assert_eq!(built.citations[1].span, (300, 304));
+    }
+
+    #[test]
+    fn numeric_markers_refer_to_the_citation_list() {
+        let built = build_answer(
+            "Beta [2]. Alpha [1]. Nothing [3].",
+            &["doc-a#0".into(), "doc-b#3".into()],
+            &evidence(),
+        );
+        assert_eq!(built.text, "Beta [1]. Alpha [2]. Nothing.");
+        assert_eq!(built.citations[0].chunk_id, "doc-b#3");
+        assert!(built.dropped.is_empty());
+    }
+
+    #[test]
+    fn unmarked_citations_are_appended_and_links_are_left_alone() {
+        let built = build_answer(
+            "See [the docs](http://x) and 【doc-b#3】.",
+            &["chunk_id: doc-a#0".into(), "doc-b#3".into()],
+            &evidence(),
+        );
+        assert_eq!(built.text, "See [the docs](http://x) and [1]. [2]");
+        assert_eq!(built.citations.len(), 2);
+        assert_eq!(built.citations[1].chunk_id, "doc-a#0");
+    }
+
+    #[test]
+    fn nothing_citable_means_no_citations() {
+        let built = build_answer(
+            "I could not find it [x#1].",
+            &["x#1".into()],
+            &Evidence::default(),
+        );
+        assert_eq!(built.text, "I could not find it.");
+        assert!(built.citations.is_empty());
+        assert_eq!(built.dropped, vec!["x#1"]);
+    }
+
+    #[test]
+    fn mentioned_ids_in_order_of_appearance() {
+        let ids = mentioned_ids("first doc-b#3 then doc-a#0", &evidence());
+        assert_eq!(ids, vec!["doc-b#3", "doc-a#0"]);
+    }
+}

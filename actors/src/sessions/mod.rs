@@ -1,0 +1,655 @@
+//! Chat sessions and agent runs: the layer between the HTTP API and [`crate::agent::run_agent`].
+//!
+//! - Sessions and their turns live in the metadata state machine (`MetaOp::CreateSession`,
+//!   `AppendTurn`, ...), proposed through the node's [`crate::meta::MetaHandle`], so they
+//!   replicate with the rest of the metadata.
+//! - Each question starts a run: a [`RunLog`] (events with monotonic ids: `meta` first, `done`
+//!   last) that any number of clients follow and resume (`Last-Event-ID`), kept for
+//!   [`RunLimits::retention`] after the run ends.
+//! - Runs go through admission control and are supervised ([`supervisor`]): a panicking run
+//!   ends its stream with `error` {code: "internal"}, `done`.
+//! - The finished turn (answer, citations, trace) is stored with `AppendTurn`; the next run of
+//!   the session gets it back as history, with the stored summary of older turns.
+//!
+//! Contract with the agent on `AgentOutcome::history_summary`: a summary that differs from the
+//! one the run was given covers every turn it was given but the most recent
+//! [`KEEP_RECENT_TURNS`] (the next run gets the summary and only the turns after those).
+
+pub mod run_log;
+pub mod supervisor;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use sift_storage::meta::{
+    MetaOp, MetaOutcome, SessionRecord, StoredTurn, TurnCitation, TurnTraceStep, TurnUsage,
+};
+use tracing::warn;
+
+pub use run_log::{RunEvent, RunEventKind, RunLog, RunStatus};
+pub use supervisor::{Admission, MAX_QUESTION_CHARS, RunLimits};
+
+use crate::SiftNode;
+use crate::agent::context::KEEP_RECENT_TURNS;
+use crate::agent::{
+    AgentDeps, AgentOutcome, AgentPreset, AnswerMode, Citation, PastTurn, RunFinish, RunInput,
+    TraceStep,
+};
+use crate::error::{Result, SiftError};
+use crate::ingest::pipeline::now_ms;
+use crate::models::llm::SharedChatModel;
+
+/// Most KBs one session may search.
+pub const MAX_SESSION_KBS: usize = 16;
+
+/// `POST /v1/sessions`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewSession {
+    /// KB names or ids.
+    pub kbs: Vec<String>,
+    /// Agent preset name; `default` when absent.
+    pub agent: Option<String>,
+}
+
+/// A stored turn as `GET /v1/sessions/{id}/messages` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct TurnView {
+    pub message_id: String,
+    pub run_id: String,
+    pub seq: u32,
+    pub question: String,
+    pub answer: String,
+    pub citations: Vec<Citation>,
+    pub finish_reason: String,
+    pub mode: String,
+    pub usage: TurnUsage,
+    pub trace: Vec<TraceStep>,
+    pub created_at_ms: u64,
+}
+
+/// What the session layer needs besides the node.
+#[derive(Clone)]
+pub struct SessionsConfig {
+    /// `None`: no model configured; runs answer extractively.
+    pub model: Option<SharedChatModel>,
+    /// Agent presets from the config; `default` is added when missing.
+    pub presets: Vec<AgentPreset>,
+    pub limits: RunLimits,
+}
+
+/// A question to run outside any stored session (the OpenAI-compatible API).
+#[derive(Clone, Debug)]
+pub struct EphemeralRun {
+    pub agent: Option<String>,
+    pub kbs: Vec<String>,
+    pub question: String,
+    pub history: Vec<PastTurn>,
+}
+
+pub struct Sessions {
+    node: Arc<SiftNode>,
+    model: Option<SharedChatModel>,
+    presets: BTreeMap<String, Arc<AgentPreset>>,
+    limits: RunLimits,
+    admission: Admission,
+    runs: Mutex<HashMap<String, Arc<RunLog>>>,
+    /// The running run of each session: one at a time, so turns stay in order.
+    active: Mutex<HashMap<String, String>>,
+    /// Runs execute on their own runtime, so their CPU work (token counting, prompt building,
+    /// parsing) cannot delay the HTTP runtime: the first event of a new stream stays fast
+    /// under load. `None` once shut down.
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+}
+
+impl Drop for Sessions {
+    fn drop(&mut self) {
+        if let Some(runtime) = self
+            .runtime
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+fn session_not_found(id: &str) -> SiftError {
+    SiftError::NotFound {
+        code: "session_not_found",
+        what: format!("session {id:?}"),
+    }
+}
+
+fn run_not_found(id: &str) -> SiftError {
+    SiftError::NotFound {
+        code: "run_not_found",
+        what: format!("run {id:?} (finished runs are kept for a limited time)"),
+    }
+}
+
+impl Sessions {
+    pub fn new(node: Arc<SiftNode>, config: SessionsConfig) -> Result<Arc<Sessions>> {
+        let mut presets: BTreeMap<String, Arc<AgentPreset>> = config
+            .presets
+            .into_iter()
+            .map(|preset| (preset.name.clone(), Arc::new(preset)))
+            .collect();
+        presets
+            .entry("default".into())
+            .or_insert_with(|| Arc::new(AgentPreset::default_preset()));
+        let admission = Admission::new(&config.limits);
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("sift-run")
+            .enable_all()
+            .build()
+            .map_err(|error| SiftError::Internal(format!("starting the run runtime: {error}")))?;
+        Ok(Arc::new(Sessions {
+            runtime: Mutex::new(Some(runtime)),
+            node,
+            model: config.model,
+            presets,
+            limits: config.limits,
+            admission,
+            runs: Mutex::new(HashMap::new()),
+            active: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub fn node(&self) -> &Arc<SiftNode> {
+        &self.node
+    }
+
+    pub fn limits(&self) -> &RunLimits {
+        &self.limits
+    }
+
+    /// Whether a chat model is configured (otherwise answers are extractive).
+    pub fn has_model(&self) -> bool {
+        self.model.is_some()
+    }
+
+    pub fn presets(&self) -> Vec<Arc<AgentPreset>> {
+        self.presets.values().cloned().collect()
+    }
+
+    pub fn preset(&self, name: &str) -> Result<Arc<AgentPreset>> {
+        self.presets
+            .get(name)
+            .cloned()
+            .ok_or_else(|| SiftError::NotFound {
+                code: "agent_not_found",
+                what: format!(
+                    "agent preset {name:?} (known: {})",
+                    self.presets.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            })
+    }
+
+    fn store(&self) -> &Arc<sift_storage::meta::SledMetaStore> {
+        self.node.context().meta.store()
+    }
+
+    /// Resolves KB names or ids to ids (deduplicated, in order).
+    fn resolve_kbs(&self, kbs: &[String]) -> Result<Vec<String>> {
+        if kbs.is_empty() || kbs.len() > MAX_SESSION_KBS {
+            return Err(SiftError::invalid(
+                "invalid_kbs",
+                format!("kbs must name 1 to {MAX_SESSION_KBS} knowledge bases"),
+            ));
+        }
+        let mut ids: Vec<String> = Vec::new();
+        for kb in kbs {
+            let id = self.node.find_kb(kb)?.id;
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    }
+
+    // ---- sessions ----
+
+    pub async fn create_session(&self, request: NewSession) -> Result<SessionRecord> {
+        let agent = request.agent.unwrap_or_else(|| "default".into());
+        self.preset(&agent)?;
+        let kbs = self.resolve_kbs(&request.kbs)?;
+        let outcome = self
+            .node
+            .context()
+            .meta
+            .propose(MetaOp::CreateSession {
+                id: uuid::Uuid::now_v7().to_string(),
+                kbs,
+                agent,
+                created_at_ms: now_ms(),
+            })
+            .await?;
+        match outcome {
+            MetaOutcome::Session(session) => Ok(session),
+            other => Err(SiftError::Internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    pub fn list_sessions(&self) -> Result<Vec<SessionRecord>> {
+        Ok(self.store().list_sessions()?)
+    }
+
+    pub fn get_session(&self, id: &str) -> Result<SessionRecord> {
+        self.store()
+            .get_session(id)?
+            .ok_or_else(|| session_not_found(id))
+    }
+
+    /// Deletes a session and its turns; a running run of it is stopped.
+    pub async fn delete_session(&self, id: &str) -> Result<()> {
+        self.get_session(id)?;
+        let running = self.lock_active().get(id).cloned();
+        if let Some(run_id) = running
+            && let Some(log) = self.lock_runs().get(&run_id).cloned()
+        {
+            log.cancel.cancel();
+        }
+        self.node
+            .context()
+            .meta
+            .propose(MetaOp::DeleteSession { id: id.to_string() })
+            .await?;
+        Ok(())
+    }
+
+    pub fn turns(&self, id: &str) -> Result<Vec<TurnView>> {
+        self.get_session(id)?;
+        Ok(self
+            .store()
+            .session_turns(id)?
+            .into_iter()
+            .map(turn_view)
+            .collect())
+    }
+
+    // ---- runs ----
+
+    fn lock_runs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<RunLog>>> {
+        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_active(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.active.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn check_question(&self, content: &str) -> Result<String> {
+        let question = content.trim();
+        if question.is_empty() {
+            return Err(SiftError::invalid("empty_question", "content is empty"));
+        }
+        if question.chars().count() > self.limits.max_question_chars {
+            return Err(SiftError::QuestionTooLong {
+                max_chars: self.limits.max_question_chars,
+            });
+        }
+        Ok(question.to_string())
+    }
+
+    /// Starts a run answering `content` in the session. Returns its log, which already holds
+    /// the `meta` event; the run may still wait for admission.
+    pub fn ask(self: &Arc<Self>, session_id: &str, content: &str) -> Result<Arc<RunLog>> {
+        let session = self.get_session(session_id)?;
+        let question = self.check_question(content)?;
+        let preset = self.preset(&session.agent)?;
+        let kbs: Vec<String> = session
+            .kbs
+            .iter()
+            .filter(|kb| matches!(self.store().get_kb(kb), Ok(Some(_))))
+            .cloned()
+            .collect();
+        if kbs.is_empty() {
+            return Err(SiftError::Conflict {
+                code: "session_kbs_deleted",
+                message: "every knowledge base of this session has been deleted".into(),
+            });
+        }
+        let turns = self.store().session_turns(session_id)?;
+        let given: Vec<&StoredTurn> = turns
+            .iter()
+            .skip(session.summary_turns as usize)
+            .filter(|turn| matches!(turn.finish_reason.as_str(), "stop" | "budget"))
+            .collect();
+        let history = given
+            .iter()
+            .map(|turn| PastTurn {
+                question: turn.question.clone(),
+                answer: turn.answer.clone(),
+                citations: turn.citations.iter().cloned().map(citation_from).collect(),
+            })
+            .collect();
+        // If the run summarises, its summary covers all but the most recent
+        // KEEP_RECENT_TURNS turns it was given: the next runs start after those.
+        let summarised_through = given
+            .len()
+            .checked_sub(KEEP_RECENT_TURNS + 1)
+            .map(|last| given[last].seq + 1)
+            .unwrap_or(session.summary_turns);
+        let run_id = uuid::Uuid::now_v7().to_string();
+        {
+            let mut active = self.lock_active();
+            if let Some(running) = active.get(session_id) {
+                return Err(SiftError::Conflict {
+                    code: "run_in_progress",
+                    message: format!(
+                        "run {running} of this session is still running; stop it or wait for it"
+                    ),
+                });
+            }
+            active.insert(session_id.to_string(), run_id.clone());
+        }
+        let input = RunInput {
+            run_id: run_id.clone(),
+            session_id: session_id.to_string(),
+            question,
+            kbs,
+            history,
+            history_summary: session.history_summary.clone(),
+            budget: preset.budget.clone(),
+        };
+        Ok(self.launch(preset, input, Some(summarised_through)))
+    }
+
+    /// Starts a run that is not stored in any session.
+    pub fn ask_ephemeral(self: &Arc<Self>, request: EphemeralRun) -> Result<Arc<RunLog>> {
+        let preset = self.preset(request.agent.as_deref().unwrap_or("default"))?;
+        let kbs = self.resolve_kbs(&request.kbs)?;
+        let question = self.check_question(&request.question)?;
+        let run_id = uuid::Uuid::now_v7().to_string();
+        let input = RunInput {
+            run_id,
+            session_id: String::new(),
+            question,
+            kbs,
+            history: request.history,
+            history_summary: None,
+            budget: preset.budget.clone(),
+        };
+        Ok(self.launch(preset, input, None))
+    }
+
+    /// Registers the run's log, writes `meta`, and spawns its supervisor. `stored_turns`: for
+    /// a run stored in a session, how many of its turns a new history summary covers.
+    fn launch(
+        self: &Arc<Self>,
+        preset: Arc<AgentPreset>,
+        input: RunInput,
+        stored_turns: Option<u32>,
+    ) -> Arc<RunLog> {
+        let log = Arc::new(RunLog::new(input.run_id.clone(), input.session_id.clone()));
+        log.push(RunEventKind::Meta {
+            session_id: input.session_id.clone(),
+            run_id: input.run_id.clone(),
+        });
+        self.lock_runs().insert(input.run_id.clone(), log.clone());
+        let deps = AgentDeps {
+            node: self.node.clone(),
+            model: self.model.clone(),
+            preset,
+        };
+        let sessions = self.clone();
+        let run_log = log.clone();
+        let supervised = async move {
+            let question = input.question.clone();
+            let given_summary = input.history_summary.clone();
+            let end =
+                supervisor::supervise_run(&sessions.admission, deps, input, run_log.clone()).await;
+            let mut message_id = None;
+            if let (Some(summary_turns), Some(outcome)) = (stored_turns, &end.outcome) {
+                message_id = sessions
+                    .store_turn(&run_log, &question, outcome, summary_turns, given_summary)
+                    .await;
+            }
+            // Free the session before `done`: a client that saw `done` may ask again at once.
+            sessions.release_session(&run_log);
+            run_log.push(RunEventKind::Done {
+                message_id,
+                finish_reason: end.finish_reason,
+            });
+            sessions.forget_later(&run_log);
+        };
+        let runtime = self.runtime.lock().unwrap_or_else(|p| p.into_inner());
+        match runtime.as_ref() {
+            Some(runtime) => {
+                runtime.spawn(supervised);
+            }
+            None => {
+                // Shut down: the run ends at once.
+                log.push(RunEventKind::Agent(crate::agent::AgentEvent::Error {
+                    code: "shutting_down".into(),
+                    message: "the node is shutting down".into(),
+                }));
+                log.push(RunEventKind::Done {
+                    message_id: None,
+                    finish_reason: RunFinish::Error,
+                });
+            }
+        }
+        log
+    }
+
+    async fn store_turn(
+        &self,
+        log: &RunLog,
+        question: &str,
+        outcome: &AgentOutcome,
+        summary_turns: u32,
+        given_summary: Option<String>,
+    ) -> Option<String> {
+        let message_id = uuid::Uuid::now_v7().to_string();
+        let turn = StoredTurn {
+            message_id: message_id.clone(),
+            session_id: log.session_id.clone(),
+            run_id: log.run_id.clone(),
+            seq: 0,
+            question: question.to_string(),
+            answer: outcome.answer.clone(),
+            citations: outcome.citations.iter().map(citation_to).collect(),
+            finish_reason: finish_name(outcome.finish_reason).into(),
+            mode: mode_name(outcome.mode).into(),
+            usage: TurnUsage {
+                prompt_tokens: outcome.prompt_tokens,
+                completion_tokens: outcome.completion_tokens,
+                iterations: outcome.iterations,
+            },
+            trace: outcome.trace.iter().map(trace_to).collect(),
+            created_at_ms: now_ms(),
+        };
+        let meta = &self.node.context().meta;
+        if let Err(error) = meta
+            .propose(MetaOp::AppendTurn {
+                session_id: log.session_id.clone(),
+                turn,
+            })
+            .await
+        {
+            warn!(run_id = %log.run_id, %error, "could not store the turn");
+            return None;
+        }
+        if outcome.history_summary.is_some() && outcome.history_summary != given_summary {
+            let summary = MetaOp::SetHistorySummary {
+                session_id: log.session_id.clone(),
+                summary: outcome.history_summary.clone(),
+                summary_turns,
+                at_ms: now_ms(),
+            };
+            if let Err(error) = meta.propose(summary).await {
+                warn!(run_id = %log.run_id, %error, "could not store the history summary");
+            }
+        }
+        Some(message_id)
+    }
+
+    /// Frees the session for its next run.
+    fn release_session(&self, log: &RunLog) {
+        let mut active = self.lock_active();
+        if active.get(&log.session_id) == Some(&log.run_id) {
+            active.remove(&log.session_id);
+        }
+    }
+
+    /// Forgets the log after the retention time.
+    fn forget_later(self: &Arc<Self>, log: &Arc<RunLog>) {
+        let sessions = Arc::downgrade(self);
+        let run_id = log.run_id.clone();
+        let retention = self.limits.retention;
+        tokio::spawn(async move {
+            tokio::time::sleep(retention).await;
+            if let Some(sessions) = sessions.upgrade() {
+                sessions.lock_runs().remove(&run_id);
+            }
+        });
+    }
+
+    pub fn run(&self, run_id: &str) -> Result<Arc<RunLog>> {
+        self.lock_runs()
+            .get(run_id)
+            .cloned()
+            .ok_or_else(|| run_not_found(run_id))
+    }
+
+    /// Stops a running run: its stream ends with `done` {finish_reason: "stopped"}.
+    pub fn stop(&self, run_id: &str) -> Result<RunStatus> {
+        let log = self.run(run_id)?;
+        if log.is_finished() {
+            return Err(SiftError::Conflict {
+                code: "run_finished",
+                message: format!("run {run_id} has already finished"),
+            });
+        }
+        log.cancel.cancel();
+        Ok(log.status())
+    }
+
+    /// Runs still running.
+    pub fn active_runs(&self) -> usize {
+        self.lock_runs()
+            .values()
+            .filter(|log| !log.is_finished())
+            .count()
+    }
+
+    /// Stops every run (node shutdown): each ends its stream with `done` {stopped}.
+    pub fn shutdown(&self) {
+        for log in self.lock_runs().values() {
+            log.cancel.cancel();
+        }
+    }
+}
+
+/// Describes the session layer's metrics (call once at startup).
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        "sift_agent_runs_total",
+        "agent runs by outcome: stop, budget, stopped, error, overloaded"
+    );
+    metrics::describe_counter!(
+        "sift_agent_answers_total",
+        "answers by mode: agent, fast_path, extractive"
+    );
+    metrics::describe_histogram!(
+        "sift_agent_run_seconds",
+        "wall time per run, queue included"
+    );
+    metrics::describe_histogram!(
+        "sift_agent_run_queue_seconds",
+        "time a run waited for admission"
+    );
+    metrics::describe_gauge!("sift_agent_runs_active", "runs executing on this node");
+    metrics::describe_gauge!("sift_agent_runs_queued", "runs waiting for a slot");
+    metrics::describe_counter!(
+        "sift_agent_tokens_total",
+        "model tokens of runs by direction (in, out)"
+    );
+}
+
+pub fn finish_name(finish: RunFinish) -> &'static str {
+    match finish {
+        RunFinish::Stop => "stop",
+        RunFinish::Budget => "budget",
+        RunFinish::Stopped => "stopped",
+        RunFinish::Error => "error",
+    }
+}
+
+fn mode_name(mode: AnswerMode) -> &'static str {
+    match mode {
+        AnswerMode::Agent => "agent",
+        AnswerMode::FastPath => "fast_path",
+        AnswerMode::Extractive => "extractive",
+    }
+}
+
+fn citation_to(citation: &Citation) -> TurnCitation {
+    TurnCitation {
+        n: citation.n,
+        chunk_id: citation.chunk_id.clone(),
+        kb_id: citation.kb_id.clone(),
+        document_id: citation.document_id.clone(),
+        document_title: citation.document_title.clone(),
+        external_id: citation.external_id.clone(),
+        span: citation.span,
+        text: citation.text.clone(),
+    }
+}
+
+fn citation_from(citation: TurnCitation) -> Citation {
+    Citation {
+        n: citation.n,
+        chunk_id: citation.chunk_id,
+        kb_id: citation.kb_id,
+        document_id: citation.document_id,
+        document_title: citation.document_title,
+        external_id: citation.external_id,
+        span: citation.span,
+        text: citation.text,
+    }
+}
+
+fn trace_to(step: &TraceStep) -> TurnTraceStep {
+    TurnTraceStep {
+        kind: step.kind.clone(),
+        name: step.name.clone(),
+        started_ms: step.started_ms,
+        duration_ms: step.duration_ms,
+        detail_json: step.detail.to_string(),
+    }
+}
+
+fn turn_view(turn: StoredTurn) -> TurnView {
+    TurnView {
+        message_id: turn.message_id,
+        run_id: turn.run_id,
+        seq: turn.seq,
+        question: turn.question,
+        answer: turn.answer,
+        citations: turn.citations.into_iter().map(citation_from).collect(),
+        finish_reason: turn.finish_reason,
+        mode: turn.mode,
+        usage: turn.usage,
+        trace: turn
+            .trace
+            .into_iter()
+            .map(|step| TraceStep {
+                detail: serde_json::from_str(&step.detail_json)
+                    .unwrap_or(serde_json::Value::String(step.detail_json)),
+                kind: step.kind,
+                name: step.name,
+                started_ms: step.started_ms,
+                duration_ms: step.duration_ms,
+            })
+            .collect(),
+        created_at_ms: turn.created_at_ms,
+    }
+}

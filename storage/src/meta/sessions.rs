@@ -1,0 +1,218 @@
+//! Chat sessions in the metadata state machine: sessions, their stored turns and the history
+//! summary. Kept in the same sled tree as the rest of the metadata so that a turn and the
+//! applied index are written in one atomic batch, and a snapshot of the tree carries sessions.
+//!
+//! | key | value |
+//! |---|---|
+//! | `sess/{session_id}` | [`SessionRecord`] |
+//! | `turn/{session_id}/{seq:010}` | [`StoredTurn`] |
+//! | `turnmsg/{session_id}/{message_id}` | seq of the turn (idempotent appends) |
+//!
+//! Every type here is bincode-safe (no `serde_json::Value`, no internally tagged enums): ops
+//! travel between nodes as bincode.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Pending, SledMetaStore, decode};
+use crate::error::{Result, StorageError};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub id: String,
+    /// KB ids the session's runs search.
+    pub kbs: Vec<String>,
+    /// The agent preset's name.
+    pub agent: String,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    /// Stored turns so far (the next turn's sequence number).
+    pub turns: u32,
+    /// Summary of the oldest `summary_turns` turns, made by context management.
+    pub history_summary: Option<String>,
+    pub summary_turns: u32,
+}
+
+/// A citation as stored with a turn.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TurnCitation {
+    pub n: u32,
+    pub chunk_id: String,
+    pub kb_id: String,
+    pub document_id: String,
+    pub document_title: String,
+    pub external_id: Option<String>,
+    pub span: (u32, u32),
+    pub text: String,
+}
+
+/// One step of a run's trace as stored (`detail` is JSON text: bincode cannot carry
+/// free-form JSON values).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TurnTraceStep {
+    pub kind: String,
+    pub name: String,
+    pub started_ms: u64,
+    pub duration_ms: u64,
+    pub detail_json: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnUsage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub iterations: u32,
+}
+
+/// One question and its answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredTurn {
+    pub message_id: String,
+    pub session_id: String,
+    pub run_id: String,
+    /// Position in the session, from 0; set when applied.
+    pub seq: u32,
+    pub question: String,
+    pub answer: String,
+    pub citations: Vec<TurnCitation>,
+    /// `stop`, `budget`, `stopped` or `error`.
+    pub finish_reason: String,
+    /// `agent`, `fast_path` or `extractive`.
+    pub mode: String,
+    pub usage: TurnUsage,
+    pub trace: Vec<TurnTraceStep>,
+    pub created_at_ms: u64,
+}
+
+pub(super) fn session_key(id: &str) -> Vec<u8> {
+    format!("sess/{id}").into_bytes()
+}
+fn turn_prefix(session_id: &str) -> Vec<u8> {
+    format!("turn/{session_id}/").into_bytes()
+}
+fn turn_key(session_id: &str, seq: u32) -> Vec<u8> {
+    format!("turn/{session_id}/{seq:010}").into_bytes()
+}
+fn turn_message_prefix(session_id: &str) -> Vec<u8> {
+    format!("turnmsg/{session_id}/").into_bytes()
+}
+fn turn_message_key(session_id: &str, message_id: &str) -> Vec<u8> {
+    format!("turnmsg/{session_id}/{message_id}").into_bytes()
+}
+
+impl SledMetaStore {
+    pub fn get_session(&self, id: &str) -> Result<Option<SessionRecord>> {
+        self.tree
+            .get(session_key(id))?
+            .map(|bytes| decode(&bytes))
+            .transpose()
+    }
+
+    /// Every session, newest first.
+    pub fn list_sessions(&self) -> Result<Vec<SessionRecord>> {
+        let mut sessions = Vec::new();
+        for item in self.tree.scan_prefix(b"sess/") {
+            let (_, value) = item?;
+            sessions.push(decode::<SessionRecord>(&value)?);
+        }
+        sessions.sort_by(|a, b| {
+            b.created_at_ms
+                .cmp(&a.created_at_ms)
+                .then_with(|| b.id.cmp(&a.id))
+        });
+        Ok(sessions)
+    }
+
+    /// The stored turns of a session, oldest first.
+    pub fn session_turns(&self, session_id: &str) -> Result<Vec<StoredTurn>> {
+        let mut turns = Vec::new();
+        for item in self.tree.scan_prefix(turn_prefix(session_id)) {
+            let (_, value) = item?;
+            turns.push(decode::<StoredTurn>(&value)?);
+        }
+        Ok(turns)
+    }
+
+    pub(super) fn apply_create_session(
+        &self,
+        pending: &mut Pending<'_>,
+        session: &SessionRecord,
+    ) -> Result<SessionRecord> {
+        if let Some(existing) = pending.get::<SessionRecord>(&session_key(&session.id))? {
+            return Ok(existing); // a retried create
+        }
+        let mut record = session.clone();
+        record.turns = 0;
+        record.summary_turns = 0;
+        pending.put(session_key(&record.id), &record)?;
+        Ok(record)
+    }
+
+    /// Removes the session and its turns; `None` when it did not exist.
+    pub(super) fn apply_delete_session(
+        &self,
+        pending: &mut Pending<'_>,
+        id: &str,
+    ) -> Result<Option<SessionRecord>> {
+        let Some(session) = pending.get::<SessionRecord>(&session_key(id))? else {
+            return Ok(None);
+        };
+        pending.remove(session_key(id));
+        for prefix in [turn_prefix(id), turn_message_prefix(id)] {
+            for item in self.tree.scan_prefix(&prefix) {
+                let (key, _) = item?;
+                pending.remove(key.to_vec());
+            }
+        }
+        Ok(Some(session))
+    }
+
+    /// Appends a turn; a retried append of the same message id returns the stored turn.
+    pub(super) fn apply_append_turn(
+        &self,
+        pending: &mut Pending<'_>,
+        session_id: &str,
+        turn: &StoredTurn,
+    ) -> Result<StoredTurn> {
+        let Some(mut session) = pending.get::<SessionRecord>(&session_key(session_id))? else {
+            return Err(StorageError::NotFound(format!("session {session_id}")));
+        };
+        if let Some(seq) = pending.get_str(&turn_message_key(session_id, &turn.message_id))? {
+            let seq: u32 = seq
+                .parse()
+                .map_err(|_| StorageError::Corrupt(format!("turn seq {seq:?}")))?;
+            if let Some(existing) = pending.get::<StoredTurn>(&turn_key(session_id, seq))? {
+                return Ok(existing);
+            }
+        }
+        let mut stored = turn.clone();
+        stored.session_id = session_id.to_string();
+        stored.seq = session.turns;
+        pending.put(turn_key(session_id, stored.seq), &stored)?;
+        pending.put_str(
+            turn_message_key(session_id, &stored.message_id),
+            &stored.seq.to_string(),
+        );
+        session.turns += 1;
+        session.updated_at_ms = session.updated_at_ms.max(stored.created_at_ms);
+        pending.put(session_key(session_id), &session)?;
+        Ok(stored)
+    }
+
+    pub(super) fn apply_set_history_summary(
+        &self,
+        pending: &mut Pending<'_>,
+        session_id: &str,
+        summary: &Option<String>,
+        summary_turns: u32,
+        at_ms: u64,
+    ) -> Result<Option<SessionRecord>> {
+        let Some(mut session) = pending.get::<SessionRecord>(&session_key(session_id))? else {
+            return Ok(None); // deleted meanwhile
+        };
+        session.history_summary = summary.clone();
+        session.summary_turns = summary_turns.min(session.turns);
+        session.updated_at_ms = session.updated_at_ms.max(at_ms);
+        pending.put(session_key(session_id), &session)?;
+        Ok(Some(session))
+    }
+}
