@@ -385,6 +385,8 @@ fn export_import_round_trip_is_deterministic() {
     }
     assert_eq!(c.applied_index(), 4);
     assert!(c.get_kb("k1").unwrap().is_some());
+}
+
 fn turn(message_id: &str, question: &str) -> StoredTurn {
     StoredTurn {
         message_id: message_id.into(),
