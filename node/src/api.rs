@@ -99,6 +99,7 @@ impl From<SiftError> for ApiError {
             StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let retry_after_secs = match &error {
             SiftError::QueueFull { retry_after_secs } => Some(*retry_after_secs),
+            SiftError::Meta(cluster) if cluster.is_transient() => Some(1),
             _ => None,
         };
         if status.is_server_error() {
