@@ -166,6 +166,25 @@ impl SiftNode {
         options: NodeOptions,
         embedders: Embedders,
     ) -> Result<SiftNode> {
+        let (node, ()) = Self::start_with_meta(data_dir, options, embedders, |store| async move {
+            Ok((MetaHandle::new(LocalMeta::new(store)), ()))
+        })
+        .await?;
+        Ok(node)
+    }
+
+    /// [`Self::start`] with the metadata door built by `make_meta` from the opened metadata
+    /// store (cluster mode starts Raft there); `make_meta`'s extra value is handed back.
+    pub async fn start_with_meta<T, F, Fut>(
+        data_dir: &Path,
+        options: NodeOptions,
+        embedders: Embedders,
+        make_meta: F,
+    ) -> Result<(SiftNode, T)>
+    where
+        F: FnOnce(Arc<SledMetaStore>) -> Fut,
+        Fut: std::future::Future<Output = Result<(MetaHandle, T)>>,
+    {
         let started = Instant::now();
         std::fs::create_dir_all(data_dir).map_err(|e| SiftError::Storage(e.into()))?;
         let meta_dir = data_dir.join("meta");
@@ -183,7 +202,7 @@ impl SiftNode {
             data_dir.join("raw"),
             store.db().open_tree("raw_texts").map_err(sled_error)?,
         )?;
-        let meta = MetaHandle::new(LocalMeta::new(store.clone()));
+        let (meta, extra) = make_meta(store.clone()).await?;
         let registry = ShardRegistry::default();
         let (shards, _) = Actor::spawn(
             None,
@@ -228,7 +247,7 @@ impl SiftNode {
         };
         node.recover().await?;
         info!(seconds = started.elapsed().as_secs_f64(), "node started");
-        Ok(node)
+        Ok((node, extra))
     }
 
     /// Reopens shards, re-applies tombstones (a delete may have crashed half-way) and
@@ -249,7 +268,13 @@ impl SiftNode {
             }
         }
         let mut unfinished: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let clustered = self.context.meta.is_replicated();
         for record in store.unfinished_documents()? {
+            // In cluster mode the metadata holds every node's documents, but the bytes stay
+            // on the node that received them: only that node resumes them.
+            if clustered && !self.context.raw.has(&record) {
+                continue;
+            }
             unfinished.entry(record.kb_id).or_default().push(record.id);
         }
         for (kb_id, ids) in unfinished {

@@ -448,7 +448,9 @@ impl RaftNode {
             voters: members.keys().copied().collect(),
             ..Default::default()
         };
-        let index = state_machine.applied_index();
+        // At least 1: a snapshot at index 0 is never sent, so a node joining later would
+        // replay the log from the start without ever learning the initial members.
+        let index = state_machine.applied_index().max(1);
         let payload = SnapshotPayload {
             peers: members.clone(),
             state: state_machine.export()?,
