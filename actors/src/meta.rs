@@ -57,6 +57,15 @@ impl MetaHandle {
         }
     }
 
+    /// Cluster mode: waits until this node has applied everything committed cluster-wide
+    /// (ReadIndex), so reads after it are linearizable. A single node is always current.
+    pub async fn linearizable_barrier(&self) -> Result<()> {
+        match &self.log {
+            MetaDoor::Local(_) => Ok(()),
+            MetaDoor::Replicated(log) => Ok(log.linearizable_barrier().await?),
+        }
+    }
+
     pub fn is_replicated(&self) -> bool {
         matches!(self.log, MetaDoor::Replicated(_))
     }
@@ -74,7 +83,19 @@ impl MetaHandle {
         };
         let outcome = match &self.log {
             MetaDoor::Local(log) => log.propose(op).await?,
-            MetaDoor::Replicated(log) => log.propose(op).await?,
+            MetaDoor::Replicated(log) => {
+                let outcome = log.propose(op).await?;
+                // Read your writes: a follower's answer came from the leader; wait until the
+                // op is applied here too, since this node's next steps (an ingestion job, a
+                // read) look it up locally.
+                let status = log.raft().status();
+                if status.leader != Some(status.id)
+                    && let Err(error) = log.linearizable_barrier().await
+                {
+                    tracing::warn!(%error, "applied on the leader, not yet confirmed here");
+                }
+                outcome
+            }
         };
         match &outcome {
             MetaOutcome::Statuses(records) => {

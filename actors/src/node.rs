@@ -418,6 +418,24 @@ impl SiftNode {
             .ok_or_else(|| SiftError::kb_not_found(kb))
     }
 
+    /// The KB about to take documents or queries on this node. In cluster mode a KB created
+    /// elsewhere may not be applied here yet (a linearizable read settles it) and its shards
+    /// not open here yet (they are opened on first use: data stays on the node that ingests).
+    async fn find_kb_for_data(&self, kb: &str) -> Result<KbRecord> {
+        if !self.context.meta.is_replicated() {
+            return self.find_kb(kb);
+        }
+        let record = match self.store().find_kb(kb)? {
+            Some(record) => record,
+            None => {
+                self.context.meta.linearizable_barrier().await?;
+                self.find_kb(kb)?
+            }
+        };
+        self.open_shards(&record).await?;
+        Ok(record)
+    }
+
     pub fn get_kb(&self, kb: &str) -> Result<KbView> {
         let kb = self.find_kb(kb)?;
         self.kb_view(kb)
@@ -513,7 +531,7 @@ impl SiftNode {
         kb: &str,
         documents: Vec<NewTextDocument>,
     ) -> Result<Vec<AddedDocument>> {
-        let kb = self.find_kb(kb)?;
+        let kb = self.find_kb_for_data(kb).await?;
         if documents.is_empty() {
             return Err(SiftError::invalid("empty_request", "documents is empty"));
         }
@@ -581,7 +599,7 @@ impl SiftNode {
     /// Validates an uploaded file (type, size, decodable text), then registers and queues it.
     /// Invalid files are refused before anything is stored.
     pub async fn add_upload(&self, kb: &str, upload: Upload) -> Result<AddedDocument> {
-        let kb = self.find_kb(kb)?;
+        let kb = self.find_kb_for_data(kb).await?;
         let format = SourceFormat::from_file_name(&upload.file_name).ok_or_else(|| {
             crate::ingest::parse::ParseError::UnsupportedType(format!(
                 "{:?}: supported types are .txt, .md, .html, .json, .jsonl",
@@ -776,7 +794,7 @@ impl SiftNode {
 
     pub async fn search(&self, kb: &str, query: SearchQuery) -> Result<SearchResponse> {
         let started = Instant::now();
-        let kb = self.find_kb(kb)?;
+        let kb = self.find_kb_for_data(kb).await?;
         let text = query.query.trim().to_string();
         if text.is_empty() {
             return Err(SiftError::invalid("empty_query", "query is empty"));

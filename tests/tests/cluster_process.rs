@@ -5,7 +5,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sift_tests::{ApiClient, NodeProcess, WAIT, temp_dir};
+use sift_tests::{
+    ApiClient, NodeProcess, WAIT, bulk_documents, count, ingest_deadline, short_documents, temp_dir,
+};
 
 const SECRET: &str = "cluster-process-test-secret";
 
@@ -137,6 +139,29 @@ async fn three_processes_replicate_metadata_fail_over_and_rejoin() {
         .post_json("/v1/kbs", &json!({ "name": "alpha" }))
         .await
         .expect_error(409, "kb_exists");
+
+    // Documents go to a KB created on another node: the shards are opened on first use and
+    // the data stays on this node; the documents' metadata reaches every node.
+    let documents = short_documents(3);
+    clients[other]
+        .bulk_add("alpha", &bulk_documents(&documents))
+        .await;
+    clients[other]
+        .wait_ready("alpha", 3, ingest_deadline(3))
+        .await;
+    let found = clients[other]
+        .search("alpha", json!({ "query": documents[0].title, "top_k": 3 }))
+        .await;
+    assert!(
+        !found["hits"].as_array().unwrap().is_empty(),
+        "no hits: {found}"
+    );
+    for client in &clients {
+        eventually("the documents' metadata on every node", || async {
+            (count(&client.counts("alpha").await, "ready") == 3).then_some(())
+        })
+        .await;
+    }
 
     // kill -9 the leader: a new leader appears among the survivors, in a later term.
     nodes[leader_index].as_mut().unwrap().kill9();
