@@ -74,7 +74,7 @@ async fn three_processes_replicate_metadata_fail_over_and_rejoin() {
     assert_eq!(bootstrapped["id"], 1);
     let second = start(&data[1], &internal[1], Some(&first.url));
     let third = start(&data[2], &internal[2], Some(&internal[1]));
-    let mut nodes = vec![Some(first), Some(second), Some(third)];
+    let mut nodes = [Some(first), Some(second), Some(third)];
     let clients: Vec<ApiClient> = nodes.iter().map(|n| n.as_ref().unwrap().client()).collect();
 
     // Every node sees three healthy voters and the same leader.

@@ -146,7 +146,7 @@ pub struct PeerStatus {
 
 enum Input {
     Propose {
-        proposal: Proposal,
+        proposal: Box<Proposal>,
         reply: oneshot::Sender<Result<MetaOutcome>>,
         started: Instant,
     },
@@ -201,7 +201,7 @@ impl RaftHandle {
     pub async fn propose_proposal(&self, proposal: Proposal) -> Result<MetaOutcome> {
         let (reply, answer) = oneshot::channel();
         self.send(Input::Propose {
-            proposal,
+            proposal: Box::new(proposal),
             reply,
             started: Instant::now(),
         })?;
@@ -605,7 +605,7 @@ impl Driver {
                 proposal,
                 reply,
                 started,
-            } => self.propose(proposal, reply, started),
+            } => self.propose(*proposal, reply, started),
             Input::Peer(message) => {
                 self.last_contact.insert(message.from, Instant::now());
                 if message.get_msg_type() == MessageType::MsgSnapshot {
