@@ -228,4 +228,20 @@ async fn three_processes_replicate_metadata_fail_over_and_rejoin() {
         role_of(&v, removed).is_none().then_some(())
     })
     .await;
+
+    // Two voters left; killing the restarted one takes the quorum away: a write through the
+    // survivor gets a retryable 503 (not a 500, not silence), and the data is intact.
+    nodes[leader_index].as_mut().unwrap().kill9();
+    let answer = new_leader_client
+        .post_json("/v1/kbs", &json!({ "name": "gamma", "shards": 1 }))
+        .await;
+    assert_eq!(answer.status.as_u16(), 503, "{:?}", answer.body);
+    let code = answer.body["error"]["code"].as_str().unwrap_or_default();
+    assert!(
+        code == "not_leader" || code == "unavailable",
+        "{:?}",
+        answer.body
+    );
+    assert_eq!(answer.headers["retry-after"], "1");
+    new_leader_client.get("/v1/kbs/beta").await.expect(200);
 }
