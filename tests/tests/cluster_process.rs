@@ -211,7 +211,7 @@ async fn three_processes_replicate_metadata_fail_over_and_rejoin() {
     .await;
 
     // Membership: removing an unknown id is a clear 404; a member is removed through a
-    // follower (forwarded to the leader) and disappears from the leader's view.
+    // follower (forwarded to the leader, with the CLI) and disappears from the leader's view.
     clients[index_of(new_leader)]
         .delete("/v1/cluster/nodes/99")
         .await
@@ -219,10 +219,22 @@ async fn three_processes_replicate_metadata_fail_over_and_rejoin() {
     let removed = (1..=3u64)
         .find(|id| *id != new_leader && *id != leader)
         .unwrap();
-    restarted_client
-        .delete(&format!("/v1/cluster/nodes/{removed}"))
-        .await
-        .expect(200);
+    // `sift node remove ID` through the restarted node (a follower).
+    let removal = std::process::Command::new(env!("CARGO_BIN_EXE_sift-under-test"))
+        .args(["--node", restarted_client.url(), "node", "remove"])
+        .arg(removed.to_string())
+        .output()
+        .expect("running sift node remove");
+    assert!(
+        removal.status.success(),
+        "sift node remove failed: {}",
+        String::from_utf8_lossy(&removal.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&removal.stdout).contains(&format!("removed node {removed}")),
+        "{}",
+        String::from_utf8_lossy(&removal.stdout)
+    );
     eventually("the removed node gone from the leader's view", || async {
         let v = view(new_leader_client).await;
         role_of(&v, removed).is_none().then_some(())
