@@ -88,6 +88,10 @@ impl SiftError {
             SiftError::Storage(_) => "storage_error",
             SiftError::Meta(ClusterError::Storage(StorageError::NotFound(_))) => "not_found",
             SiftError::Meta(ClusterError::Storage(StorageError::Conflict(_))) => "conflict",
+            SiftError::Meta(ClusterError::NotLeader { .. }) => "not_leader",
+            SiftError::Meta(
+                ClusterError::Dropped(_) | ClusterError::Stopped | ClusterError::Transport(_),
+            ) => "unavailable",
             SiftError::Meta(_) => "metadata_error",
             SiftError::Internal(_) => "internal",
             SiftError::QuestionTooLong { .. } => "question_too_long",
@@ -111,6 +115,14 @@ impl SiftError {
             SiftError::Storage(StorageError::Conflict(_)) => 409,
             SiftError::Meta(ClusterError::Storage(StorageError::NotFound(_))) => 404,
             SiftError::Meta(ClusterError::Storage(StorageError::Conflict(_))) => 409,
+            // Retryable: no leader yet, leadership changed, the leader unreachable.
+            SiftError::Meta(
+                ClusterError::NotLeader { .. }
+                | ClusterError::Dropped(_)
+                | ClusterError::Stopped
+                | ClusterError::Transport(_),
+            ) => 503,
+            SiftError::Meta(ClusterError::Invalid(_)) => 400,
             SiftError::Storage(_) | SiftError::Meta(_) | SiftError::Internal(_) => 500,
         }
     }
@@ -131,5 +143,35 @@ impl SiftError {
             | SiftError::QuestionTooLong { .. }
             | SiftError::Internal(_) => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_unavailability_is_a_retryable_503() {
+        let cases = [
+            (ClusterError::NotLeader { leader: Some(2) }, "not_leader"),
+            (ClusterError::NotLeader { leader: None }, "not_leader"),
+            (
+                ClusterError::Dropped("leader changed".into()),
+                "unavailable",
+            ),
+            (ClusterError::Stopped, "unavailable"),
+            (ClusterError::Transport("refused".into()), "unavailable"),
+        ];
+        for (error, code) in cases {
+            let error = SiftError::Meta(error);
+            assert_eq!(error.status(), 503, "{error}");
+            assert_eq!(error.code(), code, "{error}");
+            assert!(error.is_transient(), "{error}");
+        }
+        let refused = SiftError::Meta(ClusterError::Invalid("bad conf change".into()));
+        assert_eq!(refused.status(), 400);
+        assert!(!refused.is_transient());
+        let unauthorized = SiftError::Meta(ClusterError::Unauthorized);
+        assert_eq!(unauthorized.status(), 500);
     }
 }

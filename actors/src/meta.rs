@@ -4,26 +4,70 @@
 use std::sync::Arc;
 
 use sift_cluster::LocalMeta;
+use sift_cluster::raft::{RaftHandle, ReplicatedMeta};
 use sift_storage::meta::{DocStatus, MetaOp, MetaOutcome, SledMetaStore};
 use tokio::sync::broadcast;
 
 use crate::error::Result;
 use crate::events::DocumentEvent;
 
+/// Where metadata ops go: the local state machine (a single node) or the Raft cluster.
+#[derive(Clone)]
+enum MetaDoor {
+    Local(LocalMeta),
+    Replicated(ReplicatedMeta),
+}
+
 #[derive(Clone)]
 pub struct MetaHandle {
-    log: LocalMeta,
+    log: MetaDoor,
     events: broadcast::Sender<DocumentEvent>,
 }
 
 impl MetaHandle {
+    /// A single node: ops apply to the local store.
     pub fn new(log: LocalMeta) -> Self {
+        Self::with_door(MetaDoor::Local(log))
+    }
+
+    /// Cluster mode: ops are committed through Raft (forwarded to the leader when this node
+    /// is a follower) and applied on every node.
+    pub fn replicated(log: ReplicatedMeta) -> Self {
+        Self::with_door(MetaDoor::Replicated(log))
+    }
+
+    fn with_door(log: MetaDoor) -> Self {
         let (events, _) = broadcast::channel(4096);
         MetaHandle { log, events }
     }
 
+    /// This node's local state machine (on a follower it may lag the leader a little).
     pub fn store(&self) -> &Arc<SledMetaStore> {
-        self.log.store()
+        match &self.log {
+            MetaDoor::Local(log) => log.store(),
+            MetaDoor::Replicated(log) => log.store(),
+        }
+    }
+
+    /// The Raft node, in cluster mode.
+    pub fn raft(&self) -> Option<&RaftHandle> {
+        match &self.log {
+            MetaDoor::Local(_) => None,
+            MetaDoor::Replicated(log) => Some(log.raft()),
+        }
+    }
+
+    /// Cluster mode: waits until this node has applied everything committed cluster-wide
+    /// (ReadIndex), so reads after it are linearizable. A single node is always current.
+    pub async fn linearizable_barrier(&self) -> Result<()> {
+        match &self.log {
+            MetaDoor::Local(_) => Ok(()),
+            MetaDoor::Replicated(log) => Ok(log.linearizable_barrier().await?),
+        }
+    }
+
+    pub fn is_replicated(&self) -> bool {
+        matches!(self.log, MetaDoor::Replicated(_))
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<DocumentEvent> {
@@ -37,7 +81,22 @@ impl MetaHandle {
             }
             _ => None,
         };
-        let outcome = self.log.propose(op).await?;
+        let outcome = match &self.log {
+            MetaDoor::Local(log) => log.propose(op).await?,
+            MetaDoor::Replicated(log) => {
+                let outcome = log.propose(op).await?;
+                // Read your writes: a follower's answer came from the leader; wait until the
+                // op is applied here too, since this node's next steps (an ingestion job, a
+                // read) look it up locally.
+                let status = log.raft().status();
+                if status.leader != Some(status.id)
+                    && let Err(error) = log.linearizable_barrier().await
+                {
+                    tracing::warn!(%error, "applied on the leader, not yet confirmed here");
+                }
+                outcome
+            }
+        };
         match &outcome {
             MetaOutcome::Statuses(records) => {
                 for record in records {

@@ -166,6 +166,25 @@ impl SiftNode {
         options: NodeOptions,
         embedders: Embedders,
     ) -> Result<SiftNode> {
+        let (node, ()) = Self::start_with_meta(data_dir, options, embedders, |store| async move {
+            Ok((MetaHandle::new(LocalMeta::new(store)), ()))
+        })
+        .await?;
+        Ok(node)
+    }
+
+    /// [`Self::start`] with the metadata door built by `make_meta` from the opened metadata
+    /// store (cluster mode starts Raft there); `make_meta`'s extra value is handed back.
+    pub async fn start_with_meta<T, F, Fut>(
+        data_dir: &Path,
+        options: NodeOptions,
+        embedders: Embedders,
+        make_meta: F,
+    ) -> Result<(SiftNode, T)>
+    where
+        F: FnOnce(Arc<SledMetaStore>) -> Fut,
+        Fut: std::future::Future<Output = Result<(MetaHandle, T)>>,
+    {
         let started = Instant::now();
         std::fs::create_dir_all(data_dir).map_err(|e| SiftError::Storage(e.into()))?;
         let meta_dir = data_dir.join("meta");
@@ -183,7 +202,7 @@ impl SiftNode {
             data_dir.join("raw"),
             store.db().open_tree("raw_texts").map_err(sled_error)?,
         )?;
-        let meta = MetaHandle::new(LocalMeta::new(store.clone()));
+        let (meta, extra) = make_meta(store.clone()).await?;
         let registry = ShardRegistry::default();
         let (shards, _) = Actor::spawn(
             None,
@@ -228,7 +247,7 @@ impl SiftNode {
         };
         node.recover().await?;
         info!(seconds = started.elapsed().as_secs_f64(), "node started");
-        Ok(node)
+        Ok((node, extra))
     }
 
     /// Reopens shards, re-applies tombstones (a delete may have crashed half-way) and
@@ -249,7 +268,13 @@ impl SiftNode {
             }
         }
         let mut unfinished: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let clustered = self.context.meta.is_replicated();
         for record in store.unfinished_documents()? {
+            // In cluster mode the metadata holds every node's documents, but the bytes stay
+            // on the node that received them: only that node resumes them.
+            if clustered && !self.context.raw.has(&record) {
+                continue;
+            }
             unfinished.entry(record.kb_id).or_default().push(record.id);
         }
         for (kb_id, ids) in unfinished {
@@ -393,6 +418,24 @@ impl SiftNode {
             .ok_or_else(|| SiftError::kb_not_found(kb))
     }
 
+    /// The KB about to take documents or queries on this node. In cluster mode a KB created
+    /// elsewhere may not be applied here yet (a linearizable read settles it) and its shards
+    /// not open here yet (they are opened on first use: data stays on the node that ingests).
+    async fn find_kb_for_data(&self, kb: &str) -> Result<KbRecord> {
+        if !self.context.meta.is_replicated() {
+            return self.find_kb(kb);
+        }
+        let record = match self.store().find_kb(kb)? {
+            Some(record) => record,
+            None => {
+                self.context.meta.linearizable_barrier().await?;
+                self.find_kb(kb)?
+            }
+        };
+        self.open_shards(&record).await?;
+        Ok(record)
+    }
+
     pub fn get_kb(&self, kb: &str) -> Result<KbView> {
         let kb = self.find_kb(kb)?;
         self.kb_view(kb)
@@ -488,7 +531,7 @@ impl SiftNode {
         kb: &str,
         documents: Vec<NewTextDocument>,
     ) -> Result<Vec<AddedDocument>> {
-        let kb = self.find_kb(kb)?;
+        let kb = self.find_kb_for_data(kb).await?;
         if documents.is_empty() {
             return Err(SiftError::invalid("empty_request", "documents is empty"));
         }
@@ -556,7 +599,7 @@ impl SiftNode {
     /// Validates an uploaded file (type, size, decodable text), then registers and queues it.
     /// Invalid files are refused before anything is stored.
     pub async fn add_upload(&self, kb: &str, upload: Upload) -> Result<AddedDocument> {
-        let kb = self.find_kb(kb)?;
+        let kb = self.find_kb_for_data(kb).await?;
         let format = SourceFormat::from_file_name(&upload.file_name).ok_or_else(|| {
             crate::ingest::parse::ParseError::UnsupportedType(format!(
                 "{:?}: supported types are .txt, .md, .html, .json, .jsonl",
@@ -751,7 +794,7 @@ impl SiftNode {
 
     pub async fn search(&self, kb: &str, query: SearchQuery) -> Result<SearchResponse> {
         let started = Instant::now();
-        let kb = self.find_kb(kb)?;
+        let kb = self.find_kb_for_data(kb).await?;
         let text = query.query.trim().to_string();
         if text.is_empty() {
             return Err(SiftError::invalid("empty_query", "query is empty"));

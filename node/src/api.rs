@@ -38,6 +38,10 @@ pub struct AppState {
     pub temp_dir: PathBuf,
     /// Chat sessions and agent runs (routes in [`crate::chat_api`]).
     pub sessions: Arc<sift_actors::sessions::Sessions>,
+    /// The bound public address.
+    pub listen: std::net::SocketAddr,
+    /// Cluster mode: this node's addresses as the cluster knows them.
+    pub cluster_address: Option<sift_cluster::raft::PeerAddress>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -45,6 +49,11 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
+        .route("/v1/cluster", get(cluster_status))
+        .route(
+            "/v1/cluster/nodes/{id}",
+            axum::routing::delete(remove_cluster_node),
+        )
         .route("/v1/kbs", post(create_kb).get(list_kbs))
         .route(
             "/v1/kbs/{kb}",
@@ -99,6 +108,7 @@ impl From<SiftError> for ApiError {
             StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let retry_after_secs = match &error {
             SiftError::QueueFull { retry_after_secs } => Some(*retry_after_secs),
+            SiftError::Meta(cluster) if cluster.is_transient() => Some(1),
             _ => None,
         };
         if status.is_server_error() {
@@ -183,6 +193,105 @@ async fn count_requests(request: Request, next: axum::middleware::Next) -> Respo
 }
 
 // ---- operations ----
+
+async fn cluster_status(State(state): State<AppState>) -> Json<crate::cluster::ClusterView> {
+    let meta = &state.node.context().meta;
+    Json(match (meta.raft(), &state.cluster_address) {
+        (Some(raft), Some(address)) => crate::cluster::ClusterView::member(&raft.status(), address),
+        _ => {
+            use sift_storage::meta::MetaStateMachine;
+            crate::cluster::ClusterView::single(state.listen, meta.store().applied_index())
+        }
+    })
+}
+
+/// Header marking a removal forwarded from another node (forwarded at most once).
+const FORWARDED: &str = "x-sift-forwarded";
+
+/// Removes a member from the cluster. Any node accepts it; a follower forwards it to the
+/// leader's public address once.
+async fn remove_cluster_node(
+    State(state): State<AppState>,
+    Path(id): Path<u64>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let meta = &state.node.context().meta;
+    let Some(raft) = meta.raft() else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_clustered",
+            "this node runs alone (no --internal-listen): there is no member to remove",
+        ));
+    };
+    let status = raft.status();
+    let members: Vec<u64> = status
+        .voters
+        .iter()
+        .chain(&status.learners)
+        .copied()
+        .collect();
+    if !members.contains(&id) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "node_not_found",
+            format!("node {id} is not a member of the cluster (members: {members:?})"),
+        ));
+    }
+    match raft.remove_node(id).await {
+        Ok(conf) => Ok(Json(json!({
+            "removed": id,
+            "voters": conf.voters,
+            "learners": conf.learners,
+        }))),
+        Err(sift_cluster::ClusterError::NotLeader {
+            leader: Some(leader),
+        }) if !headers.contains_key(FORWARDED) => {
+            let public = status
+                .peers
+                .iter()
+                .find(|peer| peer.id == leader)
+                .and_then(|peer| peer.address.as_ref())
+                .map(|address| address.public.clone())
+                .filter(|public| !public.is_empty());
+            let Some(public) = public else {
+                return Err(SiftError::Meta(sift_cluster::ClusterError::NotLeader {
+                    leader: Some(leader),
+                })
+                .into());
+            };
+            let unavailable = |error: String| {
+                ApiError::from(SiftError::Meta(sift_cluster::ClusterError::Transport(
+                    format!("forwarding to the leader {leader} at {public}: {error}"),
+                )))
+            };
+            let response = reqwest::Client::new()
+                .delete(format!("http://{public}/v1/cluster/nodes/{id}"))
+                .header(FORWARDED, "1")
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await
+                .map_err(|error| unavailable(error.to_string()))?;
+            let code = response.status().as_u16();
+            let body: serde_json::Value = response
+                .json()
+                .await
+                .map_err(|error| unavailable(error.to_string()))?;
+            if (200..300).contains(&code) {
+                Ok(Json(body))
+            } else {
+                Err(ApiError::new(
+                    StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY),
+                    body["error"]["code"].as_str().unwrap_or("unavailable"),
+                    body["error"]["message"]
+                        .as_str()
+                        .unwrap_or("the leader refused the removal")
+                        .to_string(),
+                ))
+            }
+        }
+        Err(error) => Err(SiftError::Meta(error).into()),
+    }
+}
 
 async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))

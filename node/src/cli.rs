@@ -78,6 +78,11 @@ pub enum Command {
         #[arg(long)]
         raw: bool,
     },
+    /// Cluster membership (cluster mode).
+    #[command(subcommand)]
+    Node(NodeCommand),
+    /// Show the cluster: leader, term, members, roles and health.
+    Cluster,
     /// Start a node on embedded defaults, load the sample corpus, search it and print cited hits.
     Demo {
         /// Where the demo node keeps its data (wiped first).
@@ -100,12 +105,26 @@ pub struct ServeArgs {
     /// HOST:PORT to listen on (also SIFT_LISTEN; default 127.0.0.1:7700).
     #[arg(long)]
     pub listen: Option<String>,
+    /// Cluster mode: HOST:PORT of the internal Raft server (also SIFT_INTERNAL_LISTEN). The
+    /// cluster secret comes from SIFT_CLUSTER_SECRET or the config file.
+    #[arg(long)]
+    pub internal_listen: Option<String>,
+    /// Cluster mode: join the cluster of the member at ADDR (its public or internal address;
+    /// also SIFT_JOIN). Without it a new cluster is bootstrapped (or a member restarts).
+    #[arg(long, value_name = "ADDR")]
+    pub join: Option<String>,
     /// Largest accepted upload in bytes (also SIFT_MAX_UPLOAD_BYTES).
     #[arg(long)]
     pub max_upload_bytes: Option<u64>,
     /// Folder of the embedded model (also SIFT_MODEL_DIR).
     #[arg(long)]
     pub model_dir: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeCommand {
+    /// Remove member ID from the cluster (any member accepts it and forwards to the leader).
+    Remove { id: u64 },
 }
 
 #[derive(Subcommand, Debug)]
@@ -206,6 +225,19 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Serve(args) => serve(args).await.map_err(CliError::Other),
         Command::Kb(command) => kb(&client, command).await,
+        Command::Node(NodeCommand::Remove { id }) => {
+            let answer = client.delete(&format!("/v1/cluster/nodes/{id}")).await?;
+            println!("removed node {id}; voters now {}", answer["voters"]);
+            Ok(())
+        }
+        Command::Cluster => {
+            let answer = client.get("/v1/cluster").await?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&answer).unwrap_or_default()
+            );
+            Ok(())
+        }
         Command::Ingest { kb, paths, no_wait } => {
             ingest(&client, &kb, &paths, !no_wait).await?;
             Ok(())
@@ -271,6 +303,12 @@ pub fn serve_config(args: &ServeArgs) -> anyhow::Result<Config> {
     }
     if let Some(listen) = &args.listen {
         file.listen = Some(listen.clone());
+    }
+    if let Some(internal) = &args.internal_listen {
+        file.internal_listen = Some(internal.clone());
+    }
+    if let Some(join) = &args.join {
+        file.join = Some(join.clone());
     }
     if let Some(limit) = args.max_upload_bytes {
         file.max_upload_bytes = Some(limit);

@@ -19,6 +19,12 @@ use sift_actors::sessions::RunLimits;
 pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     pub listen: Option<String>,
+    /// Cluster mode: HOST:PORT of the internal (Raft) server. Absent: a single node.
+    pub internal_listen: Option<String>,
+    /// Cluster mode: any member's public or internal address, to join its cluster.
+    pub join: Option<String>,
+    /// The secret every member of a cluster shares (also SIFT_CLUSTER_SECRET).
+    pub cluster_secret: Option<String>,
     /// Largest accepted upload, in bytes.
     pub max_upload_bytes: Option<u64>,
     /// Largest accepted JSON body, in bytes.
@@ -89,6 +95,8 @@ pub struct RemoteEmbedderConfig {
 pub struct Config {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
+    /// Cluster mode, when set.
+    pub cluster: Option<ClusterConfig>,
     pub max_upload_bytes: u64,
     pub max_json_bytes: u64,
     pub options: NodeOptions,
@@ -96,6 +104,15 @@ pub struct Config {
     pub runs: RunLimits,
     pub agents: Vec<AgentPreset>,
     pub llm: LlmConfig,
+}
+
+/// Cluster mode: metadata is replicated with Raft between the members.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub internal_listen: SocketAddr,
+    /// A member's public or internal address; None: bootstrap a new cluster (or restart).
+    pub join: Option<String>,
+    pub secret: String,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
@@ -127,6 +144,15 @@ impl Config {
         }
         if let Some(v) = get("SIFT_LISTEN") {
             file.listen = Some(v);
+        }
+        if let Some(v) = get("SIFT_INTERNAL_LISTEN") {
+            file.internal_listen = Some(v);
+        }
+        if let Some(v) = get("SIFT_JOIN") {
+            file.join = Some(v);
+        }
+        if let Some(v) = get("SIFT_CLUSTER_SECRET") {
+            file.cluster_secret = Some(v);
         }
         if let Some(v) = parse("SIFT_MAX_UPLOAD_BYTES")? {
             file.max_upload_bytes = Some(v);
@@ -175,6 +201,28 @@ impl Config {
         let listen: SocketAddr = listen_text.parse().with_context(|| {
             format!("listen address {listen_text:?} is not HOST:PORT (an IP address and a port)")
         })?;
+        let cluster = match file.internal_listen {
+            Some(text) => {
+                let internal_listen: SocketAddr = text.parse().with_context(|| {
+                    format!("internal listen address {text:?} is not HOST:PORT (an IP address and a port)")
+                })?;
+                let secret = file.cluster_secret.filter(|s| !s.is_empty()).context(
+                    "cluster mode (--internal-listen) needs the cluster secret: set SIFT_CLUSTER_SECRET or cluster_secret in the config file",
+                )?;
+                if internal_listen == listen && listen.port() != 0 {
+                    bail!("the internal listen address must differ from the public one");
+                }
+                Some(ClusterConfig {
+                    internal_listen,
+                    join: file.join.filter(|j| !j.is_empty()),
+                    secret,
+                })
+            }
+            None if file.join.is_some() => {
+                bail!("--join needs --internal-listen (cluster mode)")
+            }
+            None => None,
+        };
         let defaults = NodeOptions::default();
         let options = NodeOptions {
             shard_deadline: file
@@ -256,6 +304,7 @@ impl Config {
                 .data_dir
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
             listen,
+            cluster,
             max_upload_bytes: file.max_upload_bytes.unwrap_or(64 * 1024 * 1024),
             max_json_bytes: file.max_json_bytes.unwrap_or(256 * 1024 * 1024),
             options,
@@ -279,6 +328,37 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_mode_needs_a_secret_and_join_needs_cluster_mode() {
+        let mut env = BTreeMap::new();
+        env.insert(
+            "SIFT_INTERNAL_LISTEN".to_string(),
+            "127.0.0.1:7800".to_string(),
+        );
+        let error = Config::check(Config::load(None, &env).unwrap()).unwrap_err();
+        assert!(
+            format!("{error:#}").contains("SIFT_CLUSTER_SECRET"),
+            "{error:#}"
+        );
+        env.insert("SIFT_CLUSTER_SECRET".to_string(), "s3cret".to_string());
+        env.insert("SIFT_JOIN".to_string(), "127.0.0.1:7801".to_string());
+        let config = Config::check(Config::load(None, &env).unwrap()).unwrap();
+        let cluster = config.cluster.expect("cluster mode");
+        assert_eq!(cluster.internal_listen.port(), 7800);
+        assert_eq!(cluster.join.as_deref(), Some("127.0.0.1:7801"));
+        assert_eq!(cluster.secret, "s3cret");
+
+        let mut env = BTreeMap::new();
+        env.insert("SIFT_JOIN".to_string(), "127.0.0.1:7801".to_string());
+        assert!(Config::check(Config::load(None, &env).unwrap()).is_err());
+        assert!(
+            Config::check(Config::load(None, &BTreeMap::new()).unwrap())
+                .unwrap()
+                .cluster
+                .is_none()
+        );
+    }
 
     #[test]
     fn layers_file_then_env() {

@@ -4,6 +4,7 @@
 //! - [`server`]: boots a node (model clients, actor tree) and serves [`api`].
 //! - [`api`]: the public HTTP API, with one error mapping.
 //! - [`chat_api`]: sessions, run event streams, OpenAI-compatible chat completions.
+//! - [`cluster`]: cluster mode (`--internal-listen`): the Raft member and `GET /v1/cluster`.
 //! - [`cli`]: `sift serve | kb | ingest | search | ask | demo`; client commands talk HTTP.
 //! - [`ask`]: `sift ask`, rendering a run's event stream.
 //! - [`telemetry`]: logs and the Prometheus recorder.
@@ -12,6 +13,7 @@ pub mod api;
 pub mod ask;
 pub mod chat_api;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod server;

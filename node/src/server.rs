@@ -11,7 +11,7 @@ use sift_actors::models::embedding::{
 };
 use sift_actors::models::llm::build_router;
 use sift_actors::sessions::{Sessions, SessionsConfig};
-use sift_actors::{Embedders, SiftNode};
+use sift_actors::{Embedders, SiftError, SiftNode};
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
@@ -24,6 +24,8 @@ pub struct RunningNode {
     pub addr: SocketAddr,
     pub node: Arc<SiftNode>,
     pub sessions: Arc<Sessions>,
+    /// Cluster mode: this node's Raft member.
+    pub cluster: Option<crate::cluster::ClusterMember>,
     stop: Option<oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<()>,
 }
@@ -42,6 +44,9 @@ impl RunningNode {
         }
         let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.server).await;
         self.node.shutdown().await;
+        if let Some(member) = self.cluster.take() {
+            member.shutdown().await;
+        }
     }
 }
 
@@ -107,14 +112,34 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let _ = std::fs::remove_dir_all(&temp_dir); // partial uploads of a previous run
     std::fs::create_dir_all(&temp_dir)?;
     let embedders = load_embedders(&config).await?;
-    let node = SiftNode::start(&config.data_dir, config.options.clone(), embedders)
-        .await
-        .context("starting the node")?;
-    let node = Arc::new(node);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     let addr = listener.local_addr()?;
+    let (node, cluster) = match &config.cluster {
+        None => (
+            SiftNode::start(&config.data_dir, config.options.clone(), embedders)
+                .await
+                .context("starting the node")?,
+            None,
+        ),
+        Some(cluster) => {
+            let (node, member) = SiftNode::start_with_meta(
+                &config.data_dir,
+                config.options.clone(),
+                embedders,
+                |store| async move {
+                    crate::cluster::start_member(cluster, addr, store)
+                        .await
+                        .map_err(|error| SiftError::Internal(format!("cluster mode: {error:#}")))
+                },
+            )
+            .await
+            .context("starting the node")?;
+            (node, Some(member))
+        }
+    };
+    let node = Arc::new(node);
     let model = build_router(&config.llm).context("configuring the chat model providers")?;
     match &model {
         Some(model) => info!(model = model.name(), "chat model configured"),
@@ -136,6 +161,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         max_upload_bytes: config.max_upload_bytes,
         max_json_bytes: config.max_json_bytes,
         temp_dir,
+        listen: addr,
+        cluster_address: cluster.as_ref().map(|member| member.address.clone()),
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let app = router(state);
@@ -152,6 +179,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         addr,
         node,
         sessions,
+        cluster,
         stop: Some(stop),
         server,
     })

@@ -61,6 +61,17 @@ impl RawStore {
         }
     }
 
+    /// Whether this node holds the document's bytes.
+    pub fn has(&self, record: &DocumentRecord) -> bool {
+        match &record.source {
+            DocSource::Upload { .. } => self.file_path(&record.id).is_file(),
+            DocSource::Text { .. } => self
+                .texts
+                .contains_key(record.id.as_bytes())
+                .unwrap_or(false),
+        }
+    }
+
     pub fn remove(&self, document_id: &str) -> Result<()> {
         self.texts.remove(document_id.as_bytes()).map_err(storage)?;
         match std::fs::remove_file(self.file_path(document_id)) {

@@ -146,7 +146,7 @@ pub struct PeerStatus {
 
 enum Input {
     Propose {
-        proposal: Proposal,
+        proposal: Box<Proposal>,
         reply: oneshot::Sender<Result<MetaOutcome>>,
         started: Instant,
     },
@@ -201,7 +201,7 @@ impl RaftHandle {
     pub async fn propose_proposal(&self, proposal: Proposal) -> Result<MetaOutcome> {
         let (reply, answer) = oneshot::channel();
         self.send(Input::Propose {
-            proposal,
+            proposal: Box::new(proposal),
             reply,
             started: Instant::now(),
         })?;
@@ -448,7 +448,9 @@ impl RaftNode {
             voters: members.keys().copied().collect(),
             ..Default::default()
         };
-        let index = state_machine.applied_index();
+        // At least 1: a snapshot at index 0 is never sent, so a node joining later would
+        // replay the log from the start without ever learning the initial members.
+        let index = state_machine.applied_index().max(1);
         let payload = SnapshotPayload {
             peers: members.clone(),
             state: state_machine.export()?,
@@ -603,7 +605,7 @@ impl Driver {
                 proposal,
                 reply,
                 started,
-            } => self.propose(proposal, reply, started),
+            } => self.propose(*proposal, reply, started),
             Input::Peer(message) => {
                 self.last_contact.insert(message.from, Instant::now());
                 if message.get_msg_type() == MessageType::MsgSnapshot {

@@ -1,0 +1,259 @@
+//! Cluster mode with the real `sift serve` binary: three processes on loopback replicate
+//! metadata through Raft, survive `kill -9` of the leader, and a restarted node rejoins under
+//! its old id.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sift_tests::{
+    ApiClient, NodeProcess, WAIT, bulk_documents, count, ingest_deadline, short_documents, temp_dir,
+};
+
+const SECRET: &str = "cluster-process-test-secret";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start(data_dir: &std::path::Path, internal: &str, join: Option<&str>) -> NodeProcess {
+    let mut env = vec![
+        ("SIFT_CLUSTER_SECRET", SECRET),
+        ("SIFT_INTERNAL_LISTEN", internal),
+    ];
+    if let Some(join) = join {
+        env.push(("SIFT_JOIN", join));
+    }
+    NodeProcess::start(data_dir, &env)
+}
+
+async fn view(client: &ApiClient) -> Value {
+    client.get("/v1/cluster").await.expect(200)
+}
+
+/// Polls `check` until it gives a value; panics with `what` after [`WAIT`].
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(started.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn role_of(view: &Value, id: u64) -> Option<String> {
+    view["nodes"]
+        .as_array()?
+        .iter()
+        .find(|node| node["id"] == id)
+        .and_then(|node| node["role"].as_str().map(String::from))
+}
+
+#[tokio::test]
+async fn three_processes_replicate_metadata_fail_over_and_rejoin() {
+    let dir = temp_dir();
+    let internal: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let data: Vec<_> = (0..3).map(|i| dir.path().join(format!("n{i}"))).collect();
+
+    // Node 1 bootstraps; node 2 joins through node 1's public address, node 3 through node
+    // 2's internal address (a follower: the join is redirected to the leader).
+    let first = start(&data[0], &internal[0], None);
+    let bootstrapped = view(&first.client()).await;
+    assert_eq!(bootstrapped["mode"], "cluster");
+    assert_eq!(bootstrapped["id"], 1);
+    let second = start(&data[1], &internal[1], Some(&first.url));
+    let third = start(&data[2], &internal[2], Some(&internal[1]));
+    let mut nodes = [Some(first), Some(second), Some(third)];
+    let clients: Vec<ApiClient> = nodes.iter().map(|n| n.as_ref().unwrap().client()).collect();
+
+    // Every node sees three healthy voters and the same leader.
+    let (leader, term) = eventually("three voters on every node", || async {
+        let mut seen = Vec::new();
+        for client in &clients {
+            let v = view(client).await;
+            let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
+            let roles: Vec<&str> = nodes.iter().filter_map(|n| n["role"].as_str()).collect();
+            if nodes.len() != 3
+                || roles.iter().filter(|r| **r == "leader").count() != 1
+                || roles.iter().filter(|r| **r == "follower").count() != 2
+            {
+                return None;
+            }
+            seen.push((v["leader"].as_u64()?, v["term"].as_u64()?));
+        }
+        seen.windows(2).all(|w| w[0] == w[1]).then(|| seen[0])
+    })
+    .await;
+    let leader_view = view(&clients[0]).await;
+    for node in leader_view["nodes"].as_array().unwrap() {
+        assert!(
+            node["internal_listen"]
+                .as_str()
+                .is_some_and(|a| internal.iter().any(|i| i == a)),
+            "{node}"
+        );
+        assert!(node["listen"].is_string(), "{node}");
+    }
+    let index_of = |id: u64| -> usize {
+        let v = &leader_view["nodes"];
+        let address = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["id"] == id)
+            .unwrap()["internal_listen"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        internal.iter().position(|i| *i == address).unwrap()
+    };
+    let leader_index = index_of(leader);
+    let follower_index = (0..3).find(|i| *i != leader_index).unwrap();
+
+    // A KB created on a follower is visible on every node.
+    clients[follower_index]
+        .create_kb(json!({ "name": "alpha", "shards": 1 }))
+        .await;
+    for client in &clients {
+        eventually("alpha on every node", || async {
+            (client.get("/v1/kbs/alpha").await.status == 200).then_some(())
+        })
+        .await;
+    }
+    // A second create of the same name is refused by the replicated state, on any node.
+    let other = (0..3)
+        .find(|i| *i != follower_index && *i != leader_index)
+        .unwrap();
+    clients[other]
+        .post_json("/v1/kbs", &json!({ "name": "alpha" }))
+        .await
+        .expect_error(409, "kb_exists");
+
+    // Documents go to a KB created on another node: the shards are opened on first use and
+    // the data stays on this node; the documents' metadata reaches every node.
+    let documents = short_documents(3);
+    clients[other]
+        .bulk_add("alpha", &bulk_documents(&documents))
+        .await;
+    clients[other]
+        .wait_ready("alpha", 3, ingest_deadline(3))
+        .await;
+    let found = clients[other]
+        .search("alpha", json!({ "query": documents[0].title, "top_k": 3 }))
+        .await;
+    assert!(
+        !found["hits"].as_array().unwrap().is_empty(),
+        "no hits: {found}"
+    );
+    for client in &clients {
+        eventually("the documents' metadata on every node", || async {
+            (count(&client.counts("alpha").await, "ready") == 3).then_some(())
+        })
+        .await;
+    }
+
+    // kill -9 the leader: a new leader appears among the survivors, in a later term.
+    nodes[leader_index].as_mut().unwrap().kill9();
+    nodes[leader_index] = None;
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != leader_index).collect();
+    let new_leader = eventually("a new leader", || async {
+        let v = view(&clients[survivors[0]]).await;
+        let candidate = v["leader"].as_u64()?;
+        (candidate != leader && v["term"].as_u64()? > term).then_some(candidate)
+    })
+    .await;
+    // A write through a surviving node succeeds and reaches the other survivor.
+    clients[survivors[1]]
+        .create_kb(json!({ "name": "beta", "shards": 1 }))
+        .await;
+    eventually("beta on the other survivor", || async {
+        (clients[survivors[0]].get("/v1/kbs/beta").await.status == 200).then_some(())
+    })
+    .await;
+
+    // The killed node restarts on its data dir (a --join is ignored): same id, catches up.
+    let restarted = start(
+        &data[leader_index],
+        &internal[leader_index],
+        Some(&internal[survivors[0]]),
+    );
+    let restarted_client = restarted.client();
+    nodes[leader_index] = Some(restarted);
+    assert_eq!(view(&restarted_client).await["id"], leader);
+    eventually("the restarted node sees beta", || async {
+        (restarted_client.get("/v1/kbs/beta").await.status == 200).then_some(())
+    })
+    .await;
+    let new_leader_client = &clients[index_of(new_leader)];
+    eventually(
+        "the restarted node healthy in the leader's view",
+        || async {
+            let v = view(new_leader_client).await;
+            let node = v["nodes"]
+                .as_array()?
+                .iter()
+                .find(|n| n["id"] == leader)?
+                .clone();
+            (node["healthy"] == true && node["role"] == "follower").then_some(())
+        },
+    )
+    .await;
+
+    // Membership: removing an unknown id is a clear 404; a member is removed through a
+    // follower (forwarded to the leader, with the CLI) and disappears from the leader's view.
+    clients[index_of(new_leader)]
+        .delete("/v1/cluster/nodes/99")
+        .await
+        .expect_error(404, "node_not_found");
+    let removed = (1..=3u64)
+        .find(|id| *id != new_leader && *id != leader)
+        .unwrap();
+    // `sift node remove ID` through the restarted node (a follower).
+    let removal = std::process::Command::new(env!("CARGO_BIN_EXE_sift-under-test"))
+        .args(["--node", restarted_client.url(), "node", "remove"])
+        .arg(removed.to_string())
+        .output()
+        .expect("running sift node remove");
+    assert!(
+        removal.status.success(),
+        "sift node remove failed: {}",
+        String::from_utf8_lossy(&removal.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&removal.stdout).contains(&format!("removed node {removed}")),
+        "{}",
+        String::from_utf8_lossy(&removal.stdout)
+    );
+    eventually("the removed node gone from the leader's view", || async {
+        let v = view(new_leader_client).await;
+        role_of(&v, removed).is_none().then_some(())
+    })
+    .await;
+
+    // Two voters left; killing the restarted one takes the quorum away: a write through the
+    // survivor gets a retryable 503 (not a 500, not silence), and the data is intact.
+    nodes[leader_index].as_mut().unwrap().kill9();
+    let answer = new_leader_client
+        .post_json("/v1/kbs", &json!({ "name": "gamma", "shards": 1 }))
+        .await;
+    assert_eq!(answer.status.as_u16(), 503, "{:?}", answer.body);
+    let code = answer.body["error"]["code"].as_str().unwrap_or_default();
+    assert!(
+        code == "not_leader" || code == "unavailable",
+        "{:?}",
+        answer.body
+    );
+    assert_eq!(answer.headers["retry-after"], "1");
+    new_leader_client.get("/v1/kbs/beta").await.expect(200);
+}
