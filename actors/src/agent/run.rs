@@ -1067,11 +1067,20 @@ impl Run {
                         finish,
                     };
                 }
-                self.extractive_ending(ExtractiveReason::ModelFailed, finish)
+                self.extractive_with_evidence(finish).await
             }
             Err(ModelFailure::Cancelled) => Ending::Stopped,
-            Err(_) => self.extractive_ending(ExtractiveReason::ModelFailed, finish),
+            Err(_) => self.extractive_with_evidence(finish).await,
         }
+    }
+
+    /// The extractive ending after the model failed to answer; retrieves first when the loop
+    /// gathered no evidence (e.g. every search call of the model was malformed).
+    async fn extractive_with_evidence(&mut self, finish: RunFinish) -> Ending {
+        if self.evidence.is_empty() && !self.retrieve("fallback-search").await {
+            return Ending::Stopped;
+        }
+        self.extractive_ending(ExtractiveReason::ModelFailed, finish)
     }
 
     fn budget_extractive(&mut self) -> Ending {

@@ -1152,6 +1152,13 @@ async fn deep_reading_tools_stay_inside_the_runs_knowledge_bases() {
                         "thinking",
                         "{\"thought\": \"The grep hit answers it.\"}",
                     ),
+                    // A `kb` that names no knowledge base at all (small models fill it with
+                    // words of the question) is no filter: the run's KBs are searched.
+                    call(
+                        "u",
+                        "knowledge_search",
+                        "{\"query\": \"raft log entries committed majority\", \"kb\": \"UK\"}",
+                    ),
                 ])
             }
             _ => {
@@ -1173,7 +1180,7 @@ async fn deep_reading_tools_stay_inside_the_runs_knowledge_bases() {
     assert_eq!(ran.outcome.citations.len(), 1);
     assert_eq!(ran.outcome.citations[0].document_id, raft_document);
     let observations = tool_results(&model.loop_requests()[2]);
-    assert_eq!(observations.len(), 8);
+    assert_eq!(observations.len(), 9);
     assert!(
         observations[0].contains("1 match(es) for literal \"MAJORITY\""),
         "{}",
@@ -1196,6 +1203,11 @@ async fn deep_reading_tools_stay_inside_the_runs_knowledge_bases() {
         observations[6]
     );
     assert!(observations[7].contains("Thought recorded"));
+    assert!(
+        observations[8].contains("randomized election") && !observations[8].contains("vault 7"),
+        "{}",
+        observations[8]
+    );
     assert!(
         !observations.iter().any(|o| o.contains("vault 7")),
         "nothing leaks from another KB"

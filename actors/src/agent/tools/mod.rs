@@ -423,13 +423,18 @@ fn string_or_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>,
 use serde::Deserialize as _;
 
 /// The run's KBs a `kb` argument selects: all of them, or the one it names (by id or name).
+///
+/// A name that is no knowledge base at all is treated as no filter: small models fill the
+/// optional `kb` argument with words from the question (seen with a real 0.5B model, which then
+/// repeated the failing call until the run was stuck). A name of an existing KB outside the run
+/// is refused.
 pub fn select_kbs(context: &ToolContext<'_>, kb: Option<&str>) -> Result<Vec<String>, ToolError> {
     match kb {
         None => Ok(context.kbs.to_vec()),
         Some(name) => {
-            let record = context.node.find_kb(name).map_err(|_| {
-                ToolError::Failed(format!("no knowledge base {name:?} in this run"))
-            })?;
+            let Ok(record) = context.node.find_kb(name) else {
+                return Ok(context.kbs.to_vec());
+            };
             if context.kbs.contains(&record.id) {
                 Ok(vec![record.id])
             } else {
