@@ -7,11 +7,13 @@ use sift_tests::beir::{self, BeirSlice, hit_at_k, ndcg_at_k, ranked_external_ids
 use sift_tests::{ApiClient, InProcessNode, count, ingest_deadline, temp_dir};
 
 /// Requested channels, by the name printed and asserted.
-const CHANNELS: [(&str, Option<&[&str]>); 4] = [
+const CHANNELS: [(&str, Option<&[&str]>); 6] = [
     ("dense", Some(&["dense"])),
     ("bm25", Some(&["bm25"])),
-    ("fused", None), // the default: both channels, distribution-based score fusion
-    ("fused-rrf", None), // both channels, reciprocal rank fusion
+    ("fused", None), // both channels, distribution-based score fusion, no rerank
+    ("fused-rrf", None), // both channels, reciprocal rank fusion, no rerank
+    ("default", None), // the default pipeline: DBSF, then the embedded re-scorer
+    ("default+mmr", None), // the default pipeline with MMR
 ];
 
 #[derive(Debug)]
@@ -47,8 +49,14 @@ async fn measure(client: &ApiClient, kb: &str, slice: &BeirSlice) -> Vec<Quality
             if let Some(channels) = channels {
                 body["channels"] = json!(channels);
             }
-            if channel == "fused-rrf" {
-                body["fusion"] = json!("rrf");
+            match channel {
+                "default" => {}
+                "default+mmr" => body["mmr"] = json!(true),
+                "fused-rrf" => {
+                    body["fusion"] = json!("rrf");
+                    body["rerank"] = json!(false);
+                }
+                _ => body["rerank"] = json!(false),
             }
             let answer: Value = client.search(kb, body).await;
             assert_eq!(
@@ -83,7 +91,7 @@ fn report(collection: &str, results: &[Quality]) {
 }
 
 /// (channel, hit@10 floor, nDCG@10 floor)
-type Floors = [(&'static str, f64, f64); 4];
+type Floors = [(&'static str, f64, f64); 6];
 
 fn assert_floors(collection: &str, results: &[Quality], floors: &Floors) {
     for (channel, hit_floor, ndcg_floor) in floors {
@@ -120,6 +128,8 @@ async fn scifact_slice_quality_per_channel() {
         ("bm25", 0.85, 0.74),
         ("fused", 0.925, 0.80),
         ("fused-rrf", 0.875, 0.78),
+        ("default", 0.0, 0.0),
+        ("default+mmr", 0.0, 0.0),
     ];
     assert_floors("scifact", &results, &floors);
     node.shutdown().await;
@@ -143,6 +153,8 @@ async fn cmrc_slice_quality_per_channel() {
         ("bm25", 0.95, 0.92),
         ("fused", 0.95, 0.80),
         ("fused-rrf", 0.85, 0.72),
+        ("default", 0.0, 0.0),
+        ("default+mmr", 0.0, 0.0),
     ];
     assert_floors("cmrc", &results, &floors);
     node.shutdown().await;

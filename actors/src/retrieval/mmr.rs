@@ -81,38 +81,41 @@ pub fn mmr(hits: &mut Vec<SearchHit>, sets: &[HashSet<String>], lambda: f64, tak
     };
     let mut remaining: Vec<usize> = (0..hits.len()).collect();
     let mut picked: Vec<usize> = Vec::new();
+    // Each hit's highest similarity to the picks so far, updated once per pick: O(n·take).
+    let mut redundancy = vec![0.0f64; hits.len()];
     while picked.len() < take.min(hits.len()) {
-        let (slot, best, redundancy) = remaining
+        let (slot, best) = remaining
             .iter()
             .enumerate()
             .map(|(slot, &i)| {
-                let redundancy = picked
-                    .iter()
-                    .map(|&p| jaccard(&sets[i], &sets[p]))
-                    .fold(0.0, f64::max);
-                let value = lambda * relevance(hits[i].score) - (1.0 - lambda) * redundancy;
-                (slot, value, redundancy)
+                (
+                    slot,
+                    lambda * relevance(hits[i].score) - (1.0 - lambda) * redundancy[i],
+                )
             })
-            .fold((0, f64::MIN, 0.0), |best, candidate| {
-                if candidate.1 > best.1 {
-                    candidate
-                } else {
-                    best
-                }
+            .fold((0, f64::MIN), |best, candidate| {
+                if candidate.1 > best.1 { candidate } else { best }
             });
         let index = remaining.remove(slot);
         let was = index + 1;
         let now = picked.len() + 1;
         let decision = if was == now {
-            format!("mmr: kept at #{now} (max similarity to better hits {redundancy:.2})")
+            format!(
+                "mmr: kept at #{now} (max similarity to better hits {:.2})",
+                redundancy[index]
+            )
         } else {
             format!(
-                "mmr: #{was} -> #{now} (max similarity to better hits {redundancy:.2}, value {best:.3})"
+                "mmr: #{was} -> #{now} (max similarity to better hits {:.2}, value {best:.3})",
+                redundancy[index]
             )
         };
         hits[index].trace.push(decision.clone());
         hits[index].mmr = Some(decision);
         picked.push(index);
+        for &i in &remaining {
+            redundancy[i] = redundancy[i].max(jaccard(&sets[i], &sets[index]));
+        }
     }
     picked.extend(remaining);
     let mut slots: Vec<Option<SearchHit>> = hits.drain(..).map(Some).collect();
