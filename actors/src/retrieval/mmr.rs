@@ -94,7 +94,11 @@ pub fn mmr(hits: &mut Vec<SearchHit>, sets: &[HashSet<String>], lambda: f64, tak
                 )
             })
             .fold((0, f64::MIN), |best, candidate| {
-                if candidate.1 > best.1 { candidate } else { best }
+                if candidate.1 > best.1 {
+                    candidate
+                } else {
+                    best
+                }
             });
         let index = remaining.remove(slot);
         let was = index + 1;
