@@ -165,8 +165,6 @@ impl Hit {
 pub struct Timings {
     pub embed_ms: Option<f64>,
     #[serde(default)]
-    pub retrieve_ms: Option<f64>,
-    #[serde(default)]
     pub rerank_ms: Option<f64>,
     #[serde(default)]
     pub mmr_ms: Option<f64>,

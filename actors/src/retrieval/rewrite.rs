@@ -56,12 +56,11 @@ pub fn rewrites(query: &str) -> Vec<String> {
             || word.chars().next().is_some_and(|c| c.is_ascii_digit()) && !current.is_empty();
         let lower = word.to_lowercase();
         let question_start = position == 0 && QUESTION_WORDS.contains(&lower.as_str());
-        if capital
+        let starts_or_extends = capital
             && !question_start
-            && !(current.is_empty() && QUESTION_WORDS.contains(&lower.as_str()))
-        {
-            current.push(word);
-        } else if !current.is_empty() && JOINERS.contains(&lower.as_str()) {
+            && !(current.is_empty() && QUESTION_WORDS.contains(&lower.as_str()));
+        let joins = !current.is_empty() && JOINERS.contains(&lower.as_str());
+        if starts_or_extends || joins {
             current.push(word);
         } else {
             close(&mut current, &mut spans);
