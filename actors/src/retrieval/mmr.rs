@@ -5,12 +5,10 @@
 //! leaves return no vectors), costs microseconds for a hundred candidates, works for hits the
 //! dense channel never saw, and "near-identical text" is exactly what it measures.
 
-use std::collections::HashSet;
-
 use serde::Serialize;
 
 use super::root::SearchHit;
-use super::text::{jaccard, term_set};
+use super::text::{TermSet, jaccard, term_set};
 
 /// Another place the same (near-identical) text was found.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -23,11 +21,16 @@ pub struct AlsoIn {
 }
 
 /// Folds each hit whose text is at least `threshold` similar to a better-ranked kept hit into
-/// that hit's `also_in`. Order is kept. Returns the term sets of the kept hits.
-pub fn collapse_duplicates(hits: &mut Vec<SearchHit>, threshold: f64) -> Vec<HashSet<String>> {
+/// that hit's `also_in`, until `keep` hits are kept (the rest follow unchanged). Order is
+/// kept. Returns the term sets of the first `keep` hits.
+pub fn collapse_duplicates(hits: &mut Vec<SearchHit>, threshold: f64, keep: usize) -> Vec<TermSet> {
     let mut kept: Vec<SearchHit> = Vec::with_capacity(hits.len());
-    let mut sets: Vec<HashSet<String>> = Vec::with_capacity(hits.len());
+    let mut sets: Vec<TermSet> = Vec::with_capacity(hits.len());
     for hit in hits.drain(..) {
+        if kept.len() >= keep {
+            kept.push(hit);
+            continue;
+        }
         let set = term_set(&hit.chunk.text);
         let twin = (threshold <= 1.0)
             .then(|| {
@@ -65,7 +68,7 @@ pub fn collapse_duplicates(hits: &mut Vec<SearchHit>, threshold: f64) -> Vec<Has
 /// Reorders the first `take` picks of `hits` by MMR:
 /// `argmax λ·rel(d) − (1−λ)·max_{s∈picked} sim(d, s)`, with `rel` the hit's score min-max
 /// scaled to [0, 1] over the list. Hits after the picks keep their order.
-pub fn mmr(hits: &mut Vec<SearchHit>, sets: &[HashSet<String>], lambda: f64, take: usize) {
+pub fn mmr(hits: &mut Vec<SearchHit>, sets: &[TermSet], lambda: f64, take: usize) {
     if hits.len() < 2 {
         return;
     }

@@ -13,11 +13,11 @@
 //! KB's channel weights. The constants were chosen by a grid search on SciFact (and nothing
 //! else): nDCG@10 0.7185 → 0.7328 offline on the same channel lists (docs/benchmarks.md).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use super::fusion::{Channel, DBSF_WINDOW};
 use super::root::SearchHit;
-use super::text::term_set;
+use super::text::{TermSet, term_set};
 
 pub const BM25_FACTOR: f64 = 1.2;
 pub const COVERAGE_WEIGHT: f64 = 0.4;
@@ -41,25 +41,24 @@ pub fn rescore(
 ) -> Vec<(Features, f64)> {
     let ranges = channel_ranges(hits);
     let query_terms = term_set(query);
-    let texts: Vec<(HashSet<String>, HashSet<String>)> = hits
+    let texts: Vec<(TermSet, TermSet)> = hits
         .iter()
         .map(|hit| {
             let heading = format!("{} {}", hit.chunk.title, hit.chunk.heading_path.join(" "));
             let title = term_set(&heading);
-            let mut all = term_set(&hit.chunk.text);
-            all.extend(title.iter().cloned());
+            let all = term_set(&hit.chunk.text).union(&title);
             (all, title)
         })
         .collect();
     let count = hits.len() as f64;
-    let idf: HashMap<&String, f64> = query_terms
+    let idf: Vec<(u64, f64)> = query_terms
         .iter()
         .map(|term| {
             let df = texts.iter().filter(|(all, _)| all.contains(term)).count() as f64;
             (term, (1.0 + (count + 1.0) / (1.0 + df)).ln())
         })
         .collect();
-    let total: f64 = idf.values().sum::<f64>().max(f64::EPSILON);
+    let total: f64 = idf.iter().map(|(_, w)| w).sum::<f64>().max(f64::EPSILON);
     hits.iter()
         .zip(&texts)
         .map(|(hit, (all, title))| {
@@ -73,9 +72,9 @@ pub fn rescore(
                     }
                 })
             };
-            let share = |set: &HashSet<String>| {
+            let share = |set: &TermSet| {
                 idf.iter()
-                    .filter(|(term, _)| set.contains(**term))
+                    .filter(|(term, _)| set.contains(*term))
                     .map(|(_, weight)| weight)
                     .sum::<f64>()
                     / total

@@ -267,9 +267,14 @@ impl RootSearch {
 
         let mmr_started = Instant::now();
         let pipeline = &request.pipeline;
-        let sets = collapse_duplicates(&mut hits, pipeline.duplicate_similarity);
+        let head = if pipeline.mmr_lambda.is_some() {
+            pipeline.rerank_depth.max(request.top_k)
+        } else {
+            request.top_k
+        };
+        let sets = collapse_duplicates(&mut hits, pipeline.duplicate_similarity, head);
         if let Some(lambda) = pipeline.mmr_lambda {
-            let head = pipeline.rerank_depth.max(request.top_k).min(hits.len());
+            let head = head.min(hits.len()).min(sets.len());
             let tail = hits.split_off(head);
             mmr(&mut hits, &sets[..head], lambda, request.top_k);
             hits.extend(tail);

@@ -2,8 +2,6 @@
 //! lower-cased Latin words and digits (English stop words dropped, cut to a 6-character stem)
 //! and single CJK characters.
 
-use std::collections::HashSet;
-
 const STOP_WORDS: &[&str] = &[
     "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it",
     "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there", "these",
@@ -52,17 +50,68 @@ pub fn terms(text: &str) -> Vec<String> {
     out
 }
 
-pub fn term_set(text: &str) -> HashSet<String> {
-    terms(text).into_iter().collect()
+/// A set of terms as sorted, distinct 64-bit hashes: cheap to build, to look up (binary
+/// search) and to intersect (merge).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TermSet(Vec<u64>);
+
+impl TermSet {
+    pub fn contains(&self, term: u64) -> bool {
+        self.0.binary_search(&term).is_ok()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.0.iter().copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The union of two sets.
+    pub fn union(&self, other: &TermSet) -> TermSet {
+        let mut all: Vec<u64> = self.0.iter().chain(&other.0).copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        TermSet(all)
+    }
+}
+
+/// FNV-1a of a term.
+pub fn term_hash(term: &str) -> u64 {
+    term.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+pub fn term_set(text: &str) -> TermSet {
+    let mut hashes: Vec<u64> = terms(text).iter().map(|t| term_hash(t)).collect();
+    hashes.sort_unstable();
+    hashes.dedup();
+    TermSet(hashes)
 }
 
 /// Jaccard similarity of two term sets (1 when both are empty).
-pub fn jaccard(a: &HashSet<String>, b: &HashSet<String>) -> f64 {
+pub fn jaccard(a: &TermSet, b: &TermSet) -> f64 {
     if a.is_empty() && b.is_empty() {
         return 1.0;
     }
-    let (small, large) = if a.len() <= b.len() { (a, b) } else { (b, a) };
-    let shared = small.iter().filter(|t| large.contains(*t)).count();
+    let (mut i, mut j, mut shared) = (0, 0, 0usize);
+    while i < a.0.len() && j < b.0.len() {
+        match a.0[i].cmp(&b.0[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                shared += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
     shared as f64 / (a.len() + b.len() - shared) as f64
 }
 
