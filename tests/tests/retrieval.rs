@@ -532,6 +532,38 @@ async fn kb_retrieval_settings_are_validated_applied_and_overridable() {
         "{answer}"
     );
 
+    // Relative-score filter: a high bar keeps only each channel's near-best hits; when that
+    // leaves fewer than min_results, the unfiltered lists are used and the answer says so.
+    let all = client
+        .search(
+            "facts",
+            json!({ "query": "vitamin D bone", "top_k": 10, "rerank": false }),
+        )
+        .await;
+    let strict = client
+        .search(
+            "facts",
+            json!({ "query": "vitamin D bone", "top_k": 10, "rerank": false,
+                     "min_relative_score": 0.95, "min_results": 1 }),
+        )
+        .await;
+    assert!(
+        external_ids(&strict).len() < external_ids(&all).len(),
+        "{strict}"
+    );
+    let fallback = client
+        .search(
+            "facts",
+            json!({ "query": "vitamin D bone", "top_k": 10, "rerank": false,
+                     "min_relative_score": 0.95, "min_results": 100 }),
+        )
+        .await;
+    assert_eq!(external_ids(&fallback), external_ids(&all));
+    assert!(
+        fallback["notes"].to_string().contains("unfiltered"),
+        "{fallback}"
+    );
+
     // Per-request: negative or all-zero weights and unknown rerank models are refused.
     for (body, code) in [
         (
