@@ -29,6 +29,8 @@ pub struct NodeOptions {
     pub shard_write_timeout: Duration,
     /// Enables fault injection endpoints (tests only).
     pub debug_faults: bool,
+    /// External rerank services (`[rerank.NAME]`), by name.
+    pub rerank: std::collections::BTreeMap<String, crate::retrieval::RerankServiceConfig>,
 }
 
 impl Default for NodeOptions {
@@ -40,6 +42,7 @@ impl Default for NodeOptions {
             ingest_workers: 2,
             shard_write_timeout: Duration::from_secs(300),
             debug_faults: false,
+            rerank: Default::default(),
         }
     }
 }

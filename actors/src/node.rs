@@ -30,7 +30,10 @@ use crate::ingest::queue::{IngestJob, IngestQueue};
 use crate::ingest::raw_store::RawStore;
 use crate::ingest::worker::{IngestSupervisor, IngestSupervisorArguments};
 use crate::meta::MetaHandle;
-use crate::retrieval::{FusionMethod, RootSearch, SearchRequest, SearchResponse};
+use crate::retrieval::settings as retrieval_settings;
+use crate::retrieval::{
+    FusionMethod, Pipeline, RerankServices, RootSearch, SearchRequest, SearchResponse, rewrite,
+};
 use crate::shards::supervisor::ShardsArguments;
 use crate::shards::{ShardMessage, ShardRegistry, ShardsMessage, ShardsSupervisor};
 
@@ -52,6 +55,8 @@ pub struct CreateKb {
     pub language: Option<String>,
     pub json_text_field: Option<String>,
     pub json_title_field: Option<String>,
+    /// Retrieval settings (fields of `RetrievalSettings`; the others keep their defaults).
+    pub retrieval: Option<serde_json::Value>,
 }
 
 /// `PATCH /v1/kbs/{kb}`: settings that can change without re-indexing.
@@ -68,6 +73,8 @@ pub struct UpdateKb {
     pub shards: Option<u32>,
     /// Refused: fixed at creation.
     pub embedding_model: Option<String>,
+    /// Retrieval settings to change (the others are kept).
+    pub retrieval: Option<serde_json::Value>,
 }
 
 /// One document of a bulk text request.
@@ -147,6 +154,22 @@ pub struct SearchQuery {
     pub explain: Option<bool>,
     /// Dense channel by exact scan instead of HNSW (slow; for measuring HNSW recall).
     pub exact: Option<bool>,
+    // Overrides of the KB's retrieval settings (see `RetrievalSettings`).
+    pub min_relative_score: Option<f64>,
+    pub min_results: Option<u32>,
+    pub rerank: Option<bool>,
+    pub rerank_model: Option<String>,
+    pub rerank_depth: Option<u32>,
+    pub mmr: Option<bool>,
+    pub mmr_lambda: Option<f64>,
+    pub duplicate_similarity: Option<f64>,
+    pub expand_parent: Option<bool>,
+    pub expand_neighbours: Option<u32>,
+    pub context_tokens: Option<u32>,
+    /// Add rule-based rewrites of the query (multi-query retrieval).
+    pub multi_query: Option<bool>,
+    /// Sub-queries or rewrites (from a planner) searched alongside `query`, fused with RRF.
+    pub queries: Option<Vec<String>>,
 }
 
 /// One running node: its actors and its shared context.
@@ -237,7 +260,8 @@ impl SiftNode {
         )
         .await
         .map_err(|e| SiftError::Internal(format!("starting ingestion: {e}")))?;
-        let root = RootSearch::new(registry, store.clone(), options.shard_deadline);
+        let root = RootSearch::new(registry, store.clone(), options.shard_deadline)
+            .with_rerankers(RerankServices::new(options.rerank.clone()));
         let node = SiftNode {
             context,
             queue,
@@ -379,6 +403,7 @@ impl SiftNode {
             language: "auto".into(),
             json_text_field: "text".into(),
             json_title_field: "title".into(),
+            retrieval: Default::default(),
         };
         apply_settings(
             &mut settings,
@@ -389,6 +414,10 @@ impl SiftNode {
             request.json_text_field,
             request.json_title_field,
         )?;
+        if let Some(patch) = &request.retrieval {
+            settings.retrieval =
+                retrieval_settings::merge_patch(&settings.retrieval, patch, self.root.rerankers())?;
+        }
         let now = now_ms();
         let kb = KbRecord {
             id: uuid::Uuid::now_v7().to_string(),
@@ -482,6 +511,10 @@ impl SiftNode {
             request.json_text_field,
             request.json_title_field,
         )?;
+        if let Some(patch) = &request.retrieval {
+            settings.retrieval =
+                retrieval_settings::merge_patch(&settings.retrieval, patch, self.root.rerankers())?;
+        }
         let outcome = self
             .context
             .meta
@@ -832,9 +865,58 @@ impl SiftNode {
                 }
             }
         }
+        // The KB's retrieval settings, overridden by the request, checked as a whole.
+        let mut settings = kb.settings.retrieval.clone();
         let weights = query.weights.clone().unwrap_or_default();
-        let dense_weight = weights.dense.unwrap_or(1.0);
-        let bm25_weight = weights.bm25.unwrap_or(1.0);
+        if let Some(weight) = weights.dense {
+            settings.dense_weight = weight;
+        }
+        if let Some(weight) = weights.bm25 {
+            settings.bm25_weight = weight;
+        }
+        if let Some(value) = query.rrf_k {
+            settings.rrf_k = value;
+        }
+        if let Some(value) = &query.fusion {
+            settings.fusion = value.clone();
+        }
+        if let Some(value) = query.min_relative_score {
+            settings.min_relative_score = value;
+        }
+        if let Some(value) = query.min_results {
+            settings.min_results = value;
+        }
+        if let Some(value) = query.rerank {
+            settings.rerank = value;
+        }
+        if let Some(value) = &query.rerank_model {
+            settings.rerank_model = value.clone();
+        }
+        if let Some(value) = query.rerank_depth {
+            settings.rerank_depth = value;
+        }
+        if let Some(value) = query.mmr {
+            settings.mmr = value;
+        }
+        if let Some(value) = query.mmr_lambda {
+            settings.mmr_lambda = value;
+        }
+        if let Some(value) = query.duplicate_similarity {
+            settings.duplicate_similarity = value;
+        }
+        if let Some(value) = query.expand_parent {
+            settings.expand_parent = value;
+        }
+        if let Some(value) = query.expand_neighbours {
+            settings.expand_neighbours = value;
+        }
+        if let Some(value) = query.context_tokens {
+            settings.context_tokens = value;
+        }
+        if let Some(value) = query.multi_query {
+            settings.multi_query = value;
+        }
+        let (dense_weight, bm25_weight) = (settings.dense_weight, settings.bm25_weight);
         if !(dense_weight.is_finite() && bm25_weight.is_finite())
             || dense_weight < 0.0
             || bm25_weight < 0.0
@@ -850,20 +932,12 @@ impl SiftNode {
                 "every requested channel has weight 0",
             ));
         }
-        let rrf_k = query.rrf_k.unwrap_or(60.0);
-        if !(rrf_k.is_finite() && rrf_k >= 1.0) {
-            return Err(SiftError::invalid("invalid_rrf_k", "rrf_k must be >= 1"));
-        }
-        let fusion = match query.fusion.as_deref() {
-            None => FusionMethod::default(),
-            Some(name) => FusionMethod::parse(name).ok_or_else(|| {
-                SiftError::invalid(
-                    "invalid_fusion",
-                    format!("unknown fusion {name:?}; use rrf or dbsf"),
-                )
-            })?,
-        };
-        let candidates = query.candidates.unwrap_or(top_k.max(50));
+        retrieval_settings::validate(&settings, self.root.rerankers())?;
+        let rrf_k = settings.rrf_k;
+        let fusion = FusionMethod::parse(&settings.fusion).unwrap_or_default();
+        let candidates = query
+            .candidates
+            .unwrap_or(top_k.max(settings.candidates as usize));
         if candidates < top_k || candidates > 1000 {
             return Err(SiftError::invalid(
                 "invalid_candidates",
@@ -875,18 +949,65 @@ impl SiftNode {
             document_ids: filters.document_ids,
             metadata: metadata_from_json(filters.metadata.unwrap_or_default())?,
         };
+        // Sub-queries: the caller's, then rule-based rewrites when asked for.
+        let mut extra: Vec<String> = Vec::new();
+        for sub in query.queries.iter().flatten() {
+            let sub = sub.trim();
+            if sub.is_empty() || sub.chars().count() > 8192 {
+                return Err(SiftError::invalid(
+                    "invalid_queries",
+                    "each of queries must be 1 to 8192 characters",
+                ));
+            }
+            if sub != text && !extra.iter().any(|e| e == sub) {
+                extra.push(sub.to_string());
+            }
+        }
+        if extra.len() > 8 {
+            return Err(SiftError::invalid(
+                "invalid_queries",
+                "at most 8 queries besides the query",
+            ));
+        }
+        if settings.multi_query {
+            for rewrite in rewrite::rewrites(&text) {
+                if !extra.contains(&rewrite) {
+                    extra.push(rewrite);
+                }
+            }
+        }
         let embed_started = Instant::now();
-        let vector = if dense {
+        let mut vectors = if dense {
             let embedder = self.context.embedders.get(&kb.settings.embedding_model)?;
-            let mut vectors = self
-                .context
-                .embed_cached(&embedder, vec![text.clone()])
-                .await?;
-            Some(vectors.pop().unwrap_or_default())
+            let mut texts = vec![text.clone()];
+            texts.extend(extra.iter().cloned());
+            self.context
+                .embed_cached(&embedder, texts)
+                .await?
+                .into_iter()
+                .map(Some)
+                .collect()
         } else {
-            None
+            vec![None; extra.len() + 1]
         };
         let embed_ms = embed_started.elapsed().as_secs_f64() * 1e3;
+        let vector = if vectors.is_empty() {
+            None
+        } else {
+            vectors.remove(0)
+        };
+        let extra_queries = extra.into_iter().zip(vectors).collect();
+        let pipeline = Pipeline {
+            min_relative_score: settings.min_relative_score,
+            min_results: settings.min_results as usize,
+            rerank: settings.rerank.then(|| settings.rerank_model.clone()),
+            rerank_depth: settings.rerank_depth as usize,
+            mmr_lambda: settings.mmr.then_some(settings.mmr_lambda),
+            duplicate_similarity: settings.duplicate_similarity,
+            expand_parent: settings.expand_parent,
+            expand_neighbours: settings.expand_neighbours,
+            context_tokens: settings.context_tokens as usize,
+        };
         let request = SearchRequest {
             kb_id: kb.id.clone(),
             shards: kb.settings.shards,
@@ -902,6 +1023,8 @@ impl SiftNode {
             rrf_k,
             fusion,
             explain: query.explain.unwrap_or(false),
+            extra_queries,
+            pipeline,
         };
         let mut response = self.root.search(&request).await;
         response.timings.embed_ms = embed_ms;

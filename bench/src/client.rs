@@ -103,7 +103,7 @@ pub struct AddedDocument {
 }
 
 /// `POST /v1/kbs/{kb}/search` body.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct SearchRequest<'a> {
     pub query: &'a str,
     pub top_k: usize,
@@ -114,6 +114,18 @@ pub struct SearchRequest<'a> {
     /// `rrf` or `dbsf`; the node's default when absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fusion: Option<&'a str>,
+    /// Pipeline stages on or off; the KB's settings when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rerank: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mmr: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub multi_query: Option<bool>,
+    /// Tokens of packed context (0: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expand_neighbours: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -152,6 +164,12 @@ impl Hit {
 #[serde(default)]
 pub struct Timings {
     pub embed_ms: Option<f64>,
+    #[serde(default)]
+    pub rerank_ms: Option<f64>,
+    #[serde(default)]
+    pub mmr_ms: Option<f64>,
+    #[serde(default)]
+    pub expand_ms: Option<f64>,
     pub search_ms: Option<f64>,
     pub total_ms: Option<f64>,
 }

@@ -108,6 +108,7 @@ pub async fn run(args: LoadArgs) -> Result<()> {
         channels: &channels,
         exact: false,
         fusion: None,
+        ..Default::default()
     };
     if let Err(error) = client.search(&args.kb, &probe).await
         && !error.is_transient()
@@ -220,6 +221,7 @@ impl LoadPlan {
                 channels: &self.channels,
                 exact: false,
                 fusion: None,
+                ..Default::default()
             };
             next += 1;
             let outcome = self.client.search(&self.kb, &request).await;

@@ -30,13 +30,62 @@ const MAX_TRANSIENT_RETRIES: u32 = 5;
 /// waiting (the node may count duplicates we could not see).
 const MAX_IDLE_POLLS: u32 = 10;
 
-/// The three retrieval configurations compared, in table order.
-/// Rows of the table: name, channels, fusion method.
-const CONFIGURATIONS: [(&str, &[Channel], Option<&str>); 4] = [
-    ("dense", &[Channel::Dense], None),
-    ("bm25", &[Channel::Bm25], None),
-    ("fused-rrf", &[Channel::Dense, Channel::Bm25], Some("rrf")),
-    ("fused-dbsf", &[Channel::Dense, Channel::Bm25], Some("dbsf")),
+/// One row of the table: channels, fusion and the pipeline stages after fusion.
+#[derive(Clone, Copy, Debug)]
+struct Configuration {
+    name: &'static str,
+    channels: &'static [Channel],
+    fusion: Option<&'static str>,
+    rerank: bool,
+    mmr: bool,
+    multi_query: bool,
+    /// Pack a context of this many tokens with one neighbour each side (measures expansion).
+    context_tokens: u32,
+}
+
+const BOTH: &[Channel] = &[Channel::Dense, Channel::Bm25];
+
+const fn row(
+    name: &'static str,
+    channels: &'static [Channel],
+    fusion: Option<&'static str>,
+) -> Configuration {
+    Configuration {
+        name,
+        channels,
+        fusion,
+        rerank: false,
+        mmr: false,
+        multi_query: false,
+        context_tokens: 0,
+    }
+}
+
+/// The configurations compared, in table order; each later row adds a stage.
+const CONFIGURATIONS: [Configuration; 8] = [
+    row("dense", &[Channel::Dense], None),
+    row("bm25", &[Channel::Bm25], None),
+    row("fused-rrf", BOTH, Some("rrf")),
+    row("fused", BOTH, Some("dbsf")),
+    Configuration {
+        rerank: true,
+        ..row("+rerank", BOTH, Some("dbsf"))
+    },
+    Configuration {
+        rerank: true,
+        mmr: true,
+        ..row("+mmr", BOTH, Some("dbsf"))
+    },
+    Configuration {
+        rerank: true,
+        multi_query: true,
+        ..row("+multiq", BOTH, Some("dbsf"))
+    },
+    Configuration {
+        rerank: true,
+        context_tokens: 2000,
+        ..row("+context", BOTH, Some("dbsf"))
+    },
 ];
 
 #[derive(Debug, clap::Args)]
@@ -79,6 +128,13 @@ pub struct QualityArgs {
     /// Also write the results, per query included, as JSON to this file.
     #[arg(long, value_name = "OUT")]
     pub json: Option<PathBuf>,
+    /// Only these configurations (comma separated: dense, bm25, fused-rrf, fused, +rerank,
+    /// +mmr, +multiq, +context) [default: all].
+    #[arg(long, value_delimiter = ',')]
+    pub configs: Option<Vec<String>>,
+    /// Skip the HNSW recall measurement.
+    #[arg(long)]
+    pub no_hnsw_recall: bool,
     /// Give up when ingestion has not finished after this many seconds.
     #[arg(long, value_name = "S", default_value_t = 3600)]
     pub ingest_timeout: u64,
@@ -112,22 +168,22 @@ pub async fn run(args: QualityArgs) -> Result<()> {
         .with_context(|| format!("knowledge base {kb:?} disappeared"))?;
 
     let mut results = Vec::new();
-    for (name, channels, fusion) in CONFIGURATIONS {
-        results.push(
-            evaluate(
-                &client,
-                &kb,
-                &dataset,
-                name,
-                channels,
-                fusion,
-                to_usize(args.top_k),
-            )
-            .await?,
-        );
+    for configuration in CONFIGURATIONS {
+        if args
+            .configs
+            .as_ref()
+            .is_some_and(|wanted| !wanted.iter().any(|w| w == configuration.name))
+        {
+            continue;
+        }
+        results.push(evaluate(&client, &kb, &dataset, configuration, to_usize(args.top_k)).await?);
     }
 
-    let recall = hnsw_recall_at_10(&client, &kb, &dataset).await?;
+    let recall = if args.no_hnsw_recall {
+        None
+    } else {
+        hnsw_recall_at_10(&client, &kb, &dataset).await?
+    };
 
     println!();
     println!(
@@ -199,6 +255,7 @@ async fn hnsw_recall_at_10(
                 channels: &[Channel::Dense],
                 exact,
                 fusion: None,
+                ..Default::default()
             };
             let Ok((response, _)) = search_with_retries(client, kb, &request).await else {
                 break; // a query the node refuses (e.g. empty) counts in neither side
@@ -612,6 +669,12 @@ struct ConfigurationResult {
     latency_p99_ms: Option<f64>,
     /// p50 of the server-reported `timings.embed_ms`, over answers that reported it.
     embed_p50_ms: Option<f64>,
+    /// p50 and p99 of the server-reported time of each stage after fusion:
+    /// `[rerank, mmr (with duplicate collapse), expand (with packing)]`.
+    #[serde(default)]
+    stage_p50_ms: [Option<f64>; 3],
+    #[serde(default)]
+    stage_p99_ms: [Option<f64>; 3],
     per_query: Vec<QueryResult>,
 }
 
@@ -622,6 +685,7 @@ struct QueryResult {
     scores: QueryScores,
     latency_ms: f64,
     embed_ms: Option<f64>,
+    stage_ms: [Option<f64>; 3],
     hits: usize,
 }
 
@@ -630,20 +694,41 @@ async fn evaluate(
     client: &SiftClient,
     kb: &str,
     dataset: &Dataset,
-    name: &'static str,
-    channels: &'static [Channel],
-    fusion: Option<&'static str>,
+    configuration: Configuration,
     top_k: usize,
 ) -> Result<ConfigurationResult> {
+    let Configuration {
+        name,
+        channels,
+        fusion,
+        ..
+    } = configuration;
+    fn with_stages(
+        configuration: Configuration,
+        mut request: SearchRequest<'_>,
+    ) -> SearchRequest<'_> {
+        request.rerank = Some(configuration.rerank);
+        request.mmr = Some(configuration.mmr);
+        request.multi_query = Some(configuration.multi_query);
+        if configuration.context_tokens > 0 {
+            request.context_tokens = Some(configuration.context_tokens);
+            request.expand_neighbours = Some(1);
+        }
+        request
+    }
     // One unrecorded request opens the connection and warms caches.
     if let Some(query) = dataset.queries.first() {
-        let request = SearchRequest {
-            query: &query.text,
-            top_k,
-            channels,
-            exact: false,
-            fusion,
-        };
+        let request = with_stages(
+            configuration,
+            SearchRequest {
+                query: &query.text,
+                top_k,
+                channels,
+                exact: false,
+                fusion,
+                ..Default::default()
+            },
+        );
         let _ = client.search(kb, &request).await;
     }
 
@@ -656,13 +741,17 @@ async fn evaluate(
         let Some(judgements) = dataset.qrels.get(&query.id) else {
             continue;
         };
-        let request = SearchRequest {
-            query: &query.text,
-            top_k,
-            channels,
-            exact: false,
-            fusion,
-        };
+        let request = with_stages(
+            configuration,
+            SearchRequest {
+                query: &query.text,
+                top_k,
+                channels,
+                exact: false,
+                fusion,
+                ..Default::default()
+            },
+        );
         match search_with_retries(client, kb, &request).await {
             Ok((response, latency)) => {
                 if !response.failed_shards.is_empty() {
@@ -674,6 +763,11 @@ async fn evaluate(
                     scores: QueryScores::compute(&ranking, judgements),
                     latency_ms: latency.as_secs_f64() * 1000.0,
                     embed_ms: response.timings.embed_ms,
+                    stage_ms: [
+                        response.timings.rerank_ms,
+                        response.timings.mmr_ms,
+                        response.timings.expand_ms,
+                    ],
                     hits: response.hits.len(),
                 });
             }
@@ -719,6 +813,14 @@ async fn evaluate(
         latency_p50_ms: percentile(&latencies, 50.0),
         latency_p99_ms: percentile(&latencies, 99.0),
         embed_p50_ms: percentile(&embeds, 50.0),
+        stage_p50_ms: std::array::from_fn(|stage| {
+            let values: Vec<f64> = per_query.iter().filter_map(|r| r.stage_ms[stage]).collect();
+            percentile(&values, 50.0)
+        }),
+        stage_p99_ms: std::array::from_fn(|stage| {
+            let values: Vec<f64> = per_query.iter().filter_map(|r| r.stage_ms[stage]).collect();
+            percentile(&values, 99.0)
+        }),
         per_query,
     })
 }
@@ -780,6 +882,26 @@ fn render_table(results: &[ConfigurationResult]) -> String {
             milliseconds(result.embed_p50_ms),
         ));
     }
+    table.push_str(&format!(
+        "\nserver time per stage after fusion, p50 / p99 ms:\n{:<8} {:>15} {:>15} {:>15}\n",
+        "config", "rerank", "mmr+collapse", "expand+pack"
+    ));
+    for result in results {
+        let cell = |stage: usize| {
+            format!(
+                "{} / {}",
+                milliseconds(result.stage_p50_ms[stage]),
+                milliseconds(result.stage_p99_ms[stage])
+            )
+        };
+        table.push_str(&format!(
+            "{:<8} {:>15} {:>15} {:>15}\n",
+            result.name,
+            cell(0),
+            cell(1),
+            cell(2)
+        ));
+    }
     let partial: usize = results.iter().map(|result| result.partial_responses).sum();
     if partial > 0 {
         table.push_str(&format!(
@@ -814,6 +936,8 @@ mod tests {
             latency_p50_ms: Some(12.34),
             latency_p99_ms: Some(1234.5),
             embed_p50_ms: embed,
+            stage_p50_ms: [None; 3],
+            stage_p99_ms: [None; 3],
             per_query: Vec::new(),
         }
     }
@@ -822,7 +946,7 @@ mod tests {
     fn table_columns_line_up() {
         let table = render_table(&[result("dense", Some(9.9)), result("bm25", None)]);
         let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines.len(), 3);
+        let lines: Vec<&str> = lines.into_iter().take(3).collect();
         assert!(
             lines.iter().all(|line| line.len() == lines[0].len()),
             "{table}"

@@ -37,6 +37,10 @@ pub struct FileConfig {
     pub debug_faults: Option<bool>,
     #[serde(default)]
     pub embedding: EmbeddingFileConfig,
+    /// External rerank services (`[rerank.NAME]`: base_url, api = "tei" | "cohere", model,
+    /// api_key, timeout_ms), by the name KBs and requests use in `rerank_model`.
+    #[serde(default)]
+    pub rerank: BTreeMap<String, sift_actors::retrieval::RerankServiceConfig>,
     /// Agent runs: concurrency, queue, retention of finished runs' events.
     #[serde(default)]
     pub runs: RunsFileConfig,
@@ -238,6 +242,7 @@ impl Config {
             ingest_workers: file.ingest_workers.unwrap_or(defaults.ingest_workers),
             shard_write_timeout: defaults.shard_write_timeout,
             debug_faults: file.debug_faults.unwrap_or(false),
+            rerank: file.rerank.clone(),
         };
         if options.ingest_queue_capacity == 0
             || options.ingest_workers == 0
@@ -296,6 +301,16 @@ impl Config {
         file.llm
             .validate()
             .map_err(|error| anyhow::anyhow!("llm: {error}"))?;
+        for (name, service) in &file.rerank {
+            if name == sift_actors::retrieval::rerank::EMBEDDED_RERANKER {
+                bail!("rerank service name {name:?} is reserved for the embedded re-scorer");
+            }
+            if !(service.base_url.starts_with("http://")
+                || service.base_url.starts_with("https://"))
+            {
+                bail!("rerank.{name}.base_url must start with http:// or https://");
+            }
+        }
         Ok(Config {
             llm: file.llm,
             runs,

@@ -49,6 +49,77 @@ pub struct KbSettings {
     /// For `.json`/`.jsonl` uploads: the field holding the text, and the one holding the title.
     pub json_text_field: String,
     pub json_title_field: String,
+    /// How searches of this KB rank and pack results; absent in records written before it
+    /// existed (then the defaults apply).
+    #[serde(default)]
+    pub retrieval: RetrievalSettings,
+}
+
+/// Per-KB retrieval pipeline settings (each overridable per request). Validated by the
+/// layer that proposes the op (`sift_actors::retrieval::settings`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetrievalSettings {
+    /// Weight of the dense channel in fusion.
+    pub dense_weight: f64,
+    /// Weight of the BM25 channel in fusion.
+    pub bm25_weight: f64,
+    /// `dbsf` or `rrf`.
+    pub fusion: String,
+    /// The k of reciprocal rank fusion (also used to fuse multi-query results).
+    pub rrf_k: f64,
+    /// Per-channel hits kept before fusion (top-N truncation); at least `top_k`.
+    pub candidates: u32,
+    /// Keep a channel's hit only when its score is at least this share of the channel's best
+    /// score (0 turns the filter off).
+    pub min_relative_score: f64,
+    /// When relative filtering leaves fewer fused hits than this, the unfiltered lists are used.
+    pub min_results: u32,
+    /// Rerank the head of the fused list.
+    pub rerank: bool,
+    /// `embedded` (the feature re-scorer) or the name of a configured `[rerank.NAME]` service.
+    pub rerank_model: String,
+    /// Fused hits handed to the reranker.
+    pub rerank_depth: u32,
+    /// Maximal marginal relevance over the reranked list.
+    pub mmr: bool,
+    /// MMR trade-off: 1 is pure relevance, 0 pure novelty.
+    pub mmr_lambda: f64,
+    /// Text similarity (0..1) at or above which two chunks count as near-identical and
+    /// collapse into one hit.
+    pub duplicate_similarity: f64,
+    /// Return each hit's parent chunk as its context (small-to-big).
+    pub expand_parent: bool,
+    /// Chunks before and after each hit added to its context.
+    pub expand_neighbours: u32,
+    /// Token budget (cl100k) of the packed `context`; 0 packs no context.
+    pub context_tokens: u32,
+    /// Rule-based query rewrites searched alongside the query and fused with RRF.
+    pub multi_query: bool,
+}
+
+impl Default for RetrievalSettings {
+    fn default() -> Self {
+        RetrievalSettings {
+            dense_weight: 1.0,
+            bm25_weight: 1.0,
+            fusion: "dbsf".into(),
+            rrf_k: 60.0,
+            candidates: 50,
+            min_relative_score: 0.0,
+            min_results: 5,
+            rerank: true,
+            rerank_model: "embedded".into(),
+            rerank_depth: 100,
+            mmr: false,
+            mmr_lambda: 0.7,
+            duplicate_similarity: 0.9,
+            expand_parent: true,
+            expand_neighbours: 0,
+            context_tokens: 0,
+            multi_query: false,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -3,7 +3,17 @@
 //! score fusion by default, or weighted RRF).
 
 pub mod fusion;
+pub mod mmr;
+pub mod packing;
+pub mod rerank;
+pub mod rescore;
+pub mod rewrite;
 pub mod root;
+pub mod settings;
+pub mod text;
 
 pub use fusion::{Channel, ChannelHitInfo, FusedHit, FusionMethod, dbsf_fuse, rrf_fuse};
-pub use root::{RootSearch, SearchHit, SearchRequest, SearchResponse, SearchTimings};
+pub use rerank::{RerankApi, RerankServiceConfig, RerankServices};
+pub use root::{
+    HitPath, Pipeline, RootSearch, SearchHit, SearchRequest, SearchResponse, SearchTimings,
+};

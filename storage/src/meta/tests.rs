@@ -11,6 +11,7 @@ fn settings() -> KbSettings {
         language: "auto".into(),
         json_text_field: "text".into(),
         json_title_field: "title".into(),
+        retrieval: RetrievalSettings::default(),
     }
 }
 
