@@ -254,17 +254,19 @@ impl Sessions {
     /// Deletes a session and its turns; a running run of it is stopped.
     pub async fn delete_session(&self, id: &str) -> Result<()> {
         self.get_session(id)?;
+        // Delete first, then stop the run: a stopped run stores its turn, and that store must
+        // find the session gone (refused) rather than race the delete and outlive it.
+        self.node
+            .context()
+            .meta
+            .propose(MetaOp::DeleteSession { id: id.to_string() })
+            .await?;
         let running = self.lock_active().get(id).cloned();
         if let Some(run_id) = running
             && let Some(log) = self.lock_runs().get(&run_id).cloned()
         {
             log.cancel.cancel();
         }
-        self.node
-            .context()
-            .meta
-            .propose(MetaOp::DeleteSession { id: id.to_string() })
-            .await?;
         Ok(())
     }
 

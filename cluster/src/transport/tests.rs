@@ -29,6 +29,7 @@ fn create_kb(name: &str) -> Proposal {
             language: "auto".into(),
             json_text_field: "text".into(),
             json_title_field: "title".into(),
+            retrieval: Default::default(),
         },
         created_at_ms: 1,
         updated_at_ms: 1,

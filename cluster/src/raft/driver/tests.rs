@@ -25,6 +25,7 @@ fn settings() -> KbSettings {
         language: "auto".into(),
         json_text_field: "text".into(),
         json_title_field: "title".into(),
+        retrieval: Default::default(),
     }
 }
 
