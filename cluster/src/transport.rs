@@ -367,7 +367,7 @@ async fn receive_snapshot_chunk(State(state): State<Arc<ServerState>>, body: Byt
 /// The answer to a forwarded proposal.
 #[derive(Serialize, Deserialize)]
 enum ForwardReply {
-    Applied(MetaOutcome),
+    Applied(Box<MetaOutcome>),
     Failed(WireError),
 }
 
@@ -429,7 +429,7 @@ async fn receive_proposal(State(state): State<Arc<ServerState>>, body: Bytes) ->
         return error_response(StatusCode::BAD_REQUEST, "malformed", "not a proposal");
     };
     let reply = match state.raft.propose_proposal(proposal).await {
-        Ok(outcome) => ForwardReply::Applied(outcome),
+        Ok(outcome) => ForwardReply::Applied(Box::new(outcome)),
         Err(error) => ForwardReply::Failed(WireError::from_error(&error)),
     };
     match encode_frame(&reply) {
@@ -702,7 +702,7 @@ impl HttpTransport {
             .await
             .map_err(|error| ClusterError::Transport(error.to_string()))?;
         match decode_frame::<ForwardReply>(&body) {
-            Some(ForwardReply::Applied(outcome)) => Ok(outcome),
+            Some(ForwardReply::Applied(outcome)) => Ok(*outcome),
             Some(ForwardReply::Failed(error)) => Err(error.into_error()),
             None => Err(ClusterError::Transport(format!(
                 "node {leader} sent an unreadable reply"
