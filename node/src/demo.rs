@@ -1,5 +1,6 @@
 //! `sift demo`: the README's first command. A single node on embedded defaults, the sample
-//! corpus that ships in the repo, a few searches with cited hits — all over the real HTTP API.
+//! corpus that ships in the repo, a few searches with cited hits, and one question answered by
+//! an agent run (extractive and cited, since no LLM is configured) — all over the real HTTP API.
 
 use std::path::Path;
 
@@ -75,6 +76,11 @@ async fn demo(client: &Client, samples: &Path) -> Result<(), CliError> {
         let answer = client.search("demo", query, 3, None).await?;
         print_hits(query, &answer);
     }
-    println!("\nsearch any KB yourself: sift serve, then sift search demo \"your question\"");
+    println!("\n== an agent run (no LLM configured: the answer is extractive, with sources) ==");
+    crate::ask::ask(client, &["demo".to_string()], QUERIES[0], None, None, false).await?;
+    println!(
+        "\nsearch any KB yourself: sift serve, then sift search demo \"your question\" or \
+         sift ask demo \"your question\" (set SIFT_LLM_BASE_URL and SIFT_LLM_MODEL for an LLM agent)"
+    );
     Ok(())
 }

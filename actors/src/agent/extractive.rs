@@ -57,10 +57,14 @@ pub fn extractive_answer(
     let query_terms = terms(question);
     let mut scored: Vec<Scored<'_>> = Vec::new();
     for chunk in evidence.best(6) {
+        let text_chars = chunk.chunk.text.chars().count();
         for (start, end, sentence) in sentences(&chunk.chunk.text) {
             let length = end - start;
-            if !(20..=600).contains(&length) {
+            if !(20..=600).contains(&length) || !stands_alone(&sentence) {
                 continue;
+            }
+            if end >= text_chars && !ends_a_sentence(&sentence) {
+                continue; // cut at the chunk's end
             }
             let covered = coverage(&query_terms, &sentence);
             if covered == 0.0 && !query_terms.is_empty() {
@@ -94,7 +98,12 @@ pub fn extractive_answer(
     let mut citations = Vec::new();
     for (index, pick) in chosen.iter().enumerate() {
         let n = index as u32 + 1;
-        text.push_str(&format!("\n- {} [{n}]", pick.sentence));
+        let quoted = pick
+            .sentence
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        text.push_str(&format!("\n- {quoted} [{n}]"));
         let chunk = &pick.chunk.chunk;
         citations.push(Citation {
             n,
@@ -108,6 +117,25 @@ pub fn extractive_answer(
         });
     }
     (text, citations)
+}
+
+/// Whether a sentence can be quoted on its own: not the chunk's `[Context: …]` heading line,
+/// and not the tail of a sentence cut at the chunk's start (Latin text starting in lower case).
+fn stands_alone(sentence: &str) -> bool {
+    let trimmed = sentence.trim_start();
+    !trimmed.starts_with("[Context:")
+        && !trimmed
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase())
+}
+
+fn ends_a_sentence(sentence: &str) -> bool {
+    sentence
+        .trim_end()
+        .chars()
+        .last()
+        .is_some_and(|c| matches!(c, '.' | '!' | '?' | '。' | '！' | '？' | '"' | ')' | '”'))
 }
 
 /// The document span of the sentence at chars `[start, end)` of a chunk's text whose own
@@ -131,6 +159,20 @@ fn sentence_span(text: &str, span: (u32, u32), start: usize, end: usize) -> (u32
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn heading_lines_and_cut_sentences_are_not_quoted() {
+        assert!(!stands_alone("[Context: Raft Consensus > Leader Election]"));
+        assert!(!stands_alone(
+            "votes from a majority of the cluster becomes the leader"
+        ));
+        assert!(stands_alone(
+            "A follower that hears nothing becomes a candidate."
+        ));
+        assert!(stands_alone("绿茶是不发酵茶。"));
+        assert!(ends_a_sentence("绿茶是不发酵茶。") && ends_a_sentence("It ends here. "));
+        assert!(!ends_a_sentence("holds every committed entry, so a"));
+    }
     use crate::agent::evidence::tests::chunk;
 
     #[test]

@@ -111,6 +111,33 @@ fn term_in(term: &str, text_terms: &BTreeSet<String>) -> bool {
 }
 
 /// Splits `text` into sentences with their character offsets `[start, end)` (trimmed).
+/// Whether the newline at `index` ends a sentence: a blank line, a structural line (heading,
+/// `[Context: …]`, list item, table row, quote) before or after it, or a line ending in
+/// punctuation. A newline inside wrapped prose (the line ends mid-sentence) does not.
+fn line_ends_here(chars: &[char], start: usize, index: usize) -> bool {
+    let structural = |c: char| matches!(c, '#' | '[' | '-' | '*' | '|' | '>' | '\n');
+    let Some(&next) = chars.get(index + 1) else {
+        return true;
+    };
+    let line_start = chars[..index]
+        .iter()
+        .rposition(|&c| c == '\n')
+        .map_or(0, |at| at + 1)
+        .max(start);
+    let first = chars[line_start..index]
+        .iter()
+        .find(|c| !c.is_whitespace())
+        .copied();
+    let last = chars[line_start..index]
+        .iter()
+        .rev()
+        .find(|c| !c.is_whitespace())
+        .copied();
+    structural(next)
+        || first.is_none_or(structural)
+        || last.is_none_or(|c| !(c.is_alphanumeric() || matches!(c, ',' | '，' | '、')))
+}
+
 pub fn sentences(text: &str) -> Vec<(usize, usize, String)> {
     let chars: Vec<char> = text.chars().collect();
     let mut out = Vec::new();
@@ -128,7 +155,8 @@ pub fn sentences(text: &str) -> Vec<(usize, usize, String)> {
     while index < chars.len() {
         let c = chars[index];
         let boundary = match c {
-            '。' | '！' | '？' | '；' | '\n' => true,
+            '。' | '！' | '？' | '；' => true,
+            '\n' => line_ends_here(&chars, start, index),
             '.' | '!' | '?' => chars.get(index + 1).is_none_or(|next| next.is_whitespace()),
             _ => false,
         };
@@ -178,6 +206,22 @@ mod tests {
         assert!((coverage(&query, "The Rust borrow checker rejects this") - 1.0).abs() < 1e-9);
         assert!((coverage(&query, "Borrowing in Rust") - 2.0 / 3.0).abs() < 1e-9);
         assert_eq!(missing_terms(&query, "rust"), vec!["borrow", "checker"]);
+    }
+
+    #[test]
+    fn wrapped_prose_is_one_sentence_but_structure_splits() {
+        let text = "[Context: Raft > Election]\nA new leader holds every entry, so a\nfollower can trust it. Next one.\n# Heading\n- item";
+        let split: Vec<String> = sentences(text).into_iter().map(|(_, _, s)| s).collect();
+        assert_eq!(
+            split,
+            vec![
+                "[Context: Raft > Election]",
+                "A new leader holds every entry, so a\nfollower can trust it.",
+                "Next one.",
+                "# Heading",
+                "- item"
+            ]
+        );
     }
 
     #[test]

@@ -575,6 +575,13 @@ async fn nodes_join_as_learners_get_promoted_and_ids_are_never_reused() {
         .await
         .unwrap();
     cluster.kill(3);
+    // The status a join is checked against is published by the Raft thread after it applied
+    // the removal; wait for it rather than race it.
+    wait_for("node 3 to leave the leader's status", || {
+        let status = cluster.nodes[&leader].raft.handle().status();
+        (!status.peers.iter().any(|peer| peer.id == 3)).then_some(())
+    })
+    .await;
     let id = join_cluster(&seed, SECRET, cluster.addresses[&3].clone(), WAIT)
         .await
         .unwrap();
