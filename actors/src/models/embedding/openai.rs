@@ -23,8 +23,6 @@ const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// The text sent to discover the dimension when it is not configured.
 const PROBE_TEXT: &str = "dimension probe";
-/// Error bodies are cut to this many characters in error messages.
-const MAX_ERROR_BODY_CHARS: usize = 300;
 
 /// Where and how to reach the remote embedder.
 #[derive(Clone)]
@@ -336,24 +334,11 @@ fn transport_error(error: reqwest::Error) -> AttemptFailure {
 }
 
 /// The server's explanation: OpenAI's `{"error": {"message"}}`, a bare `{"error": "..."}`, or
-/// the start of the body.
+/// the start of the body, after the status.
 fn error_message(status: StatusCode, body: &[u8]) -> String {
-    let from_json = serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|value| {
-            let error = value.get("error")?;
-            error
-                .get("message")
-                .and_then(serde_json::Value::as_str)
-                .or_else(|| error.as_str())
-                .map(str::to_owned)
-        });
-    let detail = from_json.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
-    let detail: String = detail.trim().chars().take(MAX_ERROR_BODY_CHARS).collect();
-    if detail.is_empty() {
-        status.to_string()
-    } else {
-        format!("{status}: {detail}")
+    match crate::models::llm::error_detail(body) {
+        Some(detail) => format!("{status}: {detail}"),
+        None => status.to_string(),
     }
 }
 

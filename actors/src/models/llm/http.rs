@@ -81,6 +81,12 @@ fn error_chain(error: &reqwest::Error) -> String {
 /// The server's explanation: `{"error": {"message"}}` (OpenAI, Anthropic), a bare
 /// `{"error": "..."}`, or the start of the body.
 pub(crate) fn error_message(body: &[u8]) -> String {
+    error_detail(body).unwrap_or_else(|| "no error message".to_owned())
+}
+
+/// The explanation in an error body (see [`error_message`]), trimmed and cut to
+/// `MAX_ERROR_BODY_CHARS`; `None` when the body says nothing. Shared with the embedding client.
+pub(crate) fn error_detail(body: &[u8]) -> Option<String> {
     let from_json = serde_json::from_slice::<serde_json::Value>(body)
         .ok()
         .and_then(|value| {
@@ -93,11 +99,7 @@ pub(crate) fn error_message(body: &[u8]) -> String {
         });
     let detail = from_json.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
     let detail: String = detail.trim().chars().take(MAX_ERROR_BODY_CHARS).collect();
-    if detail.is_empty() {
-        "no error message".to_owned()
-    } else {
-        detail
-    }
+    (!detail.is_empty()).then_some(detail)
 }
 
 /// The SSE events of a streaming response body, pulled one at a time (dropping it closes the

@@ -22,6 +22,8 @@
 pub mod anthropic;
 pub mod config;
 mod http;
+
+pub(crate) use http::error_detail;
 pub mod openai;
 pub mod router;
 pub mod sse;
