@@ -9,7 +9,7 @@ use crate::error::{Result, SiftError};
 use crate::ingest::raw_store::RawStore;
 use crate::meta::MetaHandle;
 use crate::models::embedding::{Embedder, EmbeddingError};
-use crate::shards::ShardRegistry;
+use crate::shards::{ShardAccess, ShardRegistry};
 
 /// The name of the embedded model, usable in KB settings.
 pub const EMBEDDED_MODEL: &str = "all-MiniLM-L6-v2";
@@ -31,6 +31,17 @@ pub struct NodeOptions {
     pub debug_faults: bool,
     /// External rerank services (`[rerank.NAME]`), by name.
     pub rerank: std::collections::BTreeMap<String, crate::retrieval::RerankServiceConfig>,
+    /// A leaf search not answered after this is sent to a second replica too.
+    pub hedge_after: Duration,
+    /// Longest a write to another node's replica may take before that replica is marked dead.
+    pub remote_write_timeout: Duration,
+    /// Active replicas that must store a write before it is acknowledged.
+    pub write_quorum: u32,
+    /// How often this node looks for replicas of its own to repair (dead ones) and for
+    /// replicas of deleted KBs to drop.
+    pub repair_interval: Duration,
+    /// The cluster secret (cluster mode), for shard requests to other nodes.
+    pub cluster_secret: Option<String>,
 }
 
 impl Default for NodeOptions {
@@ -43,6 +54,11 @@ impl Default for NodeOptions {
             shard_write_timeout: Duration::from_secs(300),
             debug_faults: false,
             rerank: Default::default(),
+            hedge_after: Duration::from_millis(100),
+            remote_write_timeout: Duration::from_secs(30),
+            write_quorum: 1,
+            repair_interval: Duration::from_secs(5),
+            cluster_secret: None,
         }
     }
 }
@@ -91,6 +107,8 @@ impl Embedders {
 pub struct NodeContext {
     pub meta: MetaHandle,
     pub registry: ShardRegistry,
+    /// This node's way to every shard replica, local or on another node.
+    pub access: ShardAccess,
     pub embedders: Embedders,
     pub embedding_cache: EmbeddingCache,
     pub raw: RawStore,

@@ -4,19 +4,20 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use futures::future::join_all;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sift_cluster::LocalMeta;
-use sift_cluster::placement::shard_for_document;
+use sift_cluster::placement::{place_replicas, shard_for_document};
 use sift_storage::chunk::{ChunkView, Metadata, SearchFilter};
 use sift_storage::embedding_cache::EmbeddingCache;
 use sift_storage::meta::{
     DocSource, DocStatus, DocumentCounts, DocumentRecord, KbRecord, KbSettings, MetaOp,
-    MetaOutcome, SledMetaStore,
+    MetaOutcome, Replica, ReplicaState, ShardPlacement, SledMetaStore,
 };
 use tokio::sync::broadcast;
 use tracing::{info, warn};
@@ -35,7 +36,10 @@ use crate::retrieval::{
     FusionMethod, Pipeline, RerankServices, RootSearch, SearchRequest, SearchResponse, rewrite,
 };
 use crate::shards::supervisor::ShardsArguments;
-use crate::shards::{ShardMessage, ShardRegistry, ShardsMessage, ShardsSupervisor};
+use crate::shards::{
+    AccessOptions, Peers, ShardAccess, ShardMessage, ShardRegistry, ShardReply, ShardRpc,
+    ShardsMessage, ShardsSupervisor,
+};
 
 /// Largest `top_k` a search may ask for.
 pub const MAX_TOP_K: usize = 100;
@@ -48,6 +52,8 @@ const JOB_DOCUMENTS: usize = 256;
 pub struct CreateKb {
     pub name: String,
     pub shards: Option<u32>,
+    /// Copies of each shard on distinct nodes (default: min(3, nodes)).
+    pub replication_factor: Option<u32>,
     pub chunk_tokens: Option<u32>,
     pub chunk_overlap_tokens: Option<u32>,
     pub parent_tokens: Option<u32>,
@@ -71,6 +77,8 @@ pub struct UpdateKb {
     pub json_title_field: Option<String>,
     /// Refused: fixed at creation.
     pub shards: Option<u32>,
+    /// Refused: fixed at creation.
+    pub replication_factor: Option<u32>,
     /// Refused: fixed at creation.
     pub embedding_model: Option<String>,
     /// Retrieval settings to change (the others are kept).
@@ -174,6 +182,7 @@ pub struct SearchQuery {
 
 /// One running node: its actors and its shared context.
 pub struct SiftNode {
+    data_dir: PathBuf,
     context: Arc<NodeContext>,
     queue: IngestQueue,
     root: RootSearch,
@@ -239,8 +248,25 @@ impl SiftNode {
         )
         .await
         .map_err(|e| SiftError::Internal(format!("starting the shard supervisor: {e}")))?;
+        let peers = Arc::new(match (meta.raft(), &options.cluster_secret) {
+            (Some(raft), Some(secret)) => Peers::clustered(raft.clone(), secret),
+            _ => Peers::single(),
+        });
+        let access = ShardAccess::new(
+            registry.clone(),
+            meta.clone(),
+            peers,
+            AccessOptions {
+                shard_deadline: options.shard_deadline,
+                local_write_timeout: options.shard_write_timeout,
+                remote_write_timeout: options.remote_write_timeout,
+                hedge_after: options.hedge_after,
+                write_quorum: options.write_quorum,
+            },
+        );
         let context = Arc::new(NodeContext {
             meta,
+            access: access.clone(),
             registry: registry.clone(),
             embedders,
             embedding_cache,
@@ -260,9 +286,10 @@ impl SiftNode {
         )
         .await
         .map_err(|e| SiftError::Internal(format!("starting ingestion: {e}")))?;
-        let root = RootSearch::new(registry, store.clone(), options.shard_deadline)
+        let root = RootSearch::new(access, store.clone())
             .with_rerankers(RerankServices::new(options.rerank.clone()));
         let node = SiftNode {
+            data_dir: data_dir.to_path_buf(),
             context,
             queue,
             root,
@@ -270,6 +297,9 @@ impl SiftNode {
             ingest,
         };
         node.recover().await?;
+        if node.context.meta.is_replicated() {
+            node.spawn_caretaker();
+        }
         info!(seconds = started.elapsed().as_secs_f64(), "node started");
         Ok((node, extra))
     }
@@ -278,16 +308,18 @@ impl SiftNode {
     /// re-queues documents whose ingestion did not finish.
     async fn recover(&self) -> Result<()> {
         let store = self.context.meta.store().clone();
-        for kb in store.list_kbs()? {
+        let kbs = store.list_kbs()?;
+        self.drop_orphan_shards(&kbs).await;
+        for kb in kbs {
             self.open_shards(&kb).await?;
+            let local = self.context.access.local_shards(&kb);
             for tombstone in store.tombstones(&kb.id)? {
-                pipeline::delete_from_shard(
-                    &self.context,
-                    &kb.id,
-                    tombstone.shard,
-                    &tombstone.document_id,
-                )
-                .await;
+                if local.contains(&tombstone.shard) {
+                    self.context
+                        .access
+                        .delete_local(&kb.id, tombstone.shard, &tombstone.document_id)
+                        .await;
+                }
                 let _ = self.context.raw.remove(&tombstone.document_id);
             }
         }
@@ -324,28 +356,199 @@ impl SiftNode {
         Ok(())
     }
 
+    /// Opens this node's replicas of `kb` (all its shards when it has no placement).
     async fn open_shards(&self, kb: &KbRecord) -> Result<()> {
-        let kb_id = kb.id.clone();
-        let shards = kb.settings.shards;
-        let dimension = kb.settings.dimension as usize;
-        let call = self
-            .shards
-            .call(
-                |reply| ShardsMessage::Open {
-                    kb_id,
-                    shards,
-                    dimension,
-                    reply,
-                },
-                None,
-            )
-            .await;
-        match call {
-            Ok(CallResult::Success(outcome)) => outcome,
-            _ => Err(SiftError::Internal(
-                "the shard supervisor did not answer".into(),
-            )),
+        open_local_shards(&self.shards, &self.context.access, kb).await
+    }
+
+    /// Removes shard directories of KBs this node no longer knows (deleted while it was down).
+    async fn drop_orphan_shards(&self, kbs: &[KbRecord]) {
+        let dir = self.data_dir.join("shards");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let kb_id = entry.file_name().to_string_lossy().to_string();
+            if kbs.iter().any(|kb| kb.id == kb_id) {
+                continue;
+            }
+            info!(kb_id, "dropping the replicas of a deleted knowledge base");
+            drop_kb_shards(&self.shards, kb_id).await;
         }
+    }
+
+    /// The background care of this node's replicas (cluster mode): opens the replicas placed
+    /// here, repairs the ones marked dead, drops those of deleted KBs.
+    fn spawn_caretaker(&self) {
+        let caretaker = Caretaker {
+            context: self.context.clone(),
+            shards: self.shards.clone(),
+        };
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(caretaker.context.options.repair_interval);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                interval.tick().await;
+                if caretaker.shards.get_status() != ractor::ActorStatus::Running {
+                    return; // the node is shutting down
+                }
+                caretaker.round().await;
+            }
+        });
+    }
+
+    /// Serves a shard request from another node: opens the replica if this node holds one
+    /// but has not opened it yet, then asks it.
+    pub async fn handle_shard_rpc(&self, rpc: ShardRpc) -> ShardReply {
+        let failed = |error: SiftError| ShardReply::Failed {
+            code: error.code().to_string(),
+            message: error.to_string(),
+        };
+        let kb = match self.store().get_kb(rpc.kb_id()) {
+            Ok(Some(kb)) => kb,
+            Ok(None) => {
+                // Created a moment ago on another node: settle this node's metadata first.
+                if let Err(error) = self.context.meta.linearizable_barrier().await {
+                    return failed(error);
+                }
+                match self.store().get_kb(rpc.kb_id()) {
+                    Ok(Some(kb)) => kb,
+                    Ok(None) => return failed(SiftError::kb_not_found(rpc.kb_id())),
+                    Err(error) => return failed(error.into()),
+                }
+            }
+            Err(error) => return failed(error.into()),
+        };
+        let shard = rpc.shard();
+        if shard >= kb.settings.shards {
+            return failed(SiftError::invalid("invalid_shard", "no such shard"));
+        }
+        if self.context.registry.actor(&kb.id, shard).is_none() {
+            let _ = self.open_shards(&kb).await;
+            if self.context.registry.actor(&kb.id, shard).is_none() {
+                return failed(SiftError::ShardUnavailable {
+                    kb_id: kb.id.clone(),
+                    shard,
+                    reason: format!("no replica on node {}", self.context.access.local_id()),
+                });
+            }
+        }
+        let access = &self.context.access;
+        let timeout = self.context.options.shard_write_timeout;
+        let deadline = self.context.options.shard_deadline;
+        let outcome: std::result::Result<ShardReply, SiftError> = match rpc {
+            ShardRpc::Search { request, .. } => {
+                let request = Arc::new(request);
+                access
+                    .local_call(&kb.id, shard, deadline, |reply| ShardMessage::Search {
+                        request,
+                        reply,
+                    })
+                    .await
+                    .map(ShardReply::Search)
+                    .map_err(SiftError::Internal)
+            }
+            ShardRpc::Chunks { document_id, .. } => {
+                match self.context.registry.actor(&kb.id, shard) {
+                    None => Err(SiftError::Internal("replica stopped".into())),
+                    Some(actor) => match actor
+                        .call(
+                            |reply| ShardMessage::Chunks { document_id, reply },
+                            Some(deadline),
+                        )
+                        .await
+                    {
+                        Ok(CallResult::Success(outcome)) => outcome.map(ShardReply::Chunks),
+                        _ => Err(SiftError::Internal("the replica did not answer".into())),
+                    },
+                }
+            }
+            ShardRpc::Write { documents, .. } => access
+                .write_local(&kb.id, shard, documents)
+                .await
+                .map(|()| ShardReply::Written)
+                .map_err(SiftError::Internal),
+            ShardRpc::Delete { document_id, .. } => access
+                .local_call(&kb.id, shard, timeout, |reply| ShardMessage::Delete {
+                    document_id,
+                    reply,
+                })
+                .await
+                .map(ShardReply::Deleted)
+                .map_err(SiftError::Internal),
+            ShardRpc::DocumentIds { .. } => access
+                .local_call(&kb.id, shard, timeout, |reply| ShardMessage::DocumentIds {
+                    reply,
+                })
+                .await
+                .map(ShardReply::DocumentIds)
+                .map_err(SiftError::Internal),
+            ShardRpc::Export { document_ids, .. } => access
+                .local_call(&kb.id, shard, timeout, |reply| ShardMessage::Export {
+                    document_ids,
+                    reply,
+                })
+                .await
+                .map(ShardReply::Exported)
+                .map_err(SiftError::Internal),
+            ShardRpc::Stats { .. } => match self.context.registry.get(&crate::shards::ShardKey {
+                kb_id: kb.id.clone(),
+                shard,
+            }) {
+                Some(entry) => Ok(ShardReply::Stats(entry.index.stats())),
+                None => Err(SiftError::Internal("replica stopped".into())),
+            },
+        };
+        outcome.unwrap_or_else(failed)
+    }
+
+    /// `GET /v1/kbs/{kb}/shards`: every shard's replicas, their states and (when their node
+    /// answers within a second) their document and chunk counts.
+    pub async fn kb_shards(&self, kb: &str) -> Result<Vec<ShardView>> {
+        let kb = self.find_kb_for_data(kb).await?;
+        let access = &self.context.access;
+        let mut views = Vec::with_capacity(kb.settings.shards as usize);
+        for shard in 0..kb.settings.shards {
+            let replicas = access.replicas(&kb, shard);
+            let stats = join_all(replicas.iter().map(|replica| {
+                let kb_id = kb.id.clone();
+                async move {
+                    if replica.node == access.local_id() {
+                        return self
+                            .context
+                            .registry
+                            .get(&crate::shards::ShardKey { kb_id, shard })
+                            .map(|entry| entry.index.stats());
+                    }
+                    let rpc = ShardRpc::Stats { kb_id, shard };
+                    match access
+                        .remote_call(replica.node, &rpc, Duration::from_secs(1))
+                        .await
+                    {
+                        Ok(ShardReply::Stats(stats)) => Some(stats),
+                        _ => None,
+                    }
+                }
+            }))
+            .await;
+            views.push(ShardView {
+                shard,
+                replicas: replicas
+                    .into_iter()
+                    .zip(stats)
+                    .map(|(replica, stats)| ReplicaView {
+                        local: replica.node == access.local_id(),
+                        node: replica.node,
+                        state: replica.state.as_str(),
+                        since_ms: replica.since_ms,
+                        documents: stats.as_ref().map(|s| s.documents),
+                        chunks: stats.as_ref().map(|s| s.chunks),
+                        reachable: stats.is_some(),
+                    })
+                    .collect(),
+            });
+        }
+        Ok(views)
     }
 
     /// Stops the actors. Everything acknowledged is already durable.
@@ -393,8 +596,22 @@ impl SiftNode {
                 "shards must be between 1 and 64",
             ));
         }
+        let members = self.context.access.peers().members();
+        let replication_factor = request
+            .replication_factor
+            .unwrap_or_else(|| (members.len() as u32).min(3));
+        if replication_factor == 0 || replication_factor as usize > members.len() {
+            return Err(SiftError::invalid(
+                "invalid_settings",
+                format!(
+                    "replication_factor must be between 1 and the number of nodes ({})",
+                    members.len()
+                ),
+            ));
+        }
         let mut settings = KbSettings {
             shards,
+            replication_factor,
             chunk_tokens: 256,
             chunk_overlap_tokens: 32,
             parent_tokens: 1024,
@@ -419,12 +636,35 @@ impl SiftNode {
                 retrieval_settings::merge_patch(&settings.retrieval, patch, self.root.rerankers())?;
         }
         let now = now_ms();
+        let mut load: BTreeMap<u64, u64> = BTreeMap::new();
+        for kb in self.store().list_kbs()? {
+            for placement in &kb.placement {
+                for replica in &placement.replicas {
+                    *load.entry(replica.node).or_default() += 1;
+                }
+            }
+        }
+        let placement = place_replicas(shards, replication_factor, &members, &load)
+            .into_iter()
+            .map(|nodes| ShardPlacement {
+                replicas: nodes
+                    .into_iter()
+                    .map(|node| Replica {
+                        node,
+                        // Nothing to fill: a new KB's replicas serve at once.
+                        state: ReplicaState::Active,
+                        since_ms: now,
+                    })
+                    .collect(),
+            })
+            .collect();
         let kb = KbRecord {
             id: uuid::Uuid::now_v7().to_string(),
             name: request.name,
             settings,
             created_at_ms: now,
             updated_at_ms: now,
+            placement,
         };
         let outcome = self
             .context
@@ -492,6 +732,15 @@ impl SiftNode {
             ));
         }
         if request
+            .replication_factor
+            .is_some_and(|r| r != kb.settings.replication_factor)
+        {
+            return Err(SiftError::invalid(
+                "immutable_setting",
+                "replication_factor is fixed when the knowledge base is created",
+            ));
+        }
+        if request
             .embedding_model
             .as_ref()
             .is_some_and(|m| *m != kb.settings.embedding_model)
@@ -540,13 +789,7 @@ impl SiftNode {
             })
             .await?;
         let kb_id = kb.id.clone();
-        let call = self
-            .shards
-            .call(|reply| ShardsMessage::DropKb { kb_id, reply }, None)
-            .await;
-        if !matches!(call, Ok(CallResult::Success(Ok(())))) {
-            warn!(kb_id = %kb.id, "dropping the shards of a deleted knowledge base failed");
-        }
+        drop_kb_shards(&self.shards, kb_id).await;
         if let MetaOutcome::KbDeleted { documents, .. } = outcome {
             for tombstone in documents {
                 let _ = self.context.raw.remove(&tombstone.document_id);
@@ -735,7 +978,9 @@ impl SiftNode {
                 let _ = self.context.raw.remove(submitted_id);
             }
             if let Some(old) = &entry.replaced {
-                pipeline::delete_from_shard(&self.context, &kb.id, old.shard, &old.document_id)
+                self.context
+                    .access
+                    .delete(kb, old.shard, &old.document_id)
                     .await;
                 let _ = self.context.raw.remove(&old.document_id);
             }
@@ -789,36 +1034,35 @@ impl SiftNode {
                 at_ms: now_ms(),
             })
             .await?;
-        pipeline::delete_from_shard(&self.context, &kb.id, record.shard, &record.id).await;
+        self.context
+            .access
+            .delete(&kb, record.shard, &record.id)
+            .await;
         let _ = self.context.raw.remove(&record.id);
         Ok(())
     }
 
-    /// The chunks of a document, in order.
+    /// The chunks of a document, in order (from an active replica of its shard).
     pub async fn document_chunks(&self, kb: &str, document: &str) -> Result<Vec<ChunkView>> {
-        let record = self.get_document(kb, document)?;
-        let actor = self
+        let kb = self.find_kb_for_data(kb).await?;
+        let record = self
+            .store()
+            .find_document(&kb.id, document)?
+            .ok_or_else(|| SiftError::document_not_found(document))?;
+        match self
             .context
-            .registry
-            .actor(&record.kb_id, record.shard)
-            .ok_or_else(|| SiftError::ShardUnavailable {
-                kb_id: record.kb_id.clone(),
-                shard: record.shard,
-                reason: "not running".into(),
-            })?;
-        let document_id = record.id.clone();
-        match actor
-            .call(
-                |reply| ShardMessage::Chunks { document_id, reply },
-                Some(self.context.options.shard_deadline),
-            )
+            .access
+            .chunks(&kb, record.shard, &record.id)
             .await
         {
-            Ok(CallResult::Success(outcome)) => outcome,
-            _ => Err(SiftError::ShardUnavailable {
-                kb_id: record.kb_id,
+            Ok(Some(chunks)) => Ok(chunks),
+            Ok(None) => Err(SiftError::Storage(sift_storage::StorageError::NotFound(
+                format!("document {}", record.id),
+            ))),
+            Err(reason) => Err(SiftError::ShardUnavailable {
+                kb_id: record.kb_id.clone(),
                 shard: record.shard,
-                reason: "no answer".into(),
+                reason,
             }),
         }
     }
@@ -1170,3 +1414,456 @@ pub fn metadata_from_json(map: serde_json::Map<String, serde_json::Value>) -> Re
     }
     Ok(metadata)
 }
+
+/// One shard of a KB as `GET /v1/kbs/{kb}/shards` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ShardView {
+    pub shard: u32,
+    pub replicas: Vec<ReplicaView>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplicaView {
+    pub node: u64,
+    pub state: &'static str,
+    pub since_ms: u64,
+    /// The replica is on the node that answered.
+    pub local: bool,
+    /// Its node answered the stats request.
+    pub reachable: bool,
+    pub documents: Option<u64>,
+    pub chunks: Option<u64>,
+}
+
+async fn open_local_shards(
+    shards: &ActorRef<ShardsMessage>,
+    access: &ShardAccess,
+    kb: &KbRecord,
+) -> Result<()> {
+    let kb_id = kb.id.clone();
+    let list = access.local_shards(kb);
+    if list.is_empty() {
+        return Ok(());
+    }
+    let dimension = kb.settings.dimension as usize;
+    let call = shards
+        .call(
+            |reply| ShardsMessage::Open {
+                kb_id,
+                shards: list,
+                dimension,
+                reply,
+            },
+            None,
+        )
+        .await;
+    match call {
+        Ok(CallResult::Success(outcome)) => outcome,
+        _ => Err(SiftError::Internal(
+            "the shard supervisor did not answer".into(),
+        )),
+    }
+}
+
+async fn drop_kb_shards(shards: &ActorRef<ShardsMessage>, kb_id: String) {
+    let call = shards
+        .call(
+            |reply| ShardsMessage::DropKb {
+                kb_id: kb_id.clone(),
+                reply,
+            },
+            None,
+        )
+        .await;
+    if !matches!(call, Ok(CallResult::Success(Ok(())))) {
+        warn!(
+            kb_id,
+            "dropping the shards of a deleted knowledge base failed"
+        );
+    }
+}
+
+/// Background care of a cluster member's replicas.
+struct Caretaker {
+    context: Arc<NodeContext>,
+    shards: ActorRef<ShardsMessage>,
+}
+
+impl Caretaker {
+    async fn round(&self) {
+        let store = self.context.meta.store().clone();
+        let Ok(kbs) = store.list_kbs() else {
+            return;
+        };
+        let known: std::collections::HashSet<&str> = kbs.iter().map(|kb| kb.id.as_str()).collect();
+        let mut opened: Vec<String> = self
+            .context
+            .registry
+            .keys()
+            .into_iter()
+            .map(|key| key.kb_id)
+            .collect();
+        opened.sort();
+        opened.dedup();
+        for kb_id in opened {
+            if !known.contains(kb_id.as_str()) {
+                info!(kb_id, "dropping the replicas of a deleted knowledge base");
+                drop_kb_shards(&self.shards, kb_id).await;
+            }
+        }
+        let local = self.context.access.local_id();
+        // Replicas moved to other nodes: opened here, no longer placed here.
+        for key in self.context.registry.keys() {
+            let moved = kbs.iter().find(|kb| kb.id == key.kb_id).is_some_and(|kb| {
+                !kb.placement.is_empty() && !kb.replicas(key.shard).iter().any(|r| r.node == local)
+            });
+            if moved {
+                info!(kb_id = %key.kb_id, shard = key.shard, "dropping a replica moved to another node");
+                let call = self
+                    .shards
+                    .call(
+                        |reply| ShardsMessage::DropShard {
+                            kb_id: key.kb_id.clone(),
+                            shard: key.shard,
+                            reply,
+                        },
+                        None,
+                    )
+                    .await;
+                if !matches!(call, Ok(CallResult::Success(Ok(())))) {
+                    warn!(kb_id = %key.kb_id, shard = key.shard, "dropping a moved replica failed");
+                }
+            }
+        }
+        let mut states: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for kb in &kbs {
+            if let Err(error) = open_local_shards(&self.shards, &self.context.access, kb).await {
+                warn!(kb_id = %kb.id, %error, "opening this node's replicas failed");
+                continue;
+            }
+            for shard in 0..kb.settings.shards {
+                let Some(own) = kb.replicas(shard).iter().find(|r| r.node == local).cloned() else {
+                    continue;
+                };
+                *states.entry(own.state.as_str()).or_default() += 1;
+                let to_fill = matches!(own.state, ReplicaState::Dead | ReplicaState::Initializing);
+                if to_fill && let Err(reason) = self.repair(&kb.id, shard, own.state).await {
+                    warn!(kb_id = %kb.id, shard, %reason, "filling this node's replica failed; will retry");
+                }
+            }
+        }
+        for state in ["initializing", "active", "recovering", "dead"] {
+            metrics::gauge!("sift_replicas", "state" => state)
+                .set(states.get(state).copied().unwrap_or(0) as f64);
+        }
+        let leader = self
+            .context
+            .meta
+            .raft()
+            .is_some_and(|raft| raft.status().leader == Some(raft.id()));
+        if leader && let Err(reason) = self.rebalance(&kbs).await {
+            warn!(%reason, "rebalancing step failed; will retry");
+        }
+    }
+
+    /// One step of rebalancing (the leader's caretaker, one op per round): finish a move in
+    /// progress (remove the extra replica once the new one is active), replace replicas on
+    /// removed nodes, or start a move from the most to the least loaded node when their replica
+    /// counts differ by 2 or more. A move adds the new replica first (`initializing`, filled
+    /// by its node) and drops the old one only after the new one is active.
+    async fn rebalance(&self, kbs: &[KbRecord]) -> std::result::Result<(), String> {
+        let members = self.context.access.peers().members();
+        let mut load: BTreeMap<u64, usize> = members.iter().map(|m| (*m, 0)).collect();
+        for kb in kbs {
+            for placement in &kb.placement {
+                for replica in &placement.replicas {
+                    if let Some(count) = load.get_mut(&replica.node) {
+                        *count += 1;
+                    }
+                }
+            }
+        }
+        let least_loaded = |exclude: &[u64]| {
+            load.iter()
+                .filter(|(node, _)| !exclude.contains(node))
+                .min_by_key(|(node, count)| (**count, **node))
+                .map(|(node, _)| *node)
+        };
+        let mut in_progress = false;
+        for kb in kbs.iter().filter(|kb| !kb.placement.is_empty()) {
+            let factor = kb.settings.replication_factor.max(1) as usize;
+            for shard in 0..kb.settings.shards {
+                let replicas = kb.replicas(shard);
+                let on_members: Vec<&Replica> = replicas
+                    .iter()
+                    .filter(|r| members.contains(&r.node))
+                    .collect();
+                let active_on_members = on_members
+                    .iter()
+                    .filter(|r| r.state == ReplicaState::Active)
+                    .count();
+                let off_members = replicas.len() - on_members.len();
+                let filling = replicas.iter().any(|r| {
+                    matches!(
+                        r.state,
+                        ReplicaState::Initializing | ReplicaState::Recovering
+                    )
+                });
+                if replicas.len() <= factor && off_members == 0 {
+                    in_progress |= filling;
+                    continue;
+                }
+                in_progress = true;
+                if active_on_members >= factor {
+                    // The new replicas are in: drop one extra (off-member first, else the one
+                    // on the most loaded node).
+                    let victim = replicas
+                        .iter()
+                        .find(|r| !members.contains(&r.node))
+                        .or_else(|| {
+                            replicas
+                                .iter()
+                                .max_by_key(|r| (load.get(&r.node).copied().unwrap_or(0), r.node))
+                        })
+                        .map(|r| r.node)
+                        .expect("an over-replicated shard has replicas");
+                    info!(kb_id = %kb.id, shard, node = victim, "rebalance: removing a replica");
+                    return self
+                        .propose(MetaOp::RemoveReplica {
+                            kb_id: kb.id.clone(),
+                            shard,
+                            node: victim,
+                            at_ms: now_ms(),
+                        })
+                        .await;
+                }
+                if on_members.len() < factor {
+                    let holders: Vec<u64> = replicas.iter().map(|r| r.node).collect();
+                    let Some(target) = least_loaded(&holders) else {
+                        continue; // no node left to hold it
+                    };
+                    info!(kb_id = %kb.id, shard, node = target, "rebalance: replacing a replica on a removed node");
+                    return self
+                        .propose(MetaOp::AddReplica {
+                            kb_id: kb.id.clone(),
+                            shard,
+                            node: target,
+                            at_ms: now_ms(),
+                        })
+                        .await;
+                }
+            }
+        }
+        if in_progress {
+            return Ok(());
+        }
+        let Some((&busiest, &most)) = load
+            .iter()
+            .max_by_key(|(node, count)| (**count, u64::MAX - **node))
+        else {
+            return Ok(());
+        };
+        let Some(idle) = least_loaded(&[]) else {
+            return Ok(());
+        };
+        if most < load[&idle] + 2 {
+            return Ok(());
+        }
+        for kb in kbs.iter().filter(|kb| !kb.placement.is_empty()) {
+            for shard in 0..kb.settings.shards {
+                let replicas = kb.replicas(shard);
+                if replicas.iter().any(|r| r.node == busiest)
+                    && !replicas.iter().any(|r| r.node == idle)
+                    && replicas.iter().all(|r| r.state == ReplicaState::Active)
+                {
+                    info!(kb_id = %kb.id, shard, from = busiest, to = idle, "rebalance: moving a replica");
+                    metrics::counter!("sift_rebalance_moves_total").increment(1);
+                    return self
+                        .propose(MetaOp::AddReplica {
+                            kb_id: kb.id.clone(),
+                            shard,
+                            node: idle,
+                            at_ms: now_ms(),
+                        })
+                        .await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn propose(&self, op: MetaOp) -> std::result::Result<(), String> {
+        self.context
+            .meta
+            .propose(op)
+            .await
+            .map(|_| ())
+            .map_err(|error| error.to_string())
+    }
+
+    async fn set_state(
+        &self,
+        kb_id: &str,
+        shard: u32,
+        state: ReplicaState,
+        expected: ReplicaState,
+    ) -> std::result::Result<bool, String> {
+        let outcome = self
+            .context
+            .meta
+            .propose(MetaOp::SetReplicaState {
+                kb_id: kb_id.to_string(),
+                shard,
+                node: self.context.access.local_id(),
+                state,
+                expected: Some(expected),
+                at_ms: now_ms(),
+            })
+            .await
+            .map_err(|error| error.to_string())?;
+        Ok(matches!(outcome, MetaOutcome::Kb(_)))
+    }
+
+    /// Fills this node's dead (or new) replica of `shard` from an active one: recovering (from
+    /// then on every write reaches it too), copy the documents it lacks, apply the
+    /// tombstones, active.
+    async fn repair(
+        &self,
+        kb_id: &str,
+        shard: u32,
+        from: ReplicaState,
+    ) -> std::result::Result<(), String> {
+        let started = Instant::now();
+        let access = &self.context.access;
+        let local = access.local_id();
+        if !self
+            .set_state(kb_id, shard, ReplicaState::Recovering, from)
+            .await?
+        {
+            return Ok(()); // someone else changed it
+        }
+        info!(kb_id, shard, "repairing this node's replica");
+        let outcome = self.copy_missing(kb_id, shard, local).await;
+        match outcome {
+            Ok(copied) => {
+                self.set_state(kb_id, shard, ReplicaState::Active, ReplicaState::Recovering)
+                    .await?;
+                metrics::counter!("sift_replica_repairs_total", "outcome" => "ok").increment(1);
+                metrics::histogram!("sift_replica_repair_seconds")
+                    .record(started.elapsed().as_secs_f64());
+                info!(
+                    kb_id,
+                    shard,
+                    copied,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "replica repaired and active"
+                );
+                Ok(())
+            }
+            Err(reason) => {
+                metrics::counter!("sift_replica_repairs_total", "outcome" => "failed").increment(1);
+                let _ = self
+                    .set_state(kb_id, shard, ReplicaState::Dead, ReplicaState::Recovering)
+                    .await;
+                Err(reason)
+            }
+        }
+    }
+
+    /// Copies the documents an active replica has and this one lacks; then removes the
+    /// tombstoned ones. Returns how many documents were copied.
+    async fn copy_missing(
+        &self,
+        kb_id: &str,
+        shard: u32,
+        local: u64,
+    ) -> std::result::Result<usize, String> {
+        let access = &self.context.access;
+        let store = self.context.meta.store();
+        // The placement as the cluster has it now (this replica is recovering).
+        self.context
+            .meta
+            .linearizable_barrier()
+            .await
+            .map_err(|error| error.to_string())?;
+        let kb = store
+            .get_kb(kb_id)
+            .map_err(|error| error.to_string())?
+            .ok_or("the knowledge base was deleted")?;
+        open_local_shards(&self.shards, access, &kb)
+            .await
+            .map_err(|error| error.to_string())?;
+        let Some(source) = access
+            .read_plan(&kb, shard)
+            .into_iter()
+            .find(|node| *node != local)
+        else {
+            return Err("no active replica to copy from".into());
+        };
+        let timeout = access.options().remote_write_timeout;
+        let source_ids = match access
+            .remote_call(
+                source,
+                &ShardRpc::DocumentIds {
+                    kb_id: kb_id.to_string(),
+                    shard,
+                },
+                timeout,
+            )
+            .await?
+        {
+            ShardReply::DocumentIds(ids) => ids,
+            other => return Err(format!("unexpected reply {other:?}")),
+        };
+        let local_ids: std::collections::HashSet<String> = access
+            .local_call(kb_id, shard, timeout, |reply| ShardMessage::DocumentIds {
+                reply,
+            })
+            .await?
+            .into_iter()
+            .collect();
+        let missing: Vec<String> = source_ids
+            .into_iter()
+            .filter(|id| !local_ids.contains(id))
+            .collect();
+        let mut copied = 0;
+        for batch in missing.chunks(REPAIR_BATCH_DOCUMENTS) {
+            let documents = match access
+                .remote_call(
+                    source,
+                    &ShardRpc::Export {
+                        kb_id: kb_id.to_string(),
+                        shard,
+                        document_ids: batch.to_vec(),
+                    },
+                    timeout,
+                )
+                .await?
+            {
+                ShardReply::Exported(documents) => documents,
+                other => return Err(format!("unexpected reply {other:?}")),
+            };
+            let bytes: usize = documents
+                .iter()
+                .flat_map(|d| d.chunks.iter())
+                .map(|c| c.text.len() + c.vector.len() * 4)
+                .sum();
+            metrics::counter!("sift_replica_transfer_bytes_total").increment(bytes as u64);
+            copied += documents.len();
+            if !documents.is_empty() {
+                access.write_local(kb_id, shard, documents).await?;
+            }
+        }
+        for tombstone in store.tombstones(kb_id).map_err(|error| error.to_string())? {
+            if tombstone.shard == shard {
+                access
+                    .delete_local(kb_id, shard, &tombstone.document_id)
+                    .await;
+            }
+        }
+        Ok(copied)
+    }
+}
+
+/// Documents per export request while repairing a replica.
+const REPAIR_BATCH_DOCUMENTS: usize = 64;

@@ -1,4 +1,6 @@
-//! Placement of documents on shards.
+//! Placement of documents on shards, and of shard replicas on nodes.
+
+use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
@@ -12,9 +14,93 @@ pub fn shard_for_document(document_id: &str, shards: u32) -> u32 {
     (u64::from_be_bytes(prefix) % u64::from(shards)) as u32
 }
 
+/// Chooses the nodes of every shard's replicas: `replication_factor` distinct nodes per
+/// shard, each time the least loaded ones (by replicas already held, `load`, plus those placed
+/// by this call), ties broken by a rotation so that shards spread their first replica.
+/// `nodes` must hold at least `replication_factor` distinct ids. Deterministic.
+pub fn place_replicas(
+    shards: u32,
+    replication_factor: u32,
+    nodes: &[u64],
+    load: &BTreeMap<u64, u64>,
+) -> Vec<Vec<u64>> {
+    let mut nodes: Vec<u64> = nodes.to_vec();
+    nodes.sort_unstable();
+    nodes.dedup();
+    assert!(
+        replication_factor as usize <= nodes.len() && replication_factor > 0,
+        "replication factor {replication_factor} needs as many nodes (have {})",
+        nodes.len()
+    );
+    let mut counts: BTreeMap<u64, u64> = nodes
+        .iter()
+        .map(|node| (*node, load.get(node).copied().unwrap_or(0)))
+        .collect();
+    let mut placement = Vec::with_capacity(shards as usize);
+    for shard in 0..shards {
+        let rotation = shard as usize % nodes.len();
+        let mut order: Vec<(u64, usize, u64)> = nodes
+            .iter()
+            .enumerate()
+            .map(|(position, node)| {
+                let turn = (position + nodes.len() - rotation) % nodes.len();
+                (counts[node], turn, *node)
+            })
+            .collect();
+        order.sort_unstable();
+        let chosen: Vec<u64> = order
+            .iter()
+            .take(replication_factor as usize)
+            .map(|(_, _, node)| *node)
+            .collect();
+        for node in &chosen {
+            *counts.get_mut(node).expect("a known node") += 1;
+        }
+        placement.push(chosen);
+    }
+    placement
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replicas_are_distinct_and_balanced() {
+        let placement = place_replicas(6, 2, &[1, 2, 3], &BTreeMap::new());
+        let mut per_node: BTreeMap<u64, u32> = BTreeMap::new();
+        for replicas in &placement {
+            assert_eq!(replicas.len(), 2);
+            assert_ne!(
+                replicas[0], replicas[1],
+                "two replicas of a shard on one node"
+            );
+            for node in replicas {
+                *per_node.entry(*node).or_default() += 1;
+            }
+        }
+        assert_eq!(per_node.values().copied().collect::<Vec<_>>(), [4, 4, 4]);
+        // The first replica of consecutive shards rotates over the nodes.
+        let firsts: Vec<u64> = placement.iter().map(|r| r[0]).collect();
+        assert_eq!(
+            firsts[..3]
+                .iter()
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+            3
+        );
+    }
+
+    #[test]
+    fn loaded_nodes_get_fewer_replicas() {
+        let load = BTreeMap::from([(1, 10), (2, 0), (3, 0)]);
+        let placement = place_replicas(4, 1, &[1, 2, 3], &load);
+        assert!(placement.iter().all(|r| r[0] != 1), "{placement:?}");
+        assert_eq!(
+            place_replicas(3, 1, &[7], &BTreeMap::new()),
+            vec![vec![7]; 3]
+        );
+    }
 
     #[test]
     fn stable_and_balanced() {

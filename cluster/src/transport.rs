@@ -106,12 +106,15 @@ struct SnapshotChunk {
     data: Vec<u8>,
 }
 
-fn encode_frame<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+/// Encodes a body of the internal API (bincode, standard config).
+pub fn encode_frame<T: Serialize>(value: &T) -> Result<Vec<u8>> {
     bincode::serde::encode_to_vec(value, bincode::config::standard())
         .map_err(|error| ClusterError::Transport(format!("encode frame: {error}")))
 }
 
-fn decode_frame<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+/// Decodes a body of the internal API: `None` for anything but exactly one whole value
+/// (at most 64 MiB), never a panic.
+pub fn decode_frame<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
     let config = bincode::config::standard().with_limit::<FRAME_LIMIT>();
     match bincode::serde::decode_from_slice(bytes, config) {
         Ok((value, read)) if read == bytes.len() => Some(value),
@@ -158,13 +161,15 @@ pub struct InternalServer {
 
 impl InternalServer {
     /// Serves Raft traffic for `raft` on `listener`. `transport` (this node's own) learns the
-    /// addresses of peers that write to it.
+    /// addresses of peers that write to it. `extra` routes (shard data) are served on the
+    /// same port behind the same authentication, with their own body limits.
     pub fn start(
         listener: tokio::net::TcpListener,
         secret: &str,
         raft: RaftHandle,
         transport: Option<HttpTransport>,
         chunk_bytes: usize,
+        extra: Option<Router>,
     ) -> Result<InternalServer> {
         let local_addr = listener
             .local_addr()
@@ -185,12 +190,13 @@ impl InternalServer {
             .route(JOIN_PATH, post(receive_join))
             .route(HEALTH_PATH, get(|| async { "ok" }))
             .layer(DefaultBodyLimit::max(body_limit))
+            .with_state(state.clone())
+            .merge(extra.unwrap_or_default())
             // Runs before any extractor: an unauthenticated body is never read.
             .layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 authenticate,
-            ))
-            .with_state(state);
+            ));
         let (shutdown, shutdown_signal) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let server = axum::serve(listener, app).with_graceful_shutdown(async move {

@@ -72,6 +72,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/kbs/{kb}/documents/{doc}/events", get(document_events))
         .route("/v1/kbs/{kb}/documents/{doc}/chunks", get(document_chunks))
         .route("/v1/kbs/{kb}/search", post(search))
+        .route("/v1/kbs/{kb}/shards", get(kb_shards))
         .route("/v1/debug/kbs/{kb}/shards/{shard}/crash", post(crash_shard))
         .merge(crate::chat_api::routes())
         .fallback(not_found)
@@ -333,6 +334,14 @@ async fn get_kb(
     Path(kb): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
     Ok(Json(state.node.get_kb(&kb)?))
+}
+
+async fn kb_shards(
+    State(state): State<AppState>,
+    Path(kb): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    let shards = state.node.kb_shards(&kb).await?;
+    Ok(Json(serde_json::json!({ "shards": shards })))
 }
 
 async fn update_kb(

@@ -134,6 +134,9 @@ pub enum KbCommand {
         name: String,
         #[arg(long)]
         shards: Option<u32>,
+        /// Copies of each shard on distinct nodes (default: min(3, nodes)).
+        #[arg(long)]
+        replication_factor: Option<u32>,
         #[arg(long)]
         chunk_tokens: Option<u32>,
         #[arg(long)]
@@ -147,6 +150,8 @@ pub enum KbCommand {
     List,
     /// Show one knowledge base.
     Get { kb: String },
+    /// Show where a knowledge base's shard replicas live and their states.
+    Shards { kb: String },
     /// Delete a knowledge base and all its documents.
     Delete { kb: String },
 }
@@ -356,6 +361,7 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
         KbCommand::Create {
             name,
             shards,
+            replication_factor,
             chunk_tokens,
             chunk_overlap_tokens,
             embedding_model,
@@ -364,6 +370,7 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
             let mut body = json!({ "name": name });
             let fields = [
                 ("shards", shards.map(Value::from)),
+                ("replication_factor", replication_factor.map(Value::from)),
                 ("chunk_tokens", chunk_tokens.map(Value::from)),
                 (
                     "chunk_overlap_tokens",
@@ -408,6 +415,30 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
                 "{}",
                 serde_json::to_string_pretty(&answer).unwrap_or_default()
             );
+        }
+        KbCommand::Shards { kb } => {
+            let answer = client.get(&format!("/v1/kbs/{kb}/shards")).await?;
+            println!(
+                "{:>5} {:>5} {:<12} {:>9} {:>9}",
+                "SHARD", "NODE", "STATE", "DOCS", "CHUNKS"
+            );
+            for shard in answer["shards"].as_array().into_iter().flatten() {
+                for replica in shard["replicas"].as_array().into_iter().flatten() {
+                    let count = |key: &str| {
+                        replica[key]
+                            .as_u64()
+                            .map_or("?".to_string(), |n| n.to_string())
+                    };
+                    println!(
+                        "{:>5} {:>5} {:<12} {:>9} {:>9}",
+                        shard["shard"].as_u64().unwrap_or(0),
+                        replica["node"].as_u64().unwrap_or(0),
+                        replica["state"].as_str().unwrap_or(""),
+                        count("documents"),
+                        count("chunks"),
+                    );
+                }
+            }
         }
         KbCommand::Delete { kb } => {
             client.delete(&format!("/v1/kbs/{kb}")).await?;

@@ -3,13 +3,24 @@
 //! Starting a member: a data dir that already belongs to a Raft node restarts under its id; a
 //! new one joins the cluster of `--join ADDR` (any member's public or internal address) or,
 //! without `--join`, bootstraps a new single-voter cluster whose first snapshot is the
-//! node's existing metadata. Shards and documents stay on the node that ingested them: only
-//! metadata is replicated in this increment.
+//! node's existing metadata. The same internal port serves shard requests
+//! (`sift_actors::shards::rpc`) once the node is up: replicas of a KB's shards live on the
+//! nodes its placement names.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use sift_actors::SiftNode;
+use sift_actors::shards::SHARD_RPC_PATH;
+use sift_actors::shards::rpc::{ShardReply, decode_request, encode_reply};
 
 use anyhow::Context;
 use serde::Serialize;
@@ -53,12 +64,44 @@ impl ClusterMember {
     }
 }
 
+/// Where the shard route finds the node once it has started (shard requests that arrive
+/// before are answered 503, and the sender tries another replica or marks this one dead).
+pub type NodeSlot = Arc<OnceLock<Arc<SiftNode>>>;
+
+/// Largest shard request body (writes are split below this by the sender).
+const SHARD_BODY_LIMIT: usize = 80 * 1024 * 1024;
+
+fn shard_routes(slot: NodeSlot) -> Router {
+    Router::new()
+        .route(SHARD_RPC_PATH, post(serve_shard_rpc))
+        .layer(DefaultBodyLimit::max(SHARD_BODY_LIMIT))
+        .with_state(slot)
+}
+
+async fn serve_shard_rpc(State(slot): State<NodeSlot>, body: Bytes) -> Response {
+    let Some(node) = slot.get().cloned() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "the node is starting").into_response();
+    };
+    let Some(rpc) = decode_request(&body) else {
+        metrics::counter!("sift_raft_transport_rejected_total", "reason" => "bad_shard_request")
+            .increment(1);
+        return (StatusCode::BAD_REQUEST, "unreadable shard request").into_response();
+    };
+    let reply: ShardReply = node.handle_shard_rpc(rpc).await;
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        encode_reply(&reply),
+    )
+        .into_response()
+}
+
 /// Starts this node's Raft member on `store` and returns the metadata door that proposes
-/// through it.
+/// through it. The internal server also serves shard requests for the node in `slot`.
 pub async fn start_member(
     config: &ClusterConfig,
     public: SocketAddr,
     store: Arc<SledMetaStore>,
+    slot: NodeSlot,
 ) -> anyhow::Result<(MetaHandle, ClusterMember)> {
     let listener = tokio::net::TcpListener::bind(config.internal_listen)
         .await
@@ -119,6 +162,7 @@ pub async fn start_member(
         raft.handle().clone(),
         Some(transport.clone()),
         chunk_bytes,
+        Some(shard_routes(slot)),
     )?;
     info!(id, internal = %address.internal, "cluster member started");
     let meta = ReplicatedMeta::new(

@@ -30,6 +30,14 @@ pub struct FileConfig {
     /// Largest accepted JSON body, in bytes.
     pub max_json_bytes: Option<u64>,
     pub shard_deadline_ms: Option<u64>,
+    /// A leaf search not answered after this many ms goes to a second replica too.
+    pub hedge_after_ms: Option<u64>,
+    /// Active replicas that must store a write before it is acknowledged (default 1).
+    pub write_quorum: Option<u32>,
+    /// Longest a write to another node's replica may take before it is marked dead (ms).
+    pub replica_write_timeout_ms: Option<u64>,
+    /// How often a member repairs its dead replicas and drops deleted KBs' (ms).
+    pub repair_interval_ms: Option<u64>,
     pub search_permits_per_shard: Option<usize>,
     pub ingest_queue_capacity: Option<usize>,
     pub ingest_workers: Option<usize>,
@@ -164,6 +172,18 @@ impl Config {
         if let Some(v) = parse("SIFT_SHARD_DEADLINE_MS")? {
             file.shard_deadline_ms = Some(v);
         }
+        if let Some(v) = parse("SIFT_HEDGE_AFTER_MS")? {
+            file.hedge_after_ms = Some(v);
+        }
+        if let Some(v) = parse("SIFT_WRITE_QUORUM")? {
+            file.write_quorum = Some(u32::try_from(v).context("SIFT_WRITE_QUORUM is too large")?);
+        }
+        if let Some(v) = parse("SIFT_REPLICA_WRITE_TIMEOUT_MS")? {
+            file.replica_write_timeout_ms = Some(v);
+        }
+        if let Some(v) = parse("SIFT_REPAIR_INTERVAL_MS")? {
+            file.repair_interval_ms = Some(v);
+        }
         if let Some(v) = parse("SIFT_INGEST_QUEUE_CAPACITY")? {
             file.ingest_queue_capacity = Some(v as usize);
         }
@@ -243,7 +263,27 @@ impl Config {
             shard_write_timeout: defaults.shard_write_timeout,
             debug_faults: file.debug_faults.unwrap_or(false),
             rerank: file.rerank.clone(),
+            hedge_after: file
+                .hedge_after_ms
+                .map(Duration::from_millis)
+                .unwrap_or(defaults.hedge_after),
+            remote_write_timeout: file
+                .replica_write_timeout_ms
+                .map(Duration::from_millis)
+                .unwrap_or(defaults.remote_write_timeout),
+            write_quorum: file.write_quorum.unwrap_or(defaults.write_quorum),
+            repair_interval: file
+                .repair_interval_ms
+                .map(Duration::from_millis)
+                .unwrap_or(defaults.repair_interval),
+            cluster_secret: cluster.as_ref().map(|c| c.secret.clone()),
         };
+        if options.write_quorum == 0 {
+            bail!("write_quorum must be at least 1");
+        }
+        if options.repair_interval.is_zero() || options.remote_write_timeout.is_zero() {
+            bail!("repair_interval_ms and replica_write_timeout_ms must be at least 1");
+        }
         if options.ingest_queue_capacity == 0
             || options.ingest_workers == 0
             || options.search_permits_per_shard == 0

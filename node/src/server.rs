@@ -118,28 +118,33 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let addr = listener.local_addr()?;
     let (node, cluster) = match &config.cluster {
         None => (
-            SiftNode::start(&config.data_dir, config.options.clone(), embedders)
-                .await
-                .context("starting the node")?,
+            Arc::new(
+                SiftNode::start(&config.data_dir, config.options.clone(), embedders)
+                    .await
+                    .context("starting the node")?,
+            ),
             None,
         ),
         Some(cluster) => {
+            let slot: crate::cluster::NodeSlot = Default::default();
+            let route_slot = slot.clone();
             let (node, member) = SiftNode::start_with_meta(
                 &config.data_dir,
                 config.options.clone(),
                 embedders,
                 |store| async move {
-                    crate::cluster::start_member(cluster, addr, store)
+                    crate::cluster::start_member(cluster, addr, store, route_slot)
                         .await
                         .map_err(|error| SiftError::Internal(format!("cluster mode: {error:#}")))
                 },
             )
             .await
             .context("starting the node")?;
+            let node = Arc::new(node);
+            let _ = slot.set(node.clone());
             (node, Some(member))
         }
     };
-    let node = Arc::new(node);
     let model = build_router(&config.llm).context("configuring the chat model providers")?;
     match &model {
         Some(model) => info!(model = model.name(), "chat model configured"),

@@ -34,6 +34,9 @@ use crate::error::{Result, StorageError};
 pub struct KbSettings {
     /// Number of shards; a document goes to `hash(doc_id) % shards`. Fixed at creation.
     pub shards: u32,
+    /// Copies of each shard, on distinct nodes. Fixed at creation.
+    #[serde(default = "one")]
+    pub replication_factor: u32,
     /// Target size of an indexed (child) chunk, in cl100k tokens.
     pub chunk_tokens: u32,
     /// Overlap between consecutive chunks of a section, in tokens.
@@ -53,6 +56,10 @@ pub struct KbSettings {
     /// existed (then the defaults apply).
     #[serde(default)]
     pub retrieval: RetrievalSettings,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// Per-KB retrieval pipeline settings (each overridable per request). Validated by the
@@ -129,6 +136,61 @@ pub struct KbRecord {
     pub settings: KbSettings,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
+    /// Where each shard's replicas live, by shard number. Empty in records written before
+    /// placement existed: then every shard lives on the node that holds it (a single node).
+    #[serde(default)]
+    pub placement: Vec<ShardPlacement>,
+}
+
+impl KbRecord {
+    /// The replicas of `shard` (empty when the KB has no placement).
+    pub fn replicas(&self, shard: u32) -> &[Replica] {
+        self.placement
+            .get(shard as usize)
+            .map(|p| p.replicas.as_slice())
+            .unwrap_or(&[])
+    }
+}
+
+/// The replicas of one shard.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShardPlacement {
+    pub replicas: Vec<Replica>,
+}
+
+/// One replica of a shard: the node holding it and whether it may serve.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Replica {
+    pub node: u64,
+    pub state: ReplicaState,
+    /// When the state last changed.
+    pub since_ms: u64,
+}
+
+/// The life of a replica. Only `Active` replicas serve reads; writes go to every replica
+/// that is not `Dead` (so a replica being filled misses nothing written meanwhile).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicaState {
+    /// Placed, not yet filled (a new KB's replicas start active: there is nothing to fill).
+    Initializing,
+    /// Complete: serves reads and counts towards the write quorum.
+    Active,
+    /// Missed a write (or its node left): neither read nor written until repaired.
+    Dead,
+    /// Being filled from an active replica; written, not read.
+    Recovering,
+}
+
+impl ReplicaState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaState::Initializing => "initializing",
+            ReplicaState::Active => "active",
+            ReplicaState::Dead => "dead",
+            ReplicaState::Recovering => "recovering",
+        }
+    }
 }
 
 /// Where a document is in ingestion. `Ready` and `Failed` are terminal.
@@ -247,6 +309,33 @@ pub enum MetaOp {
     DeleteDocument {
         kb_id: String,
         document_id: String,
+        at_ms: u64,
+    },
+    /// Changes the state of one replica of a shard. `expected`, when given, must be the
+    /// replica's current state (a compare-and-set: a stale writer cannot mark dead a replica
+    /// that was repaired meanwhile); otherwise the op changes nothing.
+    SetReplicaState {
+        kb_id: String,
+        shard: u32,
+        node: u64,
+        state: ReplicaState,
+        expected: Option<ReplicaState>,
+        at_ms: u64,
+    },
+    /// Places a new replica of a shard on `node` (state `initializing`: its node fills it
+    /// from an active replica). Nothing changes when the node already holds one.
+    AddReplica {
+        kb_id: String,
+        shard: u32,
+        node: u64,
+        at_ms: u64,
+    },
+    /// Removes the replica of a shard on `node`; refused when no other active replica of the
+    /// shard would be left.
+    RemoveReplica {
+        kb_id: String,
+        shard: u32,
+        node: u64,
         at_ms: u64,
     },
     /// Forgets a tombstone once every replica has purged the document.
@@ -689,6 +778,88 @@ impl SledMetaStore {
                 Ok(MetaOutcome::DocumentDeleted(
                     self.tombstone(pending, &doc, *at_ms)?,
                 ))
+            }
+            MetaOp::SetReplicaState {
+                kb_id,
+                shard,
+                node,
+                state,
+                expected,
+                at_ms,
+            } => {
+                let Some(mut kb) = pending.get::<KbRecord>(&kb_key(kb_id))? else {
+                    return Err(StorageError::NotFound(format!("knowledge base {kb_id}")));
+                };
+                let Some(replica) = kb
+                    .placement
+                    .get_mut(*shard as usize)
+                    .and_then(|p| p.replicas.iter_mut().find(|r| r.node == *node))
+                else {
+                    // Removed meanwhile (moved elsewhere): nothing left to change.
+                    return Ok(MetaOutcome::Unchanged);
+                };
+                if replica.state == *state
+                    || expected.is_some_and(|expected| expected != replica.state)
+                {
+                    return Ok(MetaOutcome::Unchanged);
+                }
+                replica.state = *state;
+                replica.since_ms = *at_ms;
+                pending.put(kb_key(kb_id), &kb)?;
+                Ok(MetaOutcome::Kb(kb))
+            }
+            MetaOp::AddReplica {
+                kb_id,
+                shard,
+                node,
+                at_ms,
+            } => {
+                let Some(mut kb) = pending.get::<KbRecord>(&kb_key(kb_id))? else {
+                    return Err(StorageError::NotFound(format!("knowledge base {kb_id}")));
+                };
+                let Some(placement) = kb.placement.get_mut(*shard as usize) else {
+                    return Err(StorageError::NotFound(format!("shard {shard} of {kb_id}")));
+                };
+                if placement.replicas.iter().any(|r| r.node == *node) {
+                    return Ok(MetaOutcome::Unchanged);
+                }
+                placement.replicas.push(Replica {
+                    node: *node,
+                    state: ReplicaState::Initializing,
+                    since_ms: *at_ms,
+                });
+                kb.updated_at_ms = kb.updated_at_ms.max(*at_ms);
+                pending.put(kb_key(kb_id), &kb)?;
+                Ok(MetaOutcome::Kb(kb))
+            }
+            MetaOp::RemoveReplica {
+                kb_id,
+                shard,
+                node,
+                at_ms,
+            } => {
+                let Some(mut kb) = pending.get::<KbRecord>(&kb_key(kb_id))? else {
+                    return Err(StorageError::NotFound(format!("knowledge base {kb_id}")));
+                };
+                let Some(placement) = kb.placement.get_mut(*shard as usize) else {
+                    return Err(StorageError::NotFound(format!("shard {shard} of {kb_id}")));
+                };
+                if !placement.replicas.iter().any(|r| r.node == *node) {
+                    return Ok(MetaOutcome::Unchanged);
+                }
+                let others_active = placement
+                    .replicas
+                    .iter()
+                    .any(|r| r.node != *node && r.state == ReplicaState::Active);
+                if !others_active {
+                    return Err(StorageError::Conflict(format!(
+                        "shard {shard} has no other active replica than the one on node {node}"
+                    )));
+                }
+                placement.replicas.retain(|r| r.node != *node);
+                kb.updated_at_ms = kb.updated_at_ms.max(*at_ms);
+                pending.put(kb_key(kb_id), &kb)?;
+                Ok(MetaOutcome::Kb(kb))
             }
             MetaOp::ForgetTombstone { kb_id, document_id } => {
                 pending.remove(tomb_key(kb_id, document_id));

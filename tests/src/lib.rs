@@ -109,10 +109,12 @@ pub fn bulk_documents(documents: &[beir::CorpusDocument]) -> Vec<serde_json::Val
         .collect()
 }
 
-/// A fresh temporary directory for one test.
+/// A fresh temporary directory for one test (kept after the test when `SIFT_TEST_KEEP` is
+/// set, to read the nodes' logs).
 pub fn temp_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("sift-test-")
+        .disable_cleanup(std::env::var_os("SIFT_TEST_KEEP").is_some())
         .tempdir()
         .expect("creating a temp dir")
 }

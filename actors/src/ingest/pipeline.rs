@@ -6,10 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::join_all;
-use ractor::rpc::CallResult;
 use sift_storage::chunk::{ChunkRecord, DocumentEntry, DocumentWrite, ParentRecord};
 use sift_storage::meta::{
     DocSource, DocStatus, DocumentRecord, KbRecord, MetaOp, MetaOutcome, StatusUpdate,
@@ -21,7 +20,6 @@ use super::parse::{ParseOptions, ParsedDocument, SourceFormat, parse_document};
 use super::queue::IngestJob;
 use crate::context::NodeContext;
 use crate::error::{Result, SiftError};
-use crate::shards::ShardMessage;
 
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -247,13 +245,8 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
             .iter()
             .filter_map(|&p| works[p].write.clone())
             .collect();
-        let kb_id = kb.id.clone();
-        async move {
-            (
-                positions,
-                write_to_shard(context, &kb_id, shard, documents).await,
-            )
-        }
+        let kb = &kb;
+        async move { (positions, context.access.write(kb, shard, documents).await) }
     });
     for (positions, outcome) in join_all(writes).await {
         if let Err(reason) = outcome {
@@ -299,7 +292,10 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     for work in &works {
         if !live.contains(&work.record.id) {
             if work.write.is_some() {
-                delete_from_shard(context, &kb.id, work.record.shard, &work.record.id).await;
+                context
+                    .access
+                    .delete(&kb, work.record.shard, &work.record.id)
+                    .await;
             }
             continue;
         }
@@ -321,53 +317,6 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     );
     info!(ready, failed, "ingestion job done");
     Ok(())
-}
-
-/// How long a write waits for a shard replica that is restarting before its documents fail.
-const SHARD_RESTART_PATIENCE: Duration = Duration::from_secs(15);
-
-/// Writes documents to a shard replica. A replica that is not running or stops during the
-/// write (its supervisor is restarting it) is retried with backoff: writes are idempotent
-/// (a document id rewritten replaces itself), so a retry cannot duplicate anything.
-async fn write_to_shard(
-    context: &NodeContext,
-    kb_id: &str,
-    shard: u32,
-    documents: Vec<DocumentWrite>,
-) -> std::result::Result<(), String> {
-    let started = Instant::now();
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let unavailable = match context.registry.actor(kb_id, shard) {
-            None => format!("shard {shard} is not running on this node"),
-            Some(actor) => {
-                let documents = documents.clone();
-                match actor
-                    .call(
-                        |reply| ShardMessage::Write { documents, reply },
-                        Some(context.options.shard_write_timeout),
-                    )
-                    .await
-                {
-                    Ok(CallResult::Success(Ok(()))) => return Ok(()),
-                    Ok(CallResult::Success(Err(error))) => return Err(error.to_string()),
-                    Ok(CallResult::Timeout) => {
-                        return Err(format!("shard {shard} write timed out"));
-                    }
-                    Ok(CallResult::SenderError) => {
-                        format!("shard {shard} stopped during the write")
-                    }
-                    Err(error) => format!("shard {shard} unreachable: {error}"),
-                }
-            }
-        };
-        if started.elapsed() >= SHARD_RESTART_PATIENCE {
-            return Err(unavailable);
-        }
-        warn!(kb_id, shard, reason = %unavailable, "shard write will be retried");
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
-    }
 }
 
 /// Moves the job's live, not-yet-failed documents to `status`; drops documents deleted meanwhile.
@@ -439,29 +388,6 @@ pub async fn fail_unfinished(context: &NodeContext, job: &IngestJob, reason: &st
         .await
     {
         warn!(%error, "could not mark documents failed");
-    }
-}
-
-/// Removes a document from its shard replica (idempotent).
-pub async fn delete_from_shard(context: &NodeContext, kb_id: &str, shard: u32, document_id: &str) {
-    let Some(actor) = context.registry.actor(kb_id, shard) else {
-        return;
-    };
-    let document_id = document_id.to_string();
-    let call = actor
-        .call(
-            |reply| ShardMessage::Delete {
-                document_id: document_id.clone(),
-                reply,
-            },
-            Some(context.options.shard_write_timeout),
-        )
-        .await;
-    if !matches!(call, Ok(CallResult::Success(Ok(_)))) {
-        warn!(
-            kb_id,
-            shard, document_id, "deleting a document from its shard failed"
-        );
     }
 }
 

@@ -2,10 +2,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::future::join_all;
-use ractor::rpc::CallResult;
 use serde::Serialize;
 use sift_storage::chunk::{ChunkView, ScoredChunk, SearchFilter};
 use sift_storage::meta::SledMetaStore;
@@ -16,7 +15,7 @@ use super::mmr::{AlsoIn, collapse_duplicates, mmr};
 use super::packing::{Neighbour, PackedContext, pack};
 use super::rerank::{EMBEDDED_RERANKER, RerankReport, RerankServices};
 use super::rescore::{Features, rescore};
-use crate::shards::{LeafRequest, LeafResponse, ShardMessage, ShardRegistry};
+use crate::shards::{LeafRequest, LeafResponse, ShardAccess};
 
 #[derive(Clone, Debug)]
 pub struct SearchRequest {
@@ -185,25 +184,19 @@ pub struct SearchResponse {
     pub notes: Vec<String>,
 }
 
-/// Scatter-gather over the shard replicas of this node.
+/// Scatter-gather over one active replica of every shard, wherever it lives.
 #[derive(Clone)]
 pub struct RootSearch {
-    registry: ShardRegistry,
+    access: ShardAccess,
     meta: Arc<SledMetaStore>,
-    shard_deadline: Duration,
     rerankers: RerankServices,
 }
 
 impl RootSearch {
-    pub fn new(
-        registry: ShardRegistry,
-        meta: Arc<SledMetaStore>,
-        shard_deadline: Duration,
-    ) -> Self {
+    pub fn new(access: ShardAccess, meta: Arc<SledMetaStore>) -> Self {
         RootSearch {
-            registry,
+            access,
             meta,
-            shard_deadline,
             rerankers: RerankServices::default(),
         }
     }
@@ -328,43 +321,34 @@ impl RootSearch {
         }
     }
 
-    /// Leaf searches on every shard, with the deadline; failed shards are reported, not fatal.
+    /// Leaf searches on every shard (one replica each, hedged), with the deadline; failed
+    /// shards are reported, not fatal.
     async fn gather(
         &self,
         kb_id: &str,
         shards: u32,
         leaf: Arc<LeafRequest>,
     ) -> (Vec<LeafResponse>, Vec<FailedShard>) {
-        let leaves = (0..shards).map(|shard| {
-            let actor = self.registry.actor(kb_id, shard);
-            let leaf = leaf.clone();
-            let deadline = self.shard_deadline;
-            async move {
-                let Some(actor) = actor else {
-                    return (shard, Err("shard replica is not running".to_string()));
+        let kb = match self.meta.get_kb(kb_id) {
+            Ok(Some(kb)) => kb,
+            outcome => {
+                let reason = match outcome {
+                    Err(error) => error.to_string(),
+                    _ => "the knowledge base is gone".to_string(),
                 };
-                let call = actor
-                    .call(
-                        |reply| ShardMessage::Search {
-                            request: leaf,
-                            reply,
-                        },
-                        Some(deadline),
-                    )
-                    .await;
-                let outcome = match call {
-                    Ok(CallResult::Success(Ok(response))) => Ok(response),
-                    Ok(CallResult::Success(Err(error))) => Err(error.to_string()),
-                    Ok(CallResult::Timeout) => {
-                        Err(format!("no answer within {} ms", deadline.as_millis()))
-                    }
-                    Ok(CallResult::SenderError) => {
-                        Err("shard replica stopped before answering".to_string())
-                    }
-                    Err(error) => Err(format!("shard replica unreachable: {error}")),
-                };
-                (shard, outcome)
+                let failed = (0..shards)
+                    .map(|shard| FailedShard {
+                        shard,
+                        reason: reason.clone(),
+                    })
+                    .collect();
+                return (Vec::new(), failed);
             }
+        };
+        let kb = &kb;
+        let leaves = (0..shards).map(|shard| {
+            let leaf = leaf.clone();
+            async move { (shard, self.access.search(kb, shard, leaf).await) }
         });
         // join_all, not try_join_all: one failed shard must not cancel its siblings.
         let outcomes = join_all(leaves).await;
@@ -372,12 +356,9 @@ impl RootSearch {
         let mut responses: Vec<LeafResponse> = Vec::new();
         for (shard, outcome) in outcomes {
             match outcome {
-                Ok(response) => {
-                    metrics::counter!("sift_search_leaf_total", "outcome" => "ok").increment(1);
-                    responses.push(response);
-                }
+                Ok(response) => responses.push(response),
                 Err(reason) => {
-                    metrics::counter!("sift_search_leaf_total", "outcome" => "failed").increment(1);
+                    metrics::counter!("sift_search_failed_shards_total").increment(1);
                     warn!(shard, %reason, "leaf search failed");
                     failed_shards.push(FailedShard { shard, reason });
                 }
@@ -555,6 +536,8 @@ impl RootSearch {
         let mut documents: Vec<String> = hits.iter().map(|h| h.chunk.document_id.clone()).collect();
         documents.sort();
         documents.dedup();
+        let kb = self.meta.get_kb(&request.kb_id).ok().flatten();
+        let kb = kb.as_ref();
         let fetches = documents.into_iter().map(|document_id| async move {
             let shard = self
                 .meta
@@ -562,24 +545,15 @@ impl RootSearch {
                 .ok()
                 .flatten()
                 .map(|record| record.shard);
-            let actor = shard.and_then(|shard| self.registry.actor(&request.kb_id, shard));
-            let Some(actor) = actor else {
+            let (Some(kb), Some(shard)) = (kb, shard) else {
                 return (document_id, None);
             };
-            let id = document_id.clone();
-            let chunks = match actor
-                .call(
-                    |reply| ShardMessage::Chunks {
-                        document_id: id,
-                        reply,
-                    },
-                    Some(self.shard_deadline),
-                )
+            let chunks = self
+                .access
+                .chunks(kb, shard, &document_id)
                 .await
-            {
-                Ok(CallResult::Success(Ok(chunks))) => Some(chunks),
-                _ => None,
-            };
+                .ok()
+                .flatten();
             (document_id, chunks)
         });
         let fetched: HashMap<String, Option<Vec<ChunkView>>> =

@@ -3,13 +3,14 @@
 use std::sync::Arc;
 
 use ractor::RpcReplyPort;
+use serde::{Deserialize, Serialize};
 use sift_storage::chunk::{ChunkView, DocumentWrite, ScoredChunk, SearchFilter};
 use sift_storage::shard::ShardStats;
 
 use crate::error::Result;
 
-/// What a leaf search of one shard asks for.
-#[derive(Clone, Debug)]
+/// What a leaf search of one shard asks for (sent to other nodes as is).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LeafRequest {
     pub query: String,
     /// The query embedding; `None` skips the dense channel.
@@ -24,7 +25,7 @@ pub struct LeafRequest {
 }
 
 /// One shard's hits, per channel, each channel ranked by its own score.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct LeafResponse {
     pub dense: Vec<ScoredChunk>,
     pub bm25: Vec<ScoredChunk>,
@@ -55,6 +56,15 @@ pub enum ShardMessage {
     },
     Stats {
         reply: RpcReplyPort<ShardStats>,
+    },
+    /// The ids of the live documents (to compare replicas).
+    DocumentIds {
+        reply: RpcReplyPort<Result<Vec<String>>>,
+    },
+    /// Live documents as written, vectors included (to fill another replica).
+    Export {
+        document_ids: Vec<String>,
+        reply: RpcReplyPort<Result<Vec<DocumentWrite>>>,
     },
     /// Background purge of deleted documents (sent by the replica's own timer).
     Purge,

@@ -3,11 +3,19 @@
 //! [`supervisor::ShardsSupervisor`], which restarts a replica that panics while the node
 //! keeps serving the other shards.
 
+//!
+//! A KB's shards may have replicas on other nodes: [`access::ShardAccess`] routes reads,
+//! writes and deletes to the replicas the placement names, over [`rpc`] for remote ones.
+
+pub mod access;
 pub mod messages;
 pub mod registry;
 pub mod replica;
+pub mod rpc;
 pub mod supervisor;
 
+pub use access::{AccessOptions, ShardAccess};
 pub use messages::{LeafRequest, LeafResponse, ShardMessage};
 pub use registry::{ShardKey, ShardRegistry};
+pub use rpc::{Peers, SHARD_RPC_PATH, ShardReply, ShardRpc};
 pub use supervisor::{ShardsMessage, ShardsSupervisor};

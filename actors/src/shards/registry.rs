@@ -47,6 +47,10 @@ impl ShardRegistry {
         self.write().remove(key)
     }
 
+    pub fn keys(&self) -> Vec<ShardKey> {
+        self.read().keys().cloned().collect()
+    }
+
     pub fn keys_of(&self, kb_id: &str) -> Vec<ShardKey> {
         self.read()
             .keys()

@@ -100,6 +100,28 @@ impl Actor for ShardReplica {
             ShardMessage::Stats { reply } => {
                 let _ = reply.send(state.index.stats());
             }
+            ShardMessage::DocumentIds { reply } => {
+                let index = state.index.clone();
+                let outcome = blocking(move || index.document_ids().map_err(SiftError::from)).await;
+                let _ = reply.send(outcome);
+            }
+            ShardMessage::Export {
+                document_ids,
+                reply,
+            } => {
+                let index = state.index.clone();
+                let outcome = blocking(move || -> Result<Vec<_>> {
+                    let mut documents = Vec::with_capacity(document_ids.len());
+                    for id in &document_ids {
+                        if let Some(document) = index.export_document(id)? {
+                            documents.push(document);
+                        }
+                    }
+                    Ok(documents)
+                })
+                .await;
+                let _ = reply.send(outcome);
+            }
             ShardMessage::Purge => {
                 if state.index.stats().tombstones > 0 {
                     let index = state.index.clone();

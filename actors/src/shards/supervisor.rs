@@ -21,16 +21,22 @@ const RESTART_WINDOW: Duration = Duration::from_secs(60);
 const MAX_RESTARTS_IN_WINDOW: usize = 5;
 
 pub enum ShardsMessage {
-    /// Opens (creating if needed) the replicas of shards `0..shards` of a KB on this node.
+    /// Opens (creating if needed) this node's replicas of the listed shards of a KB.
     Open {
         kb_id: String,
-        shards: u32,
+        shards: Vec<u32>,
         dimension: usize,
         reply: RpcReplyPort<Result<()>>,
     },
     /// Stops a KB's replicas and deletes their data.
     DropKb {
         kb_id: String,
+        reply: RpcReplyPort<Result<()>>,
+    },
+    /// Stops one replica of this node and deletes its data (it was moved to another node).
+    DropShard {
+        kb_id: String,
+        shard: u32,
         reply: RpcReplyPort<Result<()>>,
     },
 }
@@ -115,7 +121,7 @@ impl Actor for ShardsSupervisor {
                 reply,
             } => {
                 let mut outcome = Ok(());
-                for shard in 0..shards {
+                for shard in shards {
                     let key = ShardKey {
                         kb_id: kb_id.clone(),
                         shard,
@@ -158,6 +164,31 @@ impl Actor for ShardsSupervisor {
                 }
                 metrics::gauge!("sift_shards").set(state.registry.len() as f64);
                 let dir = state.data_dir.join(&kb_id);
+                let removed =
+                    tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+                        Ok(()) => Ok(()),
+                        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                        Err(error) => Err(SiftError::from(sift_storage::StorageError::from(error))),
+                    })
+                    .await
+                    .unwrap_or_else(|error| Err(SiftError::Internal(error.to_string())));
+                let _ = reply.send(removed);
+            }
+            ShardsMessage::DropShard {
+                kb_id,
+                shard,
+                reply,
+            } => {
+                let key = ShardKey { kb_id, shard };
+                if let Some(entry) = state.registry.remove(&key) {
+                    state.children.remove(&entry.actor.get_id());
+                    entry
+                        .actor
+                        .stop(Some("replica moved to another node".into()));
+                }
+                state.failures.remove(&key);
+                metrics::gauge!("sift_shards").set(state.registry.len() as f64);
+                let dir = state.shard_dir(&key);
                 let removed =
                     tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
                         Ok(()) => Ok(()),

@@ -21,6 +21,7 @@ fn create_kb(name: &str) -> Proposal {
         name: name.into(),
         settings: KbSettings {
             shards: 1,
+            replication_factor: 1,
             chunk_tokens: 256,
             chunk_overlap_tokens: 32,
             parent_tokens: 1024,
@@ -33,6 +34,7 @@ fn create_kb(name: &str) -> Proposal {
         },
         created_at_ms: 1,
         updated_at_ms: 1,
+        placement: Vec::new(),
     }))
 }
 
@@ -132,6 +134,7 @@ impl HttpCluster {
             raft.handle().clone(),
             Some(transport.clone()),
             self.chunk_bytes,
+            None,
         )
         .unwrap();
         self.nodes.insert(

@@ -3,6 +3,7 @@ use super::*;
 fn settings() -> KbSettings {
     KbSettings {
         shards: 2,
+        replication_factor: 1,
         chunk_tokens: 256,
         chunk_overlap_tokens: 32,
         parent_tokens: 1024,
@@ -22,6 +23,7 @@ fn kb(id: &str, name: &str) -> KbRecord {
         settings: settings(),
         created_at_ms: 1,
         updated_at_ms: 1,
+        placement: Vec::new(),
     }
 }
 
@@ -552,4 +554,101 @@ fn session_ops_round_trip_through_bincode() {
             bincode::serde::decode_from_slice(&bin, bincode::config::standard()).unwrap();
         assert_eq!(op, back);
     }
+}
+
+#[test]
+fn replica_states_and_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    let mut log = Log {
+        store: &store,
+        index: 0,
+    };
+    let mut record = kb("k1", "alpha");
+    let replica = |node, state| Replica {
+        node,
+        state,
+        since_ms: 1,
+    };
+    record.placement = vec![
+        ShardPlacement {
+            replicas: vec![
+                replica(1, ReplicaState::Active),
+                replica(2, ReplicaState::Active),
+            ],
+        },
+        ShardPlacement {
+            replicas: vec![replica(2, ReplicaState::Active)],
+        },
+    ];
+    log.apply(MetaOp::CreateKb(record)).unwrap();
+    let set = |node, state, expected| MetaOp::SetReplicaState {
+        kb_id: "k1".into(),
+        shard: 0,
+        node,
+        state,
+        expected,
+        at_ms: 9,
+    };
+    // A compare-and-set on the state the proposer saw.
+    assert_eq!(
+        log.apply(set(2, ReplicaState::Dead, Some(ReplicaState::Recovering)))
+            .unwrap(),
+        MetaOutcome::Unchanged
+    );
+    assert!(matches!(
+        log.apply(set(2, ReplicaState::Dead, Some(ReplicaState::Active)))
+            .unwrap(),
+        MetaOutcome::Kb(_)
+    ));
+    let stored = store.get_kb("k1").unwrap().unwrap();
+    assert_eq!(stored.replicas(0)[1].state, ReplicaState::Dead);
+    assert_eq!(stored.replicas(0)[1].since_ms, 9);
+    // A replica that is not (or no longer) placed: nothing to change, not an error.
+    assert_eq!(
+        log.apply(set(7, ReplicaState::Dead, None)).unwrap(),
+        MetaOutcome::Unchanged
+    );
+
+    // A move: add on node 3 (initializing), then remove the old one.
+    let add = MetaOp::AddReplica {
+        kb_id: "k1".into(),
+        shard: 1,
+        node: 3,
+        at_ms: 10,
+    };
+    log.apply(add.clone()).unwrap();
+    assert_eq!(log.apply(add).unwrap(), MetaOutcome::Unchanged);
+    let stored = store.get_kb("k1").unwrap().unwrap();
+    assert_eq!(stored.replicas(1).len(), 2);
+    assert_eq!(stored.replicas(1)[1].state, ReplicaState::Initializing);
+    let remove = |node| MetaOp::RemoveReplica {
+        kb_id: "k1".into(),
+        shard: 1,
+        node,
+        at_ms: 11,
+    };
+    // The only active replica cannot go before the new one is active.
+    let error = log.apply(remove(2)).unwrap_err();
+    assert!(matches!(error, StorageError::Conflict(_)), "{error}");
+    log.apply(MetaOp::SetReplicaState {
+        kb_id: "k1".into(),
+        shard: 1,
+        node: 3,
+        state: ReplicaState::Active,
+        expected: Some(ReplicaState::Initializing),
+        at_ms: 12,
+    })
+    .unwrap();
+    log.apply(remove(2)).unwrap();
+    let stored = store.get_kb("k1").unwrap().unwrap();
+    assert_eq!(
+        stored
+            .replicas(1)
+            .iter()
+            .map(|r| r.node)
+            .collect::<Vec<_>>(),
+        [3]
+    );
+    assert_eq!(log.apply(remove(2)).unwrap(), MetaOutcome::Unchanged);
 }

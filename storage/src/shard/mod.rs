@@ -415,6 +415,46 @@ impl ShardIndex {
         Ok(views)
     }
 
+    /// The ids of every live document, in id order.
+    pub fn document_ids(&self) -> Result<Vec<String>> {
+        let mut ids = Vec::new();
+        self.store.for_each_document(|id, _| {
+            ids.push(id);
+            Ok(())
+        })?;
+        Ok(ids)
+    }
+
+    /// A live document as it was written (entry, parents, chunks with their vectors), to copy
+    /// it to another replica; `None` when it is not here (never written, or deleted).
+    pub fn export_document(&self, document_id: &str) -> Result<Option<DocumentWrite>> {
+        let Some(stored) = self.store.document(document_id)? else {
+            return Ok(None);
+        };
+        let mut parents = Vec::with_capacity(stored.parent_positions.len());
+        for &position in &stored.parent_positions {
+            if let Some(parent) = self.store.parent(document_id, position)? {
+                parents.push(parent);
+            }
+        }
+        let mut chunks = Vec::with_capacity(stored.chunk_ids.len());
+        for &id in &stored.chunk_ids {
+            let Some(chunk) = self.store.chunk(id)? else {
+                continue;
+            };
+            let mut record = chunk.record;
+            record.vector = self.store.vector(id)?.ok_or_else(|| {
+                StorageError::Corrupt(format!("chunk {id} of {document_id} has no vector"))
+            })?;
+            chunks.push(record);
+        }
+        Ok(Some(DocumentWrite {
+            entry: stored.entry,
+            parents,
+            chunks,
+        }))
+    }
+
     /// Whether a live (written and not deleted) document has this id.
     pub fn contains_document(&self, document_id: &str) -> Result<bool> {
         Ok(self.store.document(document_id)?.is_some())

@@ -17,6 +17,7 @@ const WAIT: Duration = Duration::from_secs(60);
 fn settings() -> KbSettings {
     KbSettings {
         shards: 1,
+        replication_factor: 1,
         chunk_tokens: 256,
         chunk_overlap_tokens: 32,
         parent_tokens: 1024,
@@ -36,6 +37,7 @@ fn create_kb(name: &str) -> Proposal {
         settings: settings(),
         created_at_ms: 1,
         updated_at_ms: 1,
+        placement: Vec::new(),
     }))
 }
 

@@ -1,0 +1,290 @@
+//! Shard requests between nodes: one internal route (`POST /internal/v1/shard`) on the
+//! cluster's internal port, bincode bodies, authenticated with the cluster secret by the
+//! internal server before a byte of the body is read.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sift_cluster::raft::RaftHandle;
+use sift_cluster::transport::{decode_frame, encode_frame};
+use sift_storage::chunk::{ChunkView, DocumentWrite};
+use sift_storage::shard::ShardStats;
+
+use super::messages::{LeafRequest, LeafResponse};
+
+/// The internal route of shard requests.
+pub const SHARD_RPC_PATH: &str = "/internal/v1/shard";
+
+/// The id of a node that is not a cluster member: a single node is node 1, as it will be if
+/// it bootstraps a cluster later.
+pub const SINGLE_NODE_ID: u64 = 1;
+
+/// A request to one replica of a shard held by another node.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ShardRpc {
+    Search {
+        kb_id: String,
+        shard: u32,
+        request: LeafRequest,
+    },
+    Chunks {
+        kb_id: String,
+        shard: u32,
+        document_id: String,
+    },
+    Write {
+        kb_id: String,
+        shard: u32,
+        documents: Vec<DocumentWrite>,
+    },
+    Delete {
+        kb_id: String,
+        shard: u32,
+        document_id: String,
+    },
+    DocumentIds {
+        kb_id: String,
+        shard: u32,
+    },
+    Export {
+        kb_id: String,
+        shard: u32,
+        document_ids: Vec<String>,
+    },
+    Stats {
+        kb_id: String,
+        shard: u32,
+    },
+}
+
+impl ShardRpc {
+    pub fn kb_id(&self) -> &str {
+        match self {
+            ShardRpc::Search { kb_id, .. }
+            | ShardRpc::Chunks { kb_id, .. }
+            | ShardRpc::Write { kb_id, .. }
+            | ShardRpc::Delete { kb_id, .. }
+            | ShardRpc::DocumentIds { kb_id, .. }
+            | ShardRpc::Export { kb_id, .. }
+            | ShardRpc::Stats { kb_id, .. } => kb_id,
+        }
+    }
+
+    pub fn shard(&self) -> u32 {
+        match self {
+            ShardRpc::Search { shard, .. }
+            | ShardRpc::Chunks { shard, .. }
+            | ShardRpc::Write { shard, .. }
+            | ShardRpc::Delete { shard, .. }
+            | ShardRpc::DocumentIds { shard, .. }
+            | ShardRpc::Export { shard, .. }
+            | ShardRpc::Stats { shard, .. } => *shard,
+        }
+    }
+
+    /// A short name for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ShardRpc::Search { .. } => "search",
+            ShardRpc::Chunks { .. } => "chunks",
+            ShardRpc::Write { .. } => "write",
+            ShardRpc::Delete { .. } => "delete",
+            ShardRpc::DocumentIds { .. } => "document_ids",
+            ShardRpc::Export { .. } => "export",
+            ShardRpc::Stats { .. } => "stats",
+        }
+    }
+}
+
+/// What the replica's node answered.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ShardReply {
+    Search(LeafResponse),
+    Chunks(Vec<ChunkView>),
+    Written,
+    Deleted(bool),
+    DocumentIds(Vec<String>),
+    Exported(Vec<DocumentWrite>),
+    Stats(ShardStats),
+    /// The node could not serve the request (`code` as in the public API's errors).
+    Failed {
+        code: String,
+        message: String,
+    },
+}
+
+pub fn encode_reply(reply: &ShardReply) -> Vec<u8> {
+    encode_frame(reply).unwrap_or_else(|error| {
+        encode_frame(&ShardReply::Failed {
+            code: "internal".into(),
+            message: error.to_string(),
+        })
+        .unwrap_or_default()
+    })
+}
+
+pub fn decode_request(bytes: &[u8]) -> Option<ShardRpc> {
+    decode_frame(bytes)
+}
+
+/// This node's view of the other nodes, for shard requests: its own id, their internal
+/// addresses (from the Raft membership) and an HTTP/2 client. A single node has no peers.
+pub struct Peers {
+    local_id: u64,
+    raft: Option<RaftHandle>,
+    secret: String,
+    client: reqwest::Client,
+    inflight: Mutex<HashMap<u64, usize>>,
+}
+
+impl Peers {
+    /// A node that is not a cluster member.
+    pub fn single() -> Peers {
+        Peers {
+            local_id: SINGLE_NODE_ID,
+            raft: None,
+            secret: String::new(),
+            client: reqwest::Client::new(),
+            inflight: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A cluster member: addresses come from `raft`'s membership.
+    pub fn clustered(raft: RaftHandle, secret: &str) -> Peers {
+        let client = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        Peers {
+            local_id: raft.id(),
+            raft: Some(raft),
+            secret: secret.to_string(),
+            client,
+            inflight: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn local_id(&self) -> u64 {
+        self.local_id
+    }
+
+    /// The nodes that may hold replicas: this one and every member not removed.
+    pub fn members(&self) -> Vec<u64> {
+        let mut members = vec![self.local_id];
+        if let Some(raft) = &self.raft {
+            let status = raft.status();
+            for peer in status.peers {
+                if !peer.address.as_ref().is_some_and(|a| a.removed) {
+                    members.push(peer.id);
+                }
+            }
+        }
+        members.sort_unstable();
+        members.dedup();
+        members
+    }
+
+    fn address(&self, node: u64) -> Option<String> {
+        let raft = self.raft.as_ref()?;
+        raft.status()
+            .peers
+            .into_iter()
+            .find(|peer| peer.id == node)
+            .and_then(|peer| peer.address)
+            .filter(|address| !address.removed && !address.internal.is_empty())
+            .map(|address| address.internal)
+    }
+
+    /// Requests in flight to `node` (the least loaded replica is read first).
+    pub fn inflight(&self, node: u64) -> usize {
+        self.inflight
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .get(&node)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn track(&self, node: u64, delta: isize) {
+        let mut inflight = self
+            .inflight
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let count = inflight.entry(node).or_default();
+        *count = count.saturating_add_signed(delta);
+    }
+
+    /// Sends `rpc` to `node` and waits at most `timeout` for its answer. Errors are
+    /// human-readable reasons (they end up in `failed_shards` and logs).
+    pub async fn call(
+        &self,
+        node: u64,
+        rpc: &ShardRpc,
+        timeout: Duration,
+    ) -> Result<ShardReply, String> {
+        let Some(address) = self.address(node) else {
+            return Err(format!("no address known for node {node}"));
+        };
+        let body = encode_frame(rpc).map_err(|error| error.to_string())?;
+        self.track(node, 1);
+        let _done = Untrack { peers: self, node };
+        let started = std::time::Instant::now();
+        let outcome = async {
+            let response = self
+                .client
+                .post(format!("http://{address}{SHARD_RPC_PATH}"))
+                .bearer_auth(&self.secret)
+                .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+                .timeout(timeout)
+                .body(body)
+                .send()
+                .await
+                .map_err(|error| format!("node {node}: {}", describe(&error)))?;
+            let status = response.status();
+            let bytes = response
+                .bytes()
+                .await
+                .map_err(|error| format!("node {node}: {}", describe(&error)))?;
+            if !status.is_success() {
+                return Err(format!(
+                    "node {node} answered {status}: {}",
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+                ));
+            }
+            decode_frame::<ShardReply>(&bytes)
+                .ok_or_else(|| format!("node {node} sent an unreadable reply"))
+        }
+        .await;
+        let label = if outcome.is_ok() { "ok" } else { "error" };
+        metrics::histogram!("sift_shard_rpc_seconds", "kind" => rpc.kind(), "outcome" => label)
+            .record(started.elapsed().as_secs_f64());
+        outcome
+    }
+}
+
+struct Untrack<'a> {
+    peers: &'a Peers,
+    node: u64,
+}
+
+impl Drop for Untrack<'_> {
+    fn drop(&mut self) {
+        self.peers.track(self.node, -1);
+    }
+}
+
+fn describe(error: &reqwest::Error) -> String {
+    if error.is_timeout() {
+        "no answer in time".into()
+    } else if error.is_connect() {
+        "unreachable".into()
+    } else {
+        error.to_string()
+    }
+}
+
+/// Shared between the node's parts.
+pub type SharedPeers = Arc<Peers>;
