@@ -109,6 +109,8 @@ pub(super) struct Run {
     deadline: tokio::time::Instant,
     trace: Vec<TraceStep>,
     evidence: Evidence,
+    /// Shards that did not answer a search of this run (KB, shard): the answer says so.
+    missing_shards: std::collections::BTreeSet<(String, u32)>,
     prompt_tokens: u64,
     completion_tokens: u64,
     last_prompt_tokens: u32,
@@ -152,6 +154,7 @@ impl Run {
             started: Instant::now(),
             trace: Vec::new(),
             evidence: Evidence::default(),
+            missing_shards: Default::default(),
             prompt_tokens: 0,
             completion_tokens: 0,
             last_prompt_tokens: 0,
@@ -708,6 +711,10 @@ impl Run {
     fn observe(&mut self, call: &ToolCall, started: Instant, output: ToolOutput) -> String {
         metrics::counter!("sift_agent_tool_calls_total", "tool" => self.toolbox.label(&call.name), "status" => "ok")
             .increment(1);
+        for failed in &output.failed_shards {
+            self.missing_shards
+                .insert((failed.kb_id.clone(), failed.shard));
+        }
         if !output.failed_shards.is_empty() {
             self.emit(AgentEvent::Partial {
                 failed_shards: output.failed_shards.clone(),
@@ -1277,6 +1284,17 @@ impl Run {
             text.push_str(
                 "\n\n(The run's budget ran out: this answer rests on the evidence gathered so far.)",
             );
+        }
+        if finish != RunFinish::Stopped && !self.missing_shards.is_empty() {
+            let missing: Vec<String> = self
+                .missing_shards
+                .iter()
+                .map(|(kb, shard)| format!("shard {shard} of {kb}"))
+                .collect();
+            text.push_str(&format!(
+                "\n\n(Partial coverage: {} did not answer, so evidence stored there was not searched.)",
+                missing.join(", ")
+            ));
         }
         if finish != RunFinish::Stopped {
             for citation in &citations {

@@ -1732,6 +1732,18 @@ async fn failed_shards_are_reported_as_partial_before_the_result() {
         .position(|e| matches!(e, AgentEvent::ToolResult { id, .. } if id == "p"))
         .unwrap();
     assert!(partial < result);
+    // The answer states its coverage.
+    let answer: String = events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::Delta { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        answer.contains("Partial coverage: shard 1 of"),
+        "the answer does not state its coverage: {answer:?}"
+    );
     fixture.node.shutdown().await;
 }
 
