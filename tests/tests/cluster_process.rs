@@ -257,3 +257,98 @@ async fn three_processes_replicate_metadata_fail_over_and_rejoin() {
     assert_eq!(answer.headers["retry-after"], "1");
     new_leader_client.get("/v1/kbs/beta").await.expect(200);
 }
+
+/// Runs `sift serve` on `data_dir` joining through `join`, expecting the node to be refused and
+/// to exit; returns whether it exited successfully and its log. Bounded by the node's own
+/// join timeout (a refusal is not retried).
+fn serve_expecting_refusal(
+    data_dir: &std::path::Path,
+    internal: &str,
+    join: &str,
+) -> (bool, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_sift-under-test"));
+    command
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .env("SIFT_MODEL_DIR", sift_tests::require_model())
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null());
+    for (name, _) in std::env::vars_os() {
+        if let Some(name) = name
+            .to_str()
+            .filter(|n| n.starts_with("SIFT_") && *n != "SIFT_MODEL_DIR")
+        {
+            command.env_remove(name);
+        }
+    }
+    command
+        .env("SIFT_CLUSTER_SECRET", SECRET)
+        .env("SIFT_INTERNAL_LISTEN", internal)
+        .env("SIFT_JOIN", join);
+    let output = command.output().expect("running sift serve");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), log)
+}
+
+/// Issue 4: a node whose data dir was wiped comes back at its old address: it is refused under
+/// its old id with a message naming it, exits, and changes nothing; from another address it
+/// joins fresh under a new id.
+#[tokio::test]
+async fn a_wiped_data_dir_is_refused_under_its_old_id_and_can_join_fresh() {
+    let dir = temp_dir();
+    let internal: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let data: Vec<_> = (0..3).map(|i| dir.path().join(format!("n{i}"))).collect();
+    let first = start(&data[0], &internal[0], None);
+    let second = start(&data[1], &internal[1], Some(&internal[0]));
+    let mut third = start(&data[2], &internal[2], Some(&internal[0]));
+    let client = first.client();
+    eventually("three voters", || async {
+        let v = view(&client).await;
+        let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
+        (nodes.len() == 3 && nodes.iter().all(|n| n["role"] != "learner")).then_some(())
+    })
+    .await;
+    let third_id = view(&third.client()).await["id"].as_u64().unwrap();
+    client
+        .create_kb(json!({ "name": "kept", "shards": 1 }))
+        .await;
+
+    // node 3 loses its data dir and comes back at the same address
+    third.kill9();
+    drop(third);
+    std::fs::remove_dir_all(&data[2]).unwrap();
+    let (succeeded, log) = serve_expecting_refusal(&data[2], &internal[2], &internal[1]);
+    assert!(!succeeded, "a wiped node was let in: {log}");
+    assert!(
+        log.contains(&format!("belongs to node {third_id}")),
+        "the refusal does not name the old id: {log}"
+    );
+    // nothing changed: still three members, the metadata intact
+    let v = view(&client).await;
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 3, "{v}");
+    client.get("/v1/kbs/kept").await.expect(200);
+
+    // from another address (a fresh data dir) it joins under a new id and catches up
+    let fresh_internal = format!("127.0.0.1:{}", free_port());
+    let fresh = start(
+        &dir.path().join("fresh"),
+        &fresh_internal,
+        Some(&internal[0]),
+    );
+    let fresh_id = view(&fresh.client()).await["id"].as_u64().unwrap();
+    assert!(fresh_id > 3, "ids are never reused: got {fresh_id}");
+    eventually("kept on the fresh node", || async {
+        (fresh.client().get("/v1/kbs/kept").await.status == 200).then_some(())
+    })
+    .await;
+    drop(second);
+}
