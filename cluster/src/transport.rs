@@ -515,7 +515,8 @@ async fn join_reply(state: &ServerState, request: JoinRequest) -> JoinReply {
             .is_some_and(|address| address.internal == request.address.internal)
     }) {
         return JoinReply::Refused(format!(
-            "address {} belongs to node {}, which is still a member: if its data dir was wiped,              remove it first (sift node remove {}) or join from another address",
+            "address {} belongs to node {}, which is still a member: if its data dir was wiped, \
+             remove it first (sift node remove {}) or join from another address",
             request.address.internal, member.id, member.id
         ));
     }

@@ -329,8 +329,11 @@ async fn a_wiped_data_dir_is_refused_under_its_old_id_and_can_join_fresh() {
     let (succeeded, log) = serve_expecting_refusal(&data[2], &internal[2], &internal[1]);
     assert!(!succeeded, "a wiped node was let in: {log}");
     assert!(
-        log.contains(&format!("belongs to node {third_id}")),
-        "the refusal does not name the old id: {log}"
+        log.contains(&format!(
+            "belongs to node {third_id}, which is still a member: if its data dir was wiped, \
+             remove it first (sift node remove {third_id})"
+        )),
+        "the refusal does not name the old id and what to do: {log}"
     );
     // nothing changed: still three members, the metadata intact
     let v = view(&client).await;
