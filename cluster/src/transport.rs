@@ -12,7 +12,7 @@
 //!
 //! See docs/adr/0005-internal-transport.md for why this is not ractor_cluster.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
@@ -263,6 +263,15 @@ fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// The answer to Raft traffic from a peer blocked by [`HttpTransport::block_peers`].
+fn blocked_response() -> Response {
+    error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "blocked",
+        "traffic from this peer is blocked (fault injection)",
+    )
+}
+
 fn parse_message(bytes: &[u8]) -> Option<Message> {
     Message::parse_from_bytes(bytes).ok()
 }
@@ -283,6 +292,9 @@ async fn receive_messages(State(state): State<Arc<ServerState>>, body: Bytes) ->
         }
     }
     if let Some(transport) = &state.transport {
+        if transport.is_blocked(batch.from) {
+            return blocked_response();
+        }
         transport.learn_address(batch.from, &batch.from_address);
     }
     for message in messages {
@@ -303,6 +315,13 @@ async fn receive_snapshot_chunk(State(state): State<Arc<ServerState>>, body: Byt
             "too_large",
             "snapshot too large",
         );
+    }
+    if state
+        .transport
+        .as_ref()
+        .is_some_and(|transport| transport.is_blocked(chunk.from))
+    {
+        return blocked_response();
     }
     let key = (chunk.from, chunk.transfer_id);
     let complete = {
@@ -616,6 +635,9 @@ struct Inner {
     addresses: RwLock<HashMap<u64, String>>,
     queues: Mutex<HashMap<u64, Arc<PeerQueue>>>,
     raft: OnceLock<RaftHandle>,
+    /// Peers this node neither sends to nor accepts Raft traffic from (fault injection:
+    /// [`HttpTransport::block_peers`]).
+    blocked: RwLock<HashSet<u64>>,
     depth: AtomicI64,
     next_transfer: AtomicU64,
 }
@@ -643,6 +665,7 @@ impl HttpTransport {
                 addresses: RwLock::new(HashMap::new()),
                 queues: Mutex::new(HashMap::new()),
                 raft: OnceLock::new(),
+                blocked: RwLock::new(HashSet::new()),
                 depth: AtomicI64::new(0),
                 next_transfer: AtomicU64::new(1),
             }),
@@ -678,6 +701,11 @@ impl HttpTransport {
     /// applying it there produced. A retry of the same proposal applies at most once.
     pub async fn forward(&self, leader: u64, proposal: &Proposal) -> Result<MetaOutcome> {
         let inner = &self.inner;
+        if inner.is_blocked(leader) {
+            return Err(ClusterError::Transport(format!(
+                "node {leader} is unreachable (blocked)"
+            )));
+        }
         let Some(address) = inner.address_of(leader) else {
             return Err(ClusterError::Transport(format!(
                 "no address for node {leader}"
@@ -711,6 +739,23 @@ impl HttpTransport {
         }
     }
 
+    /// Fault injection: from now on, Raft messages, snapshots and forwarded proposals to
+    /// `peers` are dropped, and Raft traffic from them is refused (503), as if the network
+    /// between them and this node were cut. An empty list heals. Block on both sides to cut a
+    /// link both ways.
+    pub fn block_peers(&self, peers: &[u64]) {
+        *self
+            .inner
+            .blocked
+            .write()
+            .unwrap_or_else(|poison| poison.into_inner()) = peers.iter().copied().collect();
+    }
+
+    /// Whether traffic with `peer` is blocked by [`Self::block_peers`].
+    pub fn is_blocked(&self, peer: u64) -> bool {
+        self.inner.is_blocked(peer)
+    }
+
     /// Messages waiting in every peer queue.
     pub fn queue_depth(&self) -> i64 {
         self.inner.depth.load(Ordering::Relaxed)
@@ -740,6 +785,13 @@ impl HttpTransport {
 }
 
 impl Inner {
+    fn is_blocked(&self, peer: u64) -> bool {
+        self.blocked
+            .read()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .contains(&peer)
+    }
+
     fn address_of(&self, id: u64) -> Option<String> {
         self.addresses
             .read()
@@ -761,6 +813,16 @@ impl Inner {
 impl Transport for HttpTransport {
     fn send(&self, message: Message) {
         let to = message.to;
+        if self.inner.is_blocked(to) {
+            metrics::counter!("sift_raft_messages_dropped_total", "reason" => "blocked")
+                .increment(1);
+            if message.get_msg_type() == MessageType::MsgSnapshot
+                && let Some(raft) = self.inner.raft.get()
+            {
+                raft.report_snapshot(to, false);
+            }
+            return;
+        }
         if message.get_msg_type() == MessageType::MsgSnapshot {
             let inner = self.inner.clone();
             self.inner.runtime.spawn(async move {
