@@ -46,6 +46,9 @@ const SNAPSHOT_PATH: &str = "/internal/v1/raft/snapshot";
 const HEALTH_PATH: &str = "/internal/v1/health";
 const PROPOSE_PATH: &str = "/internal/v1/meta/propose";
 const JOIN_PATH: &str = "/internal/v1/join";
+/// Fault injection (only with [`TransportConfig::fault_injection`]): `{"peers": [ids]}` cuts
+/// this node's Raft traffic with those peers ([`HttpTransport::block_peers`]); `[]` heals.
+pub const DEBUG_BLOCK_PATH: &str = "/internal/v1/debug/block";
 /// Upper bound of a decoded frame, whatever the body limit.
 const FRAME_LIMIT: usize = 64 * 1024 * 1024;
 /// Upper bound of an assembled snapshot.
@@ -67,6 +70,8 @@ pub struct TransportConfig {
     /// Snapshot bytes per request.
     pub chunk_bytes: usize,
     pub request_timeout: Duration,
+    /// Serve [`DEBUG_BLOCK_PATH`] (tests of partitions; the node's `debug_faults`).
+    pub fault_injection: bool,
 }
 
 impl TransportConfig {
@@ -79,6 +84,7 @@ impl TransportConfig {
             batch_messages: 256,
             chunk_bytes: 1024 * 1024,
             request_timeout: Duration::from_secs(5),
+            fault_injection: false,
         }
     }
 }
@@ -169,6 +175,9 @@ impl InternalServer {
         let local_addr = listener
             .local_addr()
             .map_err(|error| ClusterError::Transport(error.to_string()))?;
+        let fault_injection = transport
+            .as_ref()
+            .is_some_and(|transport| transport.inner.config.fault_injection);
         let state = Arc::new(ServerState {
             secret: secret_digest(secret),
             raft,
@@ -178,7 +187,11 @@ impl InternalServer {
             promotion_timeout: Duration::from_secs(600),
         });
         let body_limit = chunk_bytes.max(4 * 1024 * 1024) * 2;
-        let app = Router::new()
+        let mut app = Router::new();
+        if fault_injection {
+            app = app.route(DEBUG_BLOCK_PATH, post(receive_block));
+        }
+        let app = app
             .route(MESSAGES_PATH, post(receive_messages))
             .route(SNAPSHOT_PATH, post(receive_snapshot_chunk))
             .route(PROPOSE_PATH, post(receive_proposal))
@@ -261,6 +274,30 @@ async fn authenticate(
 fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
     let body = serde_json::json!({ "error": { "code": code, "message": message } });
     (status, axum::Json(body)).into_response()
+}
+
+#[derive(Deserialize)]
+struct BlockRequest {
+    peers: Vec<u64>,
+}
+
+/// Fault injection: cuts (or with `[]` heals) this node's Raft traffic with the given peers.
+async fn receive_block(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let Ok(request) = serde_json::from_slice::<BlockRequest>(&body) else {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            "expected {\"peers\": [node ids]}",
+        );
+    };
+    match &state.transport {
+        Some(transport) => {
+            warn!(peers = ?request.peers, "fault injection: raft traffic with these peers blocked");
+            transport.block_peers(&request.peers);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => error_response(StatusCode::NOT_FOUND, "not_found", "no transport"),
+    }
 }
 
 /// The answer to Raft traffic from a peer blocked by [`HttpTransport::block_peers`].
