@@ -12,7 +12,7 @@
 //!
 //! See docs/adr/0005-internal-transport.md for why this is not ractor_cluster.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
@@ -46,6 +46,9 @@ const SNAPSHOT_PATH: &str = "/internal/v1/raft/snapshot";
 const HEALTH_PATH: &str = "/internal/v1/health";
 const PROPOSE_PATH: &str = "/internal/v1/meta/propose";
 const JOIN_PATH: &str = "/internal/v1/join";
+/// Fault injection (only with [`TransportConfig::fault_injection`]): `{"peers": [ids]}` cuts
+/// this node's Raft traffic with those peers ([`HttpTransport::block_peers`]); `[]` heals.
+pub const DEBUG_BLOCK_PATH: &str = "/internal/v1/debug/block";
 /// Upper bound of a decoded frame, whatever the body limit.
 const FRAME_LIMIT: usize = 64 * 1024 * 1024;
 /// Upper bound of an assembled snapshot.
@@ -67,6 +70,8 @@ pub struct TransportConfig {
     /// Snapshot bytes per request.
     pub chunk_bytes: usize,
     pub request_timeout: Duration,
+    /// Serve [`DEBUG_BLOCK_PATH`] (tests of partitions; the node's `debug_faults`).
+    pub fault_injection: bool,
 }
 
 impl TransportConfig {
@@ -79,6 +84,7 @@ impl TransportConfig {
             batch_messages: 256,
             chunk_bytes: 1024 * 1024,
             request_timeout: Duration::from_secs(5),
+            fault_injection: false,
         }
     }
 }
@@ -174,6 +180,9 @@ impl InternalServer {
         let local_addr = listener
             .local_addr()
             .map_err(|error| ClusterError::Transport(error.to_string()))?;
+        let fault_injection = transport
+            .as_ref()
+            .is_some_and(|transport| transport.inner.config.fault_injection);
         let state = Arc::new(ServerState {
             secret: secret_digest(secret),
             raft,
@@ -183,7 +192,11 @@ impl InternalServer {
             promotion_timeout: Duration::from_secs(600),
         });
         let body_limit = chunk_bytes.max(4 * 1024 * 1024) * 2;
-        let app = Router::new()
+        let mut app = Router::new();
+        if fault_injection {
+            app = app.route(DEBUG_BLOCK_PATH, post(receive_block));
+        }
+        let app = app
             .route(MESSAGES_PATH, post(receive_messages))
             .route(SNAPSHOT_PATH, post(receive_snapshot_chunk))
             .route(PROPOSE_PATH, post(receive_proposal))
@@ -269,6 +282,39 @@ fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+#[derive(Deserialize)]
+struct BlockRequest {
+    peers: Vec<u64>,
+}
+
+/// Fault injection: cuts (or with `[]` heals) this node's Raft traffic with the given peers.
+async fn receive_block(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let Ok(request) = serde_json::from_slice::<BlockRequest>(&body) else {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            "expected {\"peers\": [node ids]}",
+        );
+    };
+    match &state.transport {
+        Some(transport) => {
+            warn!(peers = ?request.peers, "fault injection: raft traffic with these peers blocked");
+            transport.block_peers(&request.peers);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => error_response(StatusCode::NOT_FOUND, "not_found", "no transport"),
+    }
+}
+
+/// The answer to Raft traffic from a peer blocked by [`HttpTransport::block_peers`].
+fn blocked_response() -> Response {
+    error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "blocked",
+        "traffic from this peer is blocked (fault injection)",
+    )
+}
+
 fn parse_message(bytes: &[u8]) -> Option<Message> {
     Message::parse_from_bytes(bytes).ok()
 }
@@ -289,6 +335,9 @@ async fn receive_messages(State(state): State<Arc<ServerState>>, body: Bytes) ->
         }
     }
     if let Some(transport) = &state.transport {
+        if transport.is_blocked(batch.from) {
+            return blocked_response();
+        }
         transport.learn_address(batch.from, &batch.from_address);
     }
     for message in messages {
@@ -309,6 +358,13 @@ async fn receive_snapshot_chunk(State(state): State<Arc<ServerState>>, body: Byt
             "too_large",
             "snapshot too large",
         );
+    }
+    if state
+        .transport
+        .as_ref()
+        .is_some_and(|transport| transport.is_blocked(chunk.from))
+    {
+        return blocked_response();
     }
     let key = (chunk.from, chunk.transfer_id);
     let complete = {
@@ -521,7 +577,8 @@ async fn join_reply(state: &ServerState, request: JoinRequest) -> JoinReply {
             .is_some_and(|address| address.internal == request.address.internal)
     }) {
         return JoinReply::Refused(format!(
-            "address {} belongs to node {}, which is still a member: if its data dir was wiped,              remove it first (sift node remove {}) or join from another address",
+            "address {} belongs to node {}, which is still a member: if its data dir was wiped, \
+             remove it first (sift node remove {}) or join from another address",
             request.address.internal, member.id, member.id
         ));
     }
@@ -621,6 +678,9 @@ struct Inner {
     addresses: RwLock<HashMap<u64, String>>,
     queues: Mutex<HashMap<u64, Arc<PeerQueue>>>,
     raft: OnceLock<RaftHandle>,
+    /// Peers this node neither sends to nor accepts Raft traffic from (fault injection:
+    /// [`HttpTransport::block_peers`]).
+    blocked: RwLock<HashSet<u64>>,
     depth: AtomicI64,
     next_transfer: AtomicU64,
 }
@@ -648,6 +708,7 @@ impl HttpTransport {
                 addresses: RwLock::new(HashMap::new()),
                 queues: Mutex::new(HashMap::new()),
                 raft: OnceLock::new(),
+                blocked: RwLock::new(HashSet::new()),
                 depth: AtomicI64::new(0),
                 next_transfer: AtomicU64::new(1),
             }),
@@ -683,6 +744,11 @@ impl HttpTransport {
     /// applying it there produced. A retry of the same proposal applies at most once.
     pub async fn forward(&self, leader: u64, proposal: &Proposal) -> Result<MetaOutcome> {
         let inner = &self.inner;
+        if inner.is_blocked(leader) {
+            return Err(ClusterError::Transport(format!(
+                "node {leader} is unreachable (blocked)"
+            )));
+        }
         let Some(address) = inner.address_of(leader) else {
             return Err(ClusterError::Transport(format!(
                 "no address for node {leader}"
@@ -716,6 +782,23 @@ impl HttpTransport {
         }
     }
 
+    /// Fault injection: from now on, Raft messages, snapshots and forwarded proposals to
+    /// `peers` are dropped, and Raft traffic from them is refused (503), as if the network
+    /// between them and this node were cut. An empty list heals. Block on both sides to cut a
+    /// link both ways.
+    pub fn block_peers(&self, peers: &[u64]) {
+        *self
+            .inner
+            .blocked
+            .write()
+            .unwrap_or_else(|poison| poison.into_inner()) = peers.iter().copied().collect();
+    }
+
+    /// Whether traffic with `peer` is blocked by [`Self::block_peers`].
+    pub fn is_blocked(&self, peer: u64) -> bool {
+        self.inner.is_blocked(peer)
+    }
+
     /// Messages waiting in every peer queue.
     pub fn queue_depth(&self) -> i64 {
         self.inner.depth.load(Ordering::Relaxed)
@@ -745,6 +828,13 @@ impl HttpTransport {
 }
 
 impl Inner {
+    fn is_blocked(&self, peer: u64) -> bool {
+        self.blocked
+            .read()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .contains(&peer)
+    }
+
     fn address_of(&self, id: u64) -> Option<String> {
         self.addresses
             .read()
@@ -766,6 +856,16 @@ impl Inner {
 impl Transport for HttpTransport {
     fn send(&self, message: Message) {
         let to = message.to;
+        if self.inner.is_blocked(to) {
+            metrics::counter!("sift_raft_messages_dropped_total", "reason" => "blocked")
+                .increment(1);
+            if message.get_msg_type() == MessageType::MsgSnapshot
+                && let Some(raft) = self.inner.raft.get()
+            {
+                raft.report_snapshot(to, false);
+            }
+            return;
+        }
         if message.get_msg_type() == MessageType::MsgSnapshot {
             let inner = self.inner.clone();
             self.inner.runtime.spawn(async move {

@@ -145,7 +145,8 @@ pub async fn start_member(
             }
         },
     };
-    let transport_config = TransportConfig::new(id, address.internal.clone(), &config.secret);
+    let mut transport_config = TransportConfig::new(id, address.internal.clone(), &config.secret);
+    transport_config.fault_injection = config.debug_faults;
     let chunk_bytes = transport_config.chunk_bytes;
     let transport = HttpTransport::new(transport_config, tokio::runtime::Handle::current())?;
     let raft = RaftNode::start(

@@ -125,6 +125,9 @@ pub struct ClusterConfig {
     /// A member's public or internal address; None: bootstrap a new cluster (or restart).
     pub join: Option<String>,
     pub secret: String,
+    /// Fault injection on the internal port (`debug_faults`): an endpoint that cuts this
+    /// node's Raft traffic with given peers, for partition tests.
+    pub debug_faults: bool,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
@@ -240,6 +243,7 @@ impl Config {
                     internal_listen,
                     join: file.join.filter(|j| !j.is_empty()),
                     secret,
+                    debug_faults: file.debug_faults.unwrap_or(false),
                 })
             }
             None if file.join.is_some() => {

@@ -257,3 +257,234 @@ async fn three_processes_replicate_metadata_fail_over_and_rejoin() {
     assert_eq!(answer.headers["retry-after"], "1");
     new_leader_client.get("/v1/kbs/beta").await.expect(200);
 }
+
+/// Runs `sift serve` on `data_dir` joining through `join`, expecting the node to be refused and
+/// to exit; returns whether it exited successfully and its log. Bounded by the node's own
+/// join timeout (a refusal is not retried).
+fn serve_expecting_refusal(
+    data_dir: &std::path::Path,
+    internal: &str,
+    join: &str,
+) -> (bool, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_sift-under-test"));
+    command
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .env("SIFT_MODEL_DIR", sift_tests::require_model())
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null());
+    for (name, _) in std::env::vars_os() {
+        if let Some(name) = name
+            .to_str()
+            .filter(|n| n.starts_with("SIFT_") && *n != "SIFT_MODEL_DIR")
+        {
+            command.env_remove(name);
+        }
+    }
+    command
+        .env("SIFT_CLUSTER_SECRET", SECRET)
+        .env("SIFT_INTERNAL_LISTEN", internal)
+        .env("SIFT_JOIN", join);
+    let output = command.output().expect("running sift serve");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), log)
+}
+
+/// Issue 4: a node whose data dir was wiped comes back at its old address: it is refused under
+/// its old id with a message naming it, exits, and changes nothing; from another address it
+/// joins fresh under a new id.
+#[tokio::test]
+async fn a_wiped_data_dir_is_refused_under_its_old_id_and_can_join_fresh() {
+    let dir = temp_dir();
+    let internal: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let data: Vec<_> = (0..3).map(|i| dir.path().join(format!("n{i}"))).collect();
+    let first = start(&data[0], &internal[0], None);
+    let second = start(&data[1], &internal[1], Some(&internal[0]));
+    let mut third = start(&data[2], &internal[2], Some(&internal[0]));
+    let client = first.client();
+    eventually("three voters", || async {
+        let v = view(&client).await;
+        let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
+        (nodes.len() == 3 && nodes.iter().all(|n| n["role"] != "learner")).then_some(())
+    })
+    .await;
+    let third_id = view(&third.client()).await["id"].as_u64().unwrap();
+    client
+        .create_kb(json!({ "name": "kept", "shards": 1 }))
+        .await;
+
+    // node 3 loses its data dir and comes back at the same address
+    third.kill9();
+    drop(third);
+    std::fs::remove_dir_all(&data[2]).unwrap();
+    let (succeeded, log) = serve_expecting_refusal(&data[2], &internal[2], &internal[1]);
+    assert!(!succeeded, "a wiped node was let in: {log}");
+    assert!(
+        log.contains(&format!(
+            "belongs to node {third_id}, which is still a member: if its data dir was wiped, \
+             remove it first (sift node remove {third_id})"
+        )),
+        "the refusal does not name the old id and what to do: {log}"
+    );
+    // nothing changed: still three members, the metadata intact
+    let v = view(&client).await;
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 3, "{v}");
+    client.get("/v1/kbs/kept").await.expect(200);
+
+    // from another address (a fresh data dir) it joins under a new id and catches up
+    let fresh_internal = format!("127.0.0.1:{}", free_port());
+    let fresh = start(
+        &dir.path().join("fresh"),
+        &fresh_internal,
+        Some(&internal[0]),
+    );
+    let fresh_id = view(&fresh.client()).await["id"].as_u64().unwrap();
+    assert!(fresh_id > 3, "ids are never reused: got {fresh_id}");
+    eventually("kept on the fresh node", || async {
+        (fresh.client().get("/v1/kbs/kept").await.status == 200).then_some(())
+    })
+    .await;
+    drop(second);
+}
+
+/// Cuts (or with `[]` heals) a node's Raft traffic with `peers`, through its internal port's
+/// fault-injection endpoint (the node runs with `SIFT_DEBUG_FAULTS=1`).
+async fn block(internal: &str, peers: &[u64]) {
+    let response = reqwest::Client::new()
+        .post(format!("http://{internal}/internal/v1/debug/block"))
+        .bearer_auth(SECRET)
+        .json(&json!({ "peers": peers }))
+        .send()
+        .await
+        .expect("reaching the internal port");
+    assert_eq!(
+        response.status().as_u16(),
+        204,
+        "{:?}",
+        response.text().await
+    );
+}
+
+/// The answering node's own commit and applied index in a `GET /v1/cluster` view.
+fn own_position(view: &Value) -> (Value, Value) {
+    let own = view["nodes"]
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["id"] == view["id"]))
+        .cloned()
+        .unwrap_or_default();
+    (own["commit"].clone(), own["applied"].clone())
+}
+
+fn start_with_faults(
+    data_dir: &std::path::Path,
+    internal: &str,
+    join: Option<&str>,
+) -> NodeProcess {
+    let mut env = vec![
+        ("SIFT_CLUSTER_SECRET", SECRET),
+        ("SIFT_INTERNAL_LISTEN", internal),
+        ("SIFT_DEBUG_FAULTS", "1"),
+    ];
+    if let Some(join) = join {
+        env.push(("SIFT_JOIN", join));
+    }
+    NodeProcess::start(data_dir, &env)
+}
+
+/// Issue 4 with the real binary: a minority partition cannot commit (a write through it gets
+/// a retryable 503); the majority keeps going; after healing every node holds the same
+/// metadata and the same commit and applied index.
+#[tokio::test]
+async fn a_minority_partition_cannot_commit_and_heals_through_the_real_binary() {
+    let dir = temp_dir();
+    let internal: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let data: Vec<_> = (0..3).map(|i| dir.path().join(format!("n{i}"))).collect();
+    let first = start_with_faults(&data[0], &internal[0], None);
+    let second = start_with_faults(&data[1], &internal[1], Some(&internal[0]));
+    let third = start_with_faults(&data[2], &internal[2], Some(&internal[0]));
+    let nodes = [first, second, third];
+    let clients: Vec<ApiClient> = nodes.iter().map(|n| n.client()).collect();
+    let leader = eventually("three voters and a leader", || async {
+        let v = view(&clients[0]).await;
+        let members = v["nodes"].as_array().cloned().unwrap_or_default();
+        (members.len() == 3 && members.iter().all(|n| n["role"] != "learner")).then_some(())?;
+        v["leader"].as_u64()
+    })
+    .await;
+    let mut ids = Vec::new();
+    for client in &clients {
+        ids.push(view(client).await["id"].as_u64().unwrap());
+    }
+    let leader_index = ids.iter().position(|id| *id == leader).unwrap();
+    let minority = (0..3).find(|i| *i != leader_index).unwrap();
+    let majority: Vec<usize> = (0..3).filter(|i| *i != minority).collect();
+    clients[leader_index]
+        .create_kb(json!({ "name": "before", "shards": 1 }))
+        .await;
+    eventually("before on the minority node", || async {
+        (clients[minority].get("/v1/kbs/before").await.status == 200).then_some(())
+    })
+    .await;
+
+    // cut the minority node off, both ways
+    let majority_ids: Vec<u64> = majority.iter().map(|i| ids[*i]).collect();
+    block(&internal[minority], &majority_ids).await;
+    for i in &majority {
+        block(&internal[*i], &[ids[minority]]).await;
+    }
+    let commit_at_cut = own_position(&view(&clients[minority]).await).0;
+
+    // the majority keeps committing
+    for i in 0..5 {
+        clients[majority[i % 2]]
+            .create_kb(json!({ "name": format!("during-{i}"), "shards": 1 }))
+            .await;
+    }
+    // the minority cannot: a write through it is a retryable 503, and it applied nothing
+    let answer = clients[minority]
+        .post_json("/v1/kbs", &json!({ "name": "stranded", "shards": 1 }))
+        .await;
+    assert_eq!(answer.status.as_u16(), 503, "{:?}", answer.body);
+    assert_eq!(answer.headers["retry-after"], "1");
+    assert_eq!(
+        own_position(&view(&clients[minority]).await).0,
+        commit_at_cut
+    );
+    assert_eq!(clients[minority].get("/v1/kbs/during-0").await.status, 404);
+
+    // heal: every node converges to the same metadata
+    for address in &internal {
+        block(address, &[]).await;
+    }
+    let listing = eventually("the same metadata on every node", || async {
+        let mut listings = Vec::new();
+        let mut positions = Vec::new();
+        for client in &clients {
+            positions.push(own_position(&view(client).await));
+            listings.push(client.get("/v1/kbs").await.body.to_string());
+        }
+        (listings.windows(2).all(|w| w[0] == w[1])
+            && positions.windows(2).all(|w| w[0] == w[1])
+            && listings[0].contains("during-4"))
+        .then(|| listings[0].clone())
+    })
+    .await;
+    assert!(!listing.contains("stranded"), "{listing}");
+    for i in 0..5 {
+        clients[minority]
+            .get(&format!("/v1/kbs/during-{i}"))
+            .await
+            .expect(200);
+    }
+}

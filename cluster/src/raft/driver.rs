@@ -36,6 +36,9 @@ use super::state_machine::{Proposal, RaftStateMachine};
 use super::storage::{PeerAddress, SledRaftStorage};
 use crate::error::{ClusterError, Result};
 
+/// Log entries removed per pass of the Raft loop while compacting (about 2 ms of sled work).
+const COMPACT_STEP: u64 = 128;
+
 /// Settings of one Raft node. [`RaftConfig::new`] has defaults for a LAN; `for_test` is faster.
 #[derive(Clone, Debug)]
 pub struct RaftConfig {
@@ -118,6 +121,8 @@ pub struct ClusterStatus {
     pub applied: u64,
     pub first_index: u64,
     pub last_index: u64,
+    /// The index of the last snapshot installed or log compaction (entries up to it are
+    /// reflected in the state machine and may have left the log).
     pub snapshot_index: u64,
     pub voters: Vec<u64>,
     pub learners: Vec<u64>,
@@ -387,6 +392,8 @@ impl RaftNode {
         let raw = RawNode::new(&raft_config, storage.clone(), &logger)
             .map_err(|error| ClusterError::Invalid(format!("raft: {error}")))?;
 
+        // The log may have been compacted past the stored snapshot (compaction stores none).
+        let snapshot_index = snapshot_index.max(raw.raft.raft_log.first_index() - 1);
         let peers = storage.peers()?;
         transport.set_peers(&peers);
         let (sender, receiver) = std::sync::mpsc::sync_channel(config.input_capacity);
@@ -406,6 +413,7 @@ impl RaftNode {
             receiver,
             applied,
             snapshot_index,
+            compact_to: 0,
             conf_state,
             peers,
             pending: HashMap::new(),
@@ -518,6 +526,8 @@ struct Driver {
     receiver: Receiver<Input>,
     applied: u64,
     snapshot_index: u64,
+    /// Log entries up to this index are being removed, [`COMPACT_STEP`] at a time.
+    compact_to: u64,
     conf_state: ConfState,
     peers: BTreeMap<u64, PeerAddress>,
     /// Proposals and conf changes of this leader, by log index.
@@ -1080,22 +1090,54 @@ impl Driver {
         Ok(conf_state)
     }
 
-    /// Takes a snapshot and compacts the log once enough entries were applied since the last
-    /// one, or when raft-rs asked for a newer snapshot than the stored one.
+    /// Compacts the log once enough entries were applied since the last compaction, and
+    /// builds a snapshot when raft-rs asked for one (a follower is too far behind or new).
+    ///
+    /// Compaction exports nothing: the state machine is flushed (it is the snapshot), then the
+    /// log entries below `applied - compact_keep` are removed [`COMPACT_STEP`] at a time, one
+    /// step per pass of the loop, so the Raft thread is never held for long whatever the size
+    /// of the state or the length of the log. The whole state is exported only when a
+    /// follower needs it, and kept in memory for the followers that need it next
+    /// ([`SledRaftStorage::offer_snapshot`]).
     fn maybe_compact(&mut self) -> Result<()> {
-        let wanted = self.storage.take_snapshot_wanted();
-        let due = self.applied >= self.snapshot_index + self.config.compact_threshold;
-        if !(wanted || due) || self.applied <= self.snapshot_index {
-            return Ok(());
+        if self.storage.take_snapshot_wanted() {
+            self.offer_snapshot()?;
         }
-        let first = self.raw.raft.raft_log.first_index();
-        if self.applied < first.saturating_sub(1)
-            || self.applied > self.raw.raft.raft_log.last_index()
+        let due = self.applied >= self.snapshot_index + self.config.compact_threshold;
+        if due
+            && self.applied > self.snapshot_index
+            && self.applied <= self.raw.raft.raft_log.last_index()
+        {
+            // Entries are about to leave the log: what they did must be durable first.
+            self.state_machine.flush()?;
+            self.compact_to = self
+                .compact_to
+                .max(self.applied.saturating_sub(self.config.compact_keep));
+            self.snapshot_index = self.applied;
+            metrics::counter!("sift_raft_snapshots_taken_total").increment(1);
+            debug!(
+                raft_id = self.config.id,
+                index = self.applied,
+                "raft log compaction started"
+            );
+        }
+        let truncated = self.raw.raft.raft_log.first_index() - 1;
+        if self.compact_to > truncated {
+            self.storage.compact_log(self.compact_to, COMPACT_STEP)?;
+        }
+        Ok(())
+    }
+
+    /// Exports the state machine at `applied` as the snapshot followers are sent, unless the
+    /// one on offer is already that.
+    fn offer_snapshot(&mut self) -> Result<()> {
+        if let Some((index, conf_state)) = self.storage.offered_snapshot()
+            && index >= self.applied
+            && conf_state == self.conf_state
         {
             return Ok(());
         }
-        // Entries are about to leave the log: what they did must be durable first.
-        self.state_machine.flush()?;
+        let started = Instant::now();
         let payload = SnapshotPayload {
             peers: self.peers.clone(),
             state: self.state_machine.export()?,
@@ -1103,14 +1145,13 @@ impl Driver {
         let data = payload.encode()?;
         let bytes = data.len();
         self.storage
-            .compact_to_snapshot(self.applied, data, self.config.compact_keep)?;
-        self.snapshot_index = self.applied;
-        metrics::counter!("sift_raft_snapshots_taken_total").increment(1);
+            .offer_snapshot(self.applied, self.conf_state.clone(), data)?;
         debug!(
             raft_id = self.config.id,
             index = self.applied,
             bytes,
-            "raft snapshot taken, log compacted"
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "raft snapshot exported for a follower"
         );
         Ok(())
     }

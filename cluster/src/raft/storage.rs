@@ -4,8 +4,11 @@
 //! driver makes while handling a `Ready`: [`append`](SledRaftStorage::append) (conflicting tail
 //! truncated and new entries inserted in one atomic batch, then flushed),
 //! [`set_hard_state`](SledRaftStorage::set_hard_state), [`set_commit`](SledRaftStorage::set_commit),
-//! [`apply_snapshot`](SledRaftStorage::apply_snapshot) and
-//! [`compact_to_snapshot`](SledRaftStorage::compact_to_snapshot).
+//! [`apply_snapshot`](SledRaftStorage::apply_snapshot),
+//! [`compact_log`](SledRaftStorage::compact_log) (what the driver compacts with: no snapshot
+//! stored, the state machine is the snapshot) and
+//! [`compact_to_snapshot`](SledRaftStorage::compact_to_snapshot). Snapshots for followers are
+//! built on demand and served from memory ([`offer_snapshot`](SledRaftStorage::offer_snapshot)).
 //!
 //! Everything lives in one tree so every change is one atomic sled batch:
 //!
@@ -15,7 +18,7 @@
 //! | `s/hard_state` | [`HardState`] (protobuf) |
 //! | `s/conf_state` | [`ConfState`] (protobuf) |
 //! | `s/truncated` | index and term (2 x u64 BE) of the last entry removed from the log |
-//! | `s/snapshot_meta` | [`SnapshotMetadata`] (protobuf) of the latest snapshot |
+//! | `s/snapshot_meta` | [`SnapshotMetadata`] (protobuf) of the latest stored snapshot (bootstrap or received) |
 //! | `s/snapshot_data` | the state machine's bytes at that snapshot |
 //! | `s/applied` | the last log index applied (u64 BE); conf changes flush it |
 //! | `s/node_id` | this node's Raft id (u64 BE) |
@@ -25,8 +28,8 @@
 //! the transport after authentication.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
@@ -93,6 +96,9 @@ pub struct SledRaftStorage {
     tree: sled::Tree,
     /// Set when raft-rs asked for a snapshot newer than the stored one.
     snapshot_wanted: Arc<AtomicBool>,
+    /// A snapshot built on demand for a follower ([`Self::offer_snapshot`]), kept in memory:
+    /// it is served before the stored one and never written to the tree.
+    offered: Arc<Mutex<Option<Snapshot>>>,
 }
 
 impl SledRaftStorage {
@@ -106,6 +112,7 @@ impl SledRaftStorage {
             db: db.clone(),
             tree,
             snapshot_wanted: Arc::new(AtomicBool::new(false)),
+            offered: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -223,17 +230,23 @@ impl SledRaftStorage {
     }
 
     /// [`Self::append`] and [`Self::set_hard_state`] in one atomic batch and one flush (what a
-    /// `Ready` persists). Nothing to write, nothing flushed.
+    /// `Ready` persists). Nothing to write, nothing flushed. A hard state whose term and vote
+    /// are unchanged (only the commit index moved) with no entries is written but not flushed,
+    /// as etcd's raft does: a commit index lost in a crash is learned again from the leader,
+    /// and one behind the applied index is repaired at start.
     pub fn persist(&self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<()> {
         let mut batch = sled::Batch::default();
+        let mut must_sync = !entries.is_empty();
         if let Some(hard_state) = hard_state {
+            let stored = self.hard_state()?;
+            must_sync |= stored.term != hard_state.term || stored.vote != hard_state.vote;
             batch.insert(HARD_STATE, Self::encode(hard_state)?);
         }
         let Some(first) = entries.first() else {
             if hard_state.is_none() {
                 return Ok(());
             }
-            return self.write(batch, true);
+            return self.write(batch, must_sync);
         };
         let (truncated, _) = self.truncated()?;
         let last = self.last_index_inner()?;
@@ -272,14 +285,17 @@ impl SledRaftStorage {
         self.write(batch, true)
     }
 
-    /// Persists a new commit index (from a `LightReady`), flushed.
+    /// Records a new commit index (from a `LightReady`). Not flushed (see [`Self::persist`]):
+    /// the next flush makes it durable.
     pub fn set_commit(&self, commit: u64) -> Result<()> {
         let mut hard_state = self.hard_state()?;
         if hard_state.commit == commit {
             return Ok(());
         }
         hard_state.commit = commit;
-        self.set_hard_state(&hard_state)
+        let mut batch = sled::Batch::default();
+        batch.insert(HARD_STATE, Self::encode(&hard_state)?);
+        self.write(batch, false)
     }
 
     /// The last applied index this storage knows of (see [`Self::set_applied`]).
@@ -384,6 +400,69 @@ impl SledRaftStorage {
             );
         }
         self.write(batch, true)
+    }
+
+    /// Removes the log entries up to `to`, at most `max_entries` of them (the oldest), without
+    /// storing a snapshot: the state machine must already be durable up to `to` (it is the
+    /// snapshot; one is exported only when a follower needs it, see [`Self::offer_snapshot`]).
+    /// Returns the new truncation point. One batch, not flushed: a removal lost in a crash
+    /// leaves entries that are removed again later. Called a step at a time, so compaction
+    /// never holds the Raft thread for long whatever the log's length.
+    pub fn compact_log(&self, to: u64, max_entries: u64) -> Result<u64> {
+        let (truncated, _) = self.truncated()?;
+        let to = to.min(truncated.saturating_add(max_entries.max(1)));
+        if to <= truncated {
+            return Ok(truncated);
+        }
+        let last = self.last_index_inner()?;
+        if to > last {
+            return Err(ClusterError::Invalid(format!(
+                "cannot compact to {to}: log holds {}..={last}",
+                truncated + 1
+            )));
+        }
+        let term = self.term_inner(to)?;
+        let mut batch = sled::Batch::default();
+        for item in self.tree.range(entry_key(0)..=entry_key(to)) {
+            let (key, _) = item.map_err(sift_storage::StorageError::from)?;
+            batch.remove(key);
+        }
+        batch.insert(TRUNCATED, truncated_bytes(to, term).to_vec());
+        self.write(batch, false)?;
+        Ok(to)
+    }
+
+    /// Keeps `data` (the state machine's export at applied index `index`, with membership
+    /// `conf_state`) in memory as the snapshot served to followers that need one. Not stored:
+    /// the state machine itself is durable, and the log below `index` may be compacted anyway.
+    pub fn offer_snapshot(&self, index: u64, conf_state: ConfState, data: Vec<u8>) -> Result<()> {
+        let term = self.term_inner(index)?;
+        let mut meta = SnapshotMetadata {
+            index,
+            term,
+            ..Default::default()
+        };
+        meta.set_conf_state(conf_state);
+        let mut snapshot = Snapshot::default();
+        snapshot.set_metadata(meta);
+        snapshot.data = data.into();
+        *self
+            .offered
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner()) = Some(snapshot);
+        Ok(())
+    }
+
+    /// Index and membership of the snapshot kept by [`Self::offer_snapshot`], if any.
+    pub fn offered_snapshot(&self) -> Option<(u64, ConfState)> {
+        self.offered
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .as_ref()
+            .map(|snapshot| {
+                let meta = snapshot.get_metadata();
+                (meta.index, meta.get_conf_state().clone())
+            })
     }
 
     /// Installs a snapshot received from the leader: the log is emptied, membership, commit and
@@ -510,27 +589,40 @@ impl Storage for SledRaftStorage {
     }
 
     fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
-        let snapshot = self.stored_snapshot().map_err(to_raft)?;
         let (truncated, _) = self.truncated().map_err(to_raft)?;
-        let index = snapshot.get_metadata().index;
         // raft-rs refuses a snapshot whose membership does not include the receiver (a learner
-        // added after the stored snapshot was taken): it needs a newer one.
-        let conf_state = snapshot.get_metadata().get_conf_state();
-        let includes_receiver = conf_state
-            .voters
-            .iter()
-            .chain(&conf_state.learners)
-            .chain(&conf_state.voters_outgoing)
-            .chain(&conf_state.learners_next)
-            .any(|id| *id == to);
-        if index < request_index || index < truncated || !includes_receiver {
-            // The driver builds a fresh one after this Ready; raft-rs asks again later.
-            self.snapshot_wanted.store(true, Ordering::Release);
-            return Err(raft::Error::Store(
-                raft::StorageError::SnapshotTemporarilyUnavailable,
-            ));
+        // added after the snapshot was taken): it needs a newer one.
+        let usable = |snapshot: &Snapshot| {
+            let index = snapshot.get_metadata().index;
+            let conf_state = snapshot.get_metadata().get_conf_state();
+            let includes_receiver = conf_state
+                .voters
+                .iter()
+                .chain(&conf_state.learners)
+                .chain(&conf_state.voters_outgoing)
+                .chain(&conf_state.learners_next)
+                .any(|id| *id == to);
+            index >= request_index && index >= truncated && includes_receiver
+        };
+        let offered = self
+            .offered
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clone();
+        if let Some(snapshot) = offered
+            && usable(&snapshot)
+        {
+            return Ok(snapshot);
         }
-        Ok(snapshot)
+        let stored = self.stored_snapshot().map_err(to_raft)?;
+        if !stored.data.is_empty() && usable(&stored) {
+            return Ok(stored);
+        }
+        // The driver builds a fresh one after this Ready; raft-rs asks again later.
+        self.snapshot_wanted.store(true, Ordering::Release);
+        Err(raft::Error::Store(
+            raft::StorageError::SnapshotTemporarilyUnavailable,
+        ))
     }
 }
 

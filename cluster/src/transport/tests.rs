@@ -450,6 +450,88 @@ async fn followers_forward_writes_to_the_leader() {
     }
 }
 
+/// Issue 4: a minority partition cannot commit; the majority keeps going; after healing,
+/// every node's state machine is byte-for-byte equal. The leader is the minority: it steps
+/// down (check quorum), its pending proposal fails retryably, and the retry applies once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_minority_cannot_commit_and_heals_to_equal_states() {
+    let cluster = HttpCluster::start(&[1, 2, 3], 1024 * 1024).await;
+    let old_leader = cluster.leader().await;
+    for i in 0..5 {
+        cluster.write(&create_kb(&format!("before-{i}"))).await;
+    }
+    cluster.converged().await;
+    let majority: Vec<u64> = [1, 2, 3]
+        .into_iter()
+        .filter(|id| *id != old_leader)
+        .collect();
+    // cut the old leader off, both ways
+    cluster.nodes[&old_leader].transport.block_peers(&majority);
+    for id in &majority {
+        cluster.nodes[id].transport.block_peers(&[old_leader]);
+    }
+    let isolated = cluster.nodes[&old_leader].raft.handle().clone();
+    let commit_at_cut = isolated.status().commit;
+
+    // a proposal on the isolated leader gets a retryable error, not silence and not success
+    let stranded = create_kb("stranded");
+    let error = isolated
+        .propose_proposal(stranded.clone())
+        .await
+        .unwrap_err();
+    assert!(error.is_transient(), "{error}");
+
+    // the majority elects a leader among itself and keeps committing
+    let new_leader = wait_for("a leader in the majority", || {
+        majority.iter().copied().find(|id| {
+            let status = cluster.nodes[id].raft.handle().status();
+            status.role == "leader" && status.leader == Some(*id)
+        })
+    })
+    .await;
+    let handle = cluster.nodes[&new_leader].raft.handle().clone();
+    let mut acknowledged = Vec::new();
+    for i in 0..20 {
+        let proposal = create_kb(&format!("during-{i}"));
+        handle.propose_proposal(proposal.clone()).await.unwrap();
+        acknowledged.push(proposal);
+    }
+    // the minority committed nothing meanwhile
+    let status = isolated.status();
+    assert_eq!(status.commit, commit_at_cut, "{status:?}");
+    assert_ne!(status.role, "leader", "{status:?}");
+    let minority_store = &cluster.nodes[&old_leader].store;
+    assert!(minority_store.find_kb("during-0").unwrap().is_none());
+    assert!(minority_store.find_kb("stranded").unwrap().is_none());
+
+    // heal; the client retries its stranded proposal with the same op id
+    for node in cluster.nodes.values() {
+        node.transport.block_peers(&[]);
+    }
+    cluster.write(&stranded).await;
+    cluster.write(&stranded).await;
+    let states = cluster.converged().await;
+    assert_eq!(states.len(), 3);
+    assert!(
+        states.windows(2).all(|pair| pair[0] == pair[1]),
+        "states differ after healing"
+    );
+    for node in cluster.nodes.values() {
+        for proposal in &acknowledged {
+            let MetaOp::CreateKb(kb) = &proposal.op else {
+                unreachable!()
+            };
+            assert!(
+                node.store.find_kb(&kb.name).unwrap().is_some(),
+                "{} lost",
+                kb.name
+            );
+        }
+        // 5 before, 20 during, the stranded one once
+        assert_eq!(node.store.list_kbs().unwrap().len(), 26);
+    }
+}
+
 /// Not a test: prints numbers for docs/benchmarks.md (3 nodes over loopback HTTP/2).
 /// `cargo test -p sift-cluster --lib http_benchmark_report -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

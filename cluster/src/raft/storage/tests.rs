@@ -130,6 +130,84 @@ fn append_below_compaction_panics() {
 }
 
 #[test]
+fn log_compaction_goes_in_steps_and_offered_snapshots_are_served_first() {
+    let (dir, db, storage) = open();
+    storage
+        .append(
+            &(1..=10)
+                .map(|index| entry(index, index / 4 + 1))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+    storage.set_conf_state(&voters(&[1, 2, 3]), 8).unwrap();
+    // at most 3 entries a step, up to 7
+    assert_eq!(storage.compact_log(7, 3).unwrap(), 3);
+    assert_eq!(storage.first_index().unwrap(), 4);
+    assert_eq!(storage.compact_log(7, 3).unwrap(), 6);
+    assert_eq!(storage.compact_log(7, 3).unwrap(), 7);
+    assert_eq!(storage.compact_log(7, 3).unwrap(), 7); // done: nothing more
+    assert_eq!(storage.compact_log(2, 3).unwrap(), 7); // never backwards
+    assert_eq!(all(&storage), vec![(8, 3), (9, 3), (10, 3)]);
+    assert_eq!(storage.term(7).unwrap(), 2);
+    assert!(storage.compact_log(11, 100).is_err()); // past the last entry
+
+    // compaction stores no snapshot: one is built on demand
+    assert!(!storage.take_snapshot_wanted());
+    assert!(matches!(
+        storage.snapshot(0, 2),
+        Err(raft::Error::Store(
+            raft::StorageError::SnapshotTemporarilyUnavailable
+        ))
+    ));
+    assert!(storage.take_snapshot_wanted());
+    storage
+        .offer_snapshot(9, voters(&[1, 2, 3]), b"state@9".to_vec())
+        .unwrap();
+    assert_eq!(storage.offered_snapshot(), Some((9, voters(&[1, 2, 3]))));
+    let snapshot = storage.snapshot(0, 2).unwrap();
+    assert_eq!(snapshot.get_metadata().index, 9);
+    assert_eq!(snapshot.get_metadata().term, 3);
+    assert_eq!(snapshot.data.as_ref(), b"state@9");
+    // one that does not include the receiver, or is older than asked, is not served
+    assert!(storage.snapshot(0, 4).is_err());
+    assert!(storage.snapshot(10, 2).is_err());
+    assert!(storage.take_snapshot_wanted());
+
+    // the truncation point survives a restart (made durable by the next flush)
+    storage.set_hard_state(&HardState::default()).unwrap();
+    drop(storage);
+    drop(db);
+    let db = sled::Config::new().path(dir.path()).open().unwrap();
+    let storage = SledRaftStorage::open(&db).unwrap();
+    assert_eq!(storage.first_index().unwrap(), 8);
+    assert_eq!(all(&storage), vec![(8, 3), (9, 3), (10, 3)]);
+    assert_eq!(storage.offered_snapshot(), None);
+}
+
+#[test]
+fn a_commit_only_hard_state_is_kept() {
+    let (_dir, _db, storage) = open();
+    storage.append(&[entry(1, 1), entry(2, 1)]).unwrap();
+    let hard_state = HardState {
+        term: 1,
+        vote: 2,
+        commit: 1,
+        ..Default::default()
+    };
+    storage.persist(&[], Some(&hard_state)).unwrap();
+    // only the commit index moves: written (not flushed)
+    let moved = HardState {
+        commit: 2,
+        ..hard_state.clone()
+    };
+    storage.persist(&[], Some(&moved)).unwrap();
+    assert_eq!(storage.hard_state().unwrap(), moved);
+    storage.set_commit(1).unwrap();
+    assert_eq!(storage.hard_state().unwrap().commit, 1);
+    assert_eq!(storage.hard_state().unwrap().vote, 2);
+}
+
+#[test]
 fn compaction_keeps_a_tail_and_serves_the_snapshot() {
     let (_dir, _db, storage) = open();
     storage
