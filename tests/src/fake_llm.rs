@@ -499,3 +499,34 @@ pub fn react_agent(query: impl Into<String>) -> impl Fn(&FakeRequest) -> FakeRep
         )
     }
 }
+
+/// An OpenAI (or vLLM) context-overflow answer: 400 with `context_length_exceeded`.
+pub fn openai_context_overflow(window: u32, requested: u32) -> FakeReply {
+    FakeReply::Status(
+        400,
+        json!({ "error": {
+            "message": format!(
+                "This model's maximum context length is {window} tokens. However, your messages \
+                 resulted in {requested} tokens. Please reduce the length of the messages."
+            ),
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        } }),
+    )
+}
+
+/// llama.cpp server's context-overflow answer: 400, `exceed_context_size_error`, with its
+/// slot's `n_ctx` and the prompt's token count.
+pub fn llama_cpp_context_overflow(n_ctx: u32, n_prompt_tokens: u32) -> FakeReply {
+    FakeReply::Status(
+        400,
+        json!({ "error": {
+            "code": 400,
+            "message": "the request exceeds the available context size, try increasing it",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": n_prompt_tokens,
+            "n_ctx": n_ctx,
+        } }),
+    )
+}

@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 use sift_actors::models::llm::config::{ProviderConfig, ToolMode};
 use sift_node::config::Config;
 use sift_tests::fake_llm::{
-    FakeLlm, FakeReply, FakeRequest, final_answer_citing, openai_text, react_agent, text_reply,
+    FakeLlm, FakeReply, FakeRequest, final_answer_citing, llama_cpp_context_overflow,
+    openai_context_overflow, openai_text, react_agent, text_reply,
 };
 use sift_tests::sse::{SseEvent, answer_text, ask, follow_run, names};
 use sift_tests::{ApiClient, InProcessNode, bulk_documents, ingest_deadline, require_model};
@@ -866,6 +867,116 @@ async fn context_compression_summarises_old_turns_and_keeps_the_facts() {
             .any(|r| r.offers_tool("final_answer") && r.text().contains("4711")),
         "the next run's model calls lost the summarised facts"
     );
+    fixture.node.shutdown().await;
+}
+
+/// The stored trace steps of a session's first turn named `kind`/`name`.
+async fn trace_steps(client: &ApiClient, session: &str, kind: &str, name: &str) -> Vec<Value> {
+    let turns = client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect(200);
+    turns["messages"][0]["trace"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|step| step["kind"] == kind && step["name"] == name)
+        .cloned()
+        .collect()
+}
+
+/// Whether a request is the answer call of the ReAct loop (tools offered, results shown).
+fn is_answer_call(request: &FakeRequest) -> bool {
+    request.offers_tool("final_answer") && request.tool_results() > 0
+}
+
+#[tokio::test]
+async fn a_context_overflow_compresses_and_retries_instead_of_the_fast_path() {
+    // The first answer call is refused as too long (OpenAI's wording); the retry is answered.
+    let refused = std::sync::atomic::AtomicBool::new(false);
+    let agent = react_agent(first_title());
+    let fake = FakeLlm::start(move |request: &FakeRequest| {
+        if is_answer_call(request) && !refused.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return openai_context_overflow(4096, 5120);
+        }
+        agent(request)
+    })
+    .await;
+    let fixture = fixture_with_llm(vec![provider(&fake, "local", 0)]).await;
+    let client = &fixture.client;
+    let session = new_session(client).await;
+    let events = ask(client, &session, "What does the first study find?")
+        .await
+        .rest()
+        .await;
+    assert_well_formed(&events, &session);
+    assert_eq!(events.last().unwrap().data["finish_reason"], "stop");
+    assert!(
+        events_named(&events, "error").is_empty(),
+        "{:#?}",
+        names(&events)
+    );
+    assert_citations_retrieved(&events);
+    let answers: Vec<FakeRequest> = fake.requests().into_iter().filter(is_answer_call).collect();
+    assert_eq!(answers.len(), 2, "one refused answer call and one retry");
+    assert!(
+        answers[1].text().len() < answers[0].text().len(),
+        "the retry was not compressed ({} >= {} bytes)",
+        answers[1].text().len(),
+        answers[0].text().len()
+    );
+    let turns = client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect(200);
+    assert_eq!(turns["messages"][0]["mode"], "agent", "not the fast path");
+    let overflow = trace_steps(client, &session, "context", "overflow").await;
+    assert_eq!(overflow.len(), 1, "one overflow step in the trace");
+    assert_eq!(overflow[0]["detail"]["stated_window"], 4096);
+    assert!(overflow[0]["detail"]["tool_results_cut"].as_u64().unwrap() >= 1);
+    assert!(
+        trace_steps(client, &session, "fallback", "fast_path")
+            .await
+            .is_empty()
+    );
+    fixture.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_context_overflow_is_retried_once_then_the_run_falls_back() {
+    // llama.cpp refuses every answer call: one retry, then the fast path.
+    let agent = react_agent(first_title());
+    let fake = FakeLlm::start(move |request: &FakeRequest| {
+        if is_answer_call(request) {
+            return llama_cpp_context_overflow(4096, 6000);
+        }
+        agent(request)
+    })
+    .await;
+    let fixture = fixture_with_llm(vec![provider(&fake, "local", 0)]).await;
+    let client = &fixture.client;
+    let session = new_session(client).await;
+    let events = ask(client, &session, "What does the first study find?")
+        .await
+        .rest()
+        .await;
+    assert_well_formed(&events, &session);
+    assert!(
+        !answer_text(&events).trim().is_empty(),
+        "{:#?}",
+        names(&events)
+    );
+    let answers = fake.requests().into_iter().filter(is_answer_call).count();
+    assert_eq!(answers, 2, "the refused call is retried exactly once");
+    let overflow = trace_steps(client, &session, "context", "overflow").await;
+    assert_eq!(overflow.len(), 1);
+    assert_eq!(overflow[0]["detail"]["stated_window"], 4096);
+    let turns = client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect(200);
+    let mode = turns["messages"][0]["mode"].as_str().unwrap().to_string();
+    assert!(mode == "fast_path" || mode == "extractive", "{mode}");
     fixture.node.shutdown().await;
 }
 

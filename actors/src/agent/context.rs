@@ -10,6 +10,10 @@
 //!    results) are dropped oldest first, never the latest one, so no tool result is ever left
 //!    without its call. A note lists the chunk ids the dropped groups had shown: they stay
 //!    citable, since tools returned them in this run.
+//! 4. When the provider still refuses the prompt as too long (a context-length error), the run
+//!    takes the window as smaller ([`stated_window`] reads the provider's number), applies 2
+//!    and 3 against it, then cuts the longest tool results ([`cut_tool_results`]) and retries
+//!    the call once.
 //!
 //! Follow-up questions ("and what about its price?") are rewritten with the history into a
 //! self-contained question before retrieval.
@@ -290,6 +294,80 @@ pub fn drop_tool_groups(
     (dropped, ids)
 }
 
+/// The window a provider's overflow message states, in its tokens: OpenAI-compatible "maximum
+/// context length is 4096 tokens", llama.cpp's `n_ctx 4096` (see the model clients' error
+/// labels), Anthropic's "… tokens > 200000 maximum".
+pub fn stated_window(message: &str) -> Option<usize> {
+    let message = message.to_lowercase();
+    let number_after = |marker: &str| -> Option<usize> {
+        let at = message.find(marker)? + marker.len();
+        let digits: String = message[at..]
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == ',')
+            .filter(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok().filter(|&n| n > 0)
+    };
+    if let Some(window) = number_after("maximum context length is") {
+        return Some(window);
+    }
+    if let Some(window) = number_after("n_ctx") {
+        return Some(window);
+    }
+    let at = message.find(" maximum")?;
+    let before = message[..at].trim_end();
+    let start = before
+        .rfind(|c: char| !(c.is_ascii_digit() || c == ','))
+        .map_or(0, |i| i + 1);
+    before[start..]
+        .replace(',', "")
+        .parse()
+        .ok()
+        .filter(|&n| n > 0)
+}
+
+/// What a cut tool result ends with.
+pub const CUT_NOTE: &str = "\n[... cut to fit the context window]";
+
+/// Halves the longest tool result in `messages[from..]` (keeping its beginning: the best hits
+/// come first) until `estimate(messages) <= target` or every result is short. Returns how
+/// many cuts were made. The last resort after an overflow, when no tool-call group is left
+/// to drop.
+pub fn cut_tool_results(
+    messages: &mut [ChatMessage],
+    from: usize,
+    target: usize,
+    estimate: impl Fn(&[ChatMessage]) -> usize,
+) -> usize {
+    const SHORTEST: usize = 400;
+    let mut cuts = 0;
+    while estimate(messages) > target {
+        let longest = messages
+            .iter()
+            .enumerate()
+            .skip(from)
+            .filter_map(|(index, message)| match message {
+                ChatMessage::Tool { content, .. } => Some((index, content.len())),
+                _ => None,
+            })
+            .max_by_key(|&(_, len)| len);
+        let Some((index, len)) = longest.filter(|&(_, len)| len > SHORTEST) else {
+            break;
+        };
+        if let ChatMessage::Tool { content, .. } = &mut messages[index] {
+            let kept = content.strip_suffix(CUT_NOTE).unwrap_or(content.as_str());
+            let mut end = (len / 2).min(kept.len());
+            while !kept.is_char_boundary(end) {
+                end -= 1;
+            }
+            *content = format!("{}{CUT_NOTE}", &kept[..end]);
+        }
+        cuts += 1;
+    }
+    cuts
+}
+
 /// `[start, end)` of each tool-call group at or after `from`: an assistant message with tool
 /// calls followed by its tool results (and any user notes right after them).
 pub fn tool_groups(messages: &[ChatMessage], from: usize) -> Vec<(usize, usize)> {
@@ -561,6 +639,62 @@ mod tests {
         counter.reset();
         let all: usize = messages.iter().map(message_tokens).sum();
         assert_eq!(counter.estimate(&messages, &[]), 2 * all);
+    }
+
+    #[test]
+    fn overflow_messages_state_the_window() {
+        assert_eq!(
+            stated_window(
+                "fake: HTTP 400: This model's maximum context length is 4,096 tokens. However, \
+                 your messages resulted in 5000 tokens. (context_length_exceeded)"
+            ),
+            Some(4096)
+        );
+        assert_eq!(
+            stated_window(
+                "local: HTTP 400: the request exceeds the available context size, try \
+                 increasing it (exceed_context_size_error, n_ctx 4096, n_prompt_tokens 5321)"
+            ),
+            Some(4096)
+        );
+        assert_eq!(
+            stated_window(
+                "invalid_request_error: prompt is too long: 210000 tokens > 200000 maximum"
+            ),
+            Some(200000)
+        );
+        assert_eq!(stated_window("too many tokens"), None);
+    }
+
+    #[test]
+    fn cutting_tool_results_keeps_their_beginning_until_the_prompt_fits() {
+        let long = "alpha beta gamma delta. ".repeat(200);
+        let mut messages = vec![
+            ChatMessage::User {
+                content: "question".into(),
+            },
+            ChatMessage::Tool {
+                call_id: "c1".into(),
+                name: "knowledge_search".into(),
+                content: long.clone(),
+            },
+        ];
+        let estimate = |m: &[ChatMessage]| m.iter().map(message_tokens).sum::<usize>();
+        let before = estimate(&messages);
+        let cuts = cut_tool_results(&mut messages, 1, before / 3, estimate);
+        assert!(cuts >= 2, "{cuts} cuts");
+        assert!(estimate(&messages) <= before / 3);
+        let ChatMessage::Tool { content, .. } = &messages[1] else {
+            unreachable!()
+        };
+        assert!(content.ends_with(CUT_NOTE));
+        assert!(long.starts_with(content.strip_suffix(CUT_NOTE).unwrap()));
+        // An unreachable target: stops once every result is short instead of looping.
+        cut_tool_results(&mut messages, 1, 0, estimate);
+        let ChatMessage::Tool { content, .. } = &messages[1] else {
+            unreachable!()
+        };
+        assert!(content.len() <= 400 + CUT_NOTE.len(), "{}", content.len());
     }
 
     #[test]

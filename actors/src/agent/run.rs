@@ -22,8 +22,8 @@ use serde_json::json;
 use tracing::{debug, warn};
 
 use super::context::{
-    self, DROP_GROUPS_AT, KEEP_RECENT_TURNS, SUMMARISE_AT, TokenCounter, drop_tool_groups,
-    history_messages,
+    self, DROP_GROUPS_AT, KEEP_RECENT_TURNS, SUMMARISE_AT, TokenCounter, cut_tool_results,
+    drop_tool_groups, history_messages,
 };
 use super::evidence::{Evidence, build_answer, mentioned_ids};
 use super::extractive::{ExtractiveReason, extractive_answer};
@@ -55,6 +55,11 @@ pub const AUX_TIMEOUT: Duration = Duration::from_secs(20);
 pub const FAST_PATH_TIMEOUT: Duration = Duration::from_secs(60);
 /// Sentences of an extractive answer.
 const EXTRACTIVE_SENTENCES: usize = 3;
+/// After a context overflow the window is taken as this share of the smallest of: the
+/// configured window, the window the provider stated, and the prompt it refused.
+const OVERFLOW_WINDOW_SHARE: f64 = 0.75;
+/// Smallest window an overflow can make the run assume.
+const MIN_OVERFLOW_WINDOW: usize = 512;
 /// Characters per `delta` event of the answer.
 const DELTA_CHARS: usize = 160;
 
@@ -133,6 +138,8 @@ pub(super) struct Run {
     /// Index of the current question in the messages; tool groups follow it.
     question_index: usize,
     dropped_note: Option<(usize, Vec<String>)>,
+    /// A smaller window than the configured one, learnt from a context overflow.
+    window_cap: Option<usize>,
     call_ids: std::collections::HashSet<String>,
     /// Signatures of failed calls already allowed a retry.
     retried: std::collections::HashSet<String>,
@@ -172,6 +179,7 @@ impl Run {
             repeats: 0,
             question_index: 1,
             dropped_note: None,
+            window_cap: None,
             call_ids: Default::default(),
             retried: Default::default(),
             deps,
@@ -364,7 +372,7 @@ impl Run {
                 .await;
             self.iterations += 1;
             let turn = match self
-                .call_model(model.as_ref(), &messages, tools.clone())
+                .call_model_fitting(model.as_ref(), &mut messages, tools.clone())
                 .await
             {
                 Ok(turn) => turn,
@@ -910,6 +918,93 @@ impl Run {
         outcome.map(|()| turn)
     }
 
+    /// [`Self::call_model`]; when the provider refuses the prompt as too long for its context,
+    /// the context is compressed harder ([`Self::shrink_after_overflow`]) and the call retried
+    /// once, instead of failing (which would end in the fast path).
+    async fn call_model_fitting(
+        &mut self,
+        model: &dyn ChatModel,
+        messages: &mut Vec<ChatMessage>,
+        tools: Vec<ToolSpec>,
+    ) -> Result<ModelTurn, ModelFailure> {
+        match self.call_model(model, messages, tools.clone()).await {
+            Err(ModelFailure::Model(error)) if error.is_context_overflow() => {
+                warn!(%error, "the model refused the prompt as too long; compressing and retrying");
+                self.shrink_after_overflow(model, messages, &tools, &error)
+                    .await;
+                self.call_model(model, messages, tools).await
+            }
+            other => other,
+        }
+    }
+
+    /// The window context management budgets against: the model's, or the smaller one an
+    /// overflow taught this run.
+    fn window(&self, model: &dyn ChatModel) -> usize {
+        let configured = model.context_window() as usize;
+        match self.window_cap {
+            Some(cap) if configured == 0 || cap < configured => cap,
+            _ => configured,
+        }
+    }
+
+    /// After a context overflow: the real window is smaller than the prompt just refused (our
+    /// count, or the configured window, was wrong), so the run assumes
+    /// [`OVERFLOW_WINDOW_SHARE`] of the smallest of the configured window, the window the
+    /// provider stated and the refused prompt's estimate from now on; then the usual layers
+    /// run against that window (older turns summarised, tool-call groups dropped), and if
+    /// the prompt is still past [`DROP_GROUPS_AT`] of it, the longest tool results are cut.
+    async fn shrink_after_overflow(
+        &mut self,
+        model: &dyn ChatModel,
+        messages: &mut Vec<ChatMessage>,
+        tools: &[ToolSpec],
+        error: &LlmError,
+    ) {
+        let started = Instant::now();
+        let refused = self.counter.estimate(messages, tools);
+        let stated = context::stated_window(&error.to_string());
+        let smallest = [
+            Some(self.window(model)).filter(|&w| w > 0),
+            stated,
+            Some(refused).filter(|&t| t > 0),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(MIN_OVERFLOW_WINDOW);
+        let cap = ((smallest as f64 * OVERFLOW_WINDOW_SHARE) as usize).max(MIN_OVERFLOW_WINDOW);
+        self.window_cap = Some(cap);
+        // The anchor describes the refused prompt's provider count no better than ours.
+        self.counter.reset();
+        self.manage_context(model, messages, tools).await;
+        let protect_before = match &self.dropped_note {
+            Some((at, _)) => at + 1,
+            None => self.question_index + 1,
+        };
+        let counter = self.counter.clone();
+        let cuts = cut_tool_results(
+            messages,
+            protect_before,
+            (DROP_GROUPS_AT * cap as f64) as usize,
+            |m| counter.scaled(m, tools),
+        );
+        let after = self.counter.estimate(messages, tools);
+        self.step(
+            "context",
+            "overflow",
+            started,
+            json!({
+                "error": error.to_string(),
+                "tokens_refused": refused,
+                "stated_window": stated,
+                "window": cap,
+                "tool_results_cut": cuts,
+                "tokens_after": after,
+            }),
+        );
+    }
+
     /// Context management before a model call (see `context`).
     async fn manage_context(
         &mut self,
@@ -917,7 +1012,7 @@ impl Run {
         messages: &mut Vec<ChatMessage>,
         tools: &[ToolSpec],
     ) {
-        let window = model.context_window() as usize;
+        let window = self.window(model);
         if window == 0 {
             return;
         }
@@ -1047,7 +1142,10 @@ impl Run {
             ),
         });
         let tools = self.toolbox.final_answer_only();
-        match self.call_model(model.as_ref(), messages, tools).await {
+        match self
+            .call_model_fitting(model.as_ref(), messages, tools)
+            .await
+        {
             Ok(turn) => {
                 if let Some(call) = turn.tool_calls.iter().find(|c| c.name == FINAL_ANSWER) {
                     self.emit_tool_call(call);

@@ -98,8 +98,10 @@ pub struct Sessions {
     /// The running run of each session: one at a time, so turns stay in order.
     active: Mutex<HashMap<String, String>>,
     /// Runs execute on their own runtime, so their CPU work (token counting, prompt building,
-    /// parsing) cannot delay the HTTP runtime: the first event of a new stream stays fast
-    /// under load. `None` once shut down.
+    /// parsing, query embeddings on its blocking pool) cannot delay the HTTP runtime: the first
+    /// event of a new stream stays fast under load. Its threads run at a lower scheduling
+    /// priority ([`RUN_THREAD_NICE`]): with every core busy with runs, the kernel still
+    /// schedules the HTTP threads first. `None` once shut down.
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
 }
 
@@ -118,6 +120,27 @@ impl Drop for Sessions {
                 .spawn(move || runtime.shutdown_background());
         }
     }
+}
+
+/// Nice value of the run runtime's threads (workers and blocking pool), relative to the
+/// node's other threads at 0: a CFS weight of about a tenth, so the HTTP threads (accepting
+/// connections, writing `meta`) win the CPU when runs saturate it; runs still get every idle
+/// cycle. See docs/adr/0008-run-thread-priority.md.
+pub const RUN_THREAD_NICE: i32 = 10;
+
+/// Lowers the calling thread's scheduling priority to `nice` (Linux: `setpriority` on the
+/// thread id, which affects only this thread). Failures are logged, never fatal: a thread
+/// at normal priority only costs first-event latency under load.
+fn lower_thread_priority(nice: i32) {
+    #[cfg(target_os = "linux")]
+    {
+        let tid = rustix::thread::gettid();
+        if let Err(error) = rustix::process::setpriority_process(Some(tid), nice) {
+            warn!(%error, nice, "could not lower the priority of a run thread");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
 }
 
 fn session_not_found(id: &str) -> SiftError {
@@ -151,6 +174,7 @@ impl Sessions {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("sift-run")
+            .on_thread_start(|| lower_thread_priority(RUN_THREAD_NICE))
             .enable_all()
             .build()
             .map_err(|error| SiftError::Internal(format!("starting the run runtime: {error}")))?;

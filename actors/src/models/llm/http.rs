@@ -79,9 +79,39 @@ fn error_chain(error: &reqwest::Error) -> String {
 }
 
 /// The server's explanation: `{"error": {"message"}}` (OpenAI, Anthropic), a bare
-/// `{"error": "..."}`, or the start of the body.
+/// `{"error": "..."}`, or the start of the body; for a context-window error with its labels
+/// (see [`error_labels`]), which say what the message may not (`context_length_exceeded`).
 pub(crate) fn error_message(body: &[u8]) -> String {
-    error_detail(body).unwrap_or_else(|| "no error message".to_owned())
+    let message = error_detail(body).unwrap_or_else(|| "no error message".to_owned());
+    let labels = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|value| value.get("error").map(error_labels))
+        .unwrap_or_default();
+    format!("{message}{labels}")
+}
+
+/// ` (code, n_ctx N, n_prompt_tokens N)` of an error object when it is about the context
+/// window: a string `code` or `type` naming the context (OpenAI `context_length_exceeded`,
+/// llama.cpp `exceed_context_size_error`) and llama.cpp's token counts; empty otherwise, so
+/// other errors read as the server wrote them.
+pub(crate) fn error_labels(error: &serde_json::Value) -> String {
+    let mut labels: Vec<String> = ["code", "type"]
+        .iter()
+        .filter_map(|field| error.get(field).and_then(serde_json::Value::as_str))
+        .filter(|label| label.contains("context"))
+        .map(str::to_owned)
+        .collect();
+    for field in ["n_ctx", "n_prompt_tokens"] {
+        if let Some(count) = error.get(field).and_then(serde_json::Value::as_u64) {
+            labels.push(format!("{field} {count}"));
+        }
+    }
+    labels.dedup();
+    if labels.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", labels.join(", "))
+    }
 }
 
 /// The explanation in an error body (see [`error_message`]), trimmed and cut to

@@ -163,10 +163,60 @@ impl LlmError {
         match self {
             LlmError::Connect { .. } | LlmError::Timeout { .. } => true,
             LlmError::Status { status, .. } => matches!(status, 408 | 409 | 425 | 429 | 500..=599),
-            LlmError::Protocol { .. } | LlmError::CircuitOpen { .. } => true,
+            // The same prompt overflows the same model again.
+            LlmError::Protocol { message, .. } => !is_overflow_in_stream(message),
+            LlmError::CircuitOpen { .. } => true,
             LlmError::AllFailed(_) | LlmError::Config(_) => false,
         }
     }
+
+    /// The provider refused the prompt as longer than its context window: an
+    /// OpenAI-compatible 400 ("maximum context length", `context_length_exceeded`), llama.cpp's
+    /// "exceeds the available context size", Anthropic's "prompt is too long", or the same
+    /// said as an error event inside the stream. For the router's error: any provider's. A
+    /// shorter prompt can succeed where a retry of the same one cannot.
+    pub fn is_context_overflow(&self) -> bool {
+        match self {
+            LlmError::Status {
+                status, message, ..
+            } => matches!(status, 400 | 413 | 422) && is_overflow_message(message),
+            LlmError::Protocol { message, .. } => is_overflow_in_stream(message),
+            LlmError::AllFailed(errors) => errors.iter().any(LlmError::is_context_overflow),
+            LlmError::Connect { .. }
+            | LlmError::Timeout { .. }
+            | LlmError::CircuitOpen { .. }
+            | LlmError::Config(_) => false,
+        }
+    }
+}
+
+/// How providers word a prompt longer than the context window (lowercase).
+const OVERFLOW_PHRASES: &[&str] = &[
+    "context_length_exceeded",
+    "maximum context length",
+    "context length",
+    "context window",
+    "exceed_context_size",
+    "exceeds the available context size",
+    "too many tokens",
+    "prompt is too long",
+    "input is too long",
+    "reduce the length of the messages",
+];
+
+/// An error event inside a stream (OpenAI-compatible `{"error": ...}` chunks, Anthropic
+/// `invalid_request_error` events) that says the prompt overflowed; other protocol errors
+/// (broken chunks that may quote model text) never count.
+fn is_overflow_in_stream(message: &str) -> bool {
+    (message.starts_with(openai::IN_STREAM_ERROR) || message.starts_with("invalid_request_error"))
+        && is_overflow_message(message)
+}
+
+fn is_overflow_message(message: &str) -> bool {
+    let message = message.to_lowercase();
+    OVERFLOW_PHRASES
+        .iter()
+        .any(|phrase| message.contains(phrase))
 }
 
 pub type ChatStream = Pin<Box<dyn Stream<Item = Result<ChatEvent, LlmError>> + Send>>;
@@ -217,4 +267,75 @@ pub fn describe_metrics() {
         metrics::Unit::Count,
         "Circuit breaker state per provider: 0 closed, 1 open, 2 half-open"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn refused(status: u16, body: serde_json::Value) -> LlmError {
+        LlmError::Status {
+            provider: "p".into(),
+            status,
+            message: http::error_message(body.to_string().as_bytes()),
+        }
+    }
+
+    #[test]
+    fn context_overflows_are_recognised_and_not_retried() {
+        let openai = refused(
+            400,
+            json!({"error": {"message": "Please shorten your prompt.", "type": "invalid_request_error", "code": "context_length_exceeded"}}),
+        );
+        let vllm = refused(
+            400,
+            json!({"error": {"message": "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens."}}),
+        );
+        let llama_cpp = refused(
+            400,
+            json!({"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": 5000, "n_ctx": 4096}}),
+        );
+        let anthropic = refused(
+            400,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 210000 tokens > 200000 maximum"}}),
+        );
+        for error in [&openai, &vllm, &llama_cpp, &anthropic] {
+            assert!(error.is_context_overflow(), "{error}");
+            assert!(!error.is_retryable(), "{error}");
+        }
+        assert!(llama_cpp.to_string().contains("n_ctx 4096"), "{llama_cpp}");
+        assert!(openai.to_string().contains("context_length_exceeded"));
+        let routed = LlmError::AllFailed(vec![
+            LlmError::Timeout {
+                provider: "a".into(),
+                what: "first token".into(),
+            },
+            llama_cpp.clone(),
+        ]);
+        assert!(routed.is_context_overflow());
+        // Said inside the stream: an error event, never a broken chunk quoting model text.
+        let in_stream = LlmError::Protocol {
+            provider: "p".into(),
+            message: format!("{}maximum context length exceeded", openai::IN_STREAM_ERROR),
+        };
+        assert!(in_stream.is_context_overflow() && !in_stream.is_retryable());
+        let broken = LlmError::Protocol {
+            provider: "p".into(),
+            message: "chunk is not JSON: the context window of".into(),
+        };
+        assert!(!broken.is_context_overflow() && broken.is_retryable());
+        // Other refusals are not overflows.
+        for other in [
+            refused(400, json!({"error": {"message": "unknown model fake"}})),
+            refused(
+                401,
+                json!({"error": {"message": "maximum context length is 4096 tokens"}}),
+            ),
+            refused(503, json!({"error": {"message": "overloaded"}})),
+        ] {
+            assert!(!other.is_context_overflow(), "{other}");
+        }
+    }
 }

@@ -233,6 +233,9 @@ impl OpenAiStream {
     }
 }
 
+/// How an error event inside a stream starts its message.
+pub(crate) const IN_STREAM_ERROR: &str = "error in stream: ";
+
 /// Rebuilds complete events from chat completion chunks.
 #[derive(Debug, Default)]
 pub struct StreamAggregator {
@@ -264,7 +267,10 @@ impl StreamAggregator {
                 .get("message")
                 .and_then(Value::as_str)
                 .map_or_else(|| error.to_string(), str::to_owned);
-            return Err(format!("error in stream: {message}"));
+            return Err(format!(
+                "{IN_STREAM_ERROR}{message}{}",
+                super::http::error_labels(error)
+            ));
         }
         if let Some(usage) = chunk.get("usage").filter(|usage| usage.is_object()) {
             let count = |field: &str| {
