@@ -125,7 +125,7 @@ impl Drop for Sessions {
 /// Nice value of the run runtime's threads (workers and blocking pool), relative to the
 /// node's other threads at 0: a CFS weight of about a tenth, so the HTTP threads (accepting
 /// connections, writing `meta`) win the CPU when runs saturate it; runs still get every idle
-/// cycle. See docs/adr/0008-run-thread-priority.md.
+/// cycle. See docs/adr/0010-run-thread-priority.md.
 pub const RUN_THREAD_NICE: i32 = 10;
 
 /// Lowers the calling thread's scheduling priority to `nice` (Linux: `setpriority` on the
