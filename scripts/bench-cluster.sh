@@ -60,13 +60,16 @@ for _ in $(seq 1 300); do
   sleep 0.5
 done
 
-for target in single:7710 cluster:7720; do
-  name=${target%%:*} port=${target##*:}
-  # 3 shards; on the cluster the default replication factor (min(3, nodes)) is 3: every node
-  # holds a replica of every shard, so each search fans out to 3 replicas on 1 to 3 nodes.
+# 3 shards; on the cluster with replication factor $REPLICATION (default 1: each shard on its
+# own node, so a search on one node asks two leaves on the others over the internal port).
+replication=${REPLICATION:-1}
+for target in single:7710:1 cluster:7720:$replication; do
+  IFS=: read -r name port factor <<<"$target"
+  curl -sf -X POST "http://127.0.0.1:$port/v1/kbs" -H 'content-type: application/json' \
+    -d "{\"name\": \"scifact\", \"shards\": 3, \"replication_factor\": $factor}" >/dev/null
   /usr/bin/time -f "%e" -o "$out/$name.ingest_seconds" \
     "$bin/sift-bench" quality --dataset "$dataset" --node "http://127.0.0.1:$port" \
-      --kb scifact --shards 3 --max-docs "$max_docs" --recreate --no-hnsw-recall \
+      --kb scifact --max-docs "$max_docs" --reuse --no-hnsw-recall \
       --configs fused --json "$out/$name.quality.json" >"$out/$name.quality.txt"
 done
 
@@ -81,8 +84,13 @@ def top(port, q):
     a = json.load(urllib.request.urlopen(req))
     assert not a.get("failed_shards"), a["failed_shards"]
     return [h.get("external_id") for h in a["hits"]]
-same = sum(top(7710, q) == top(port, q) for q in queries for port in (7720, 7721, 7722)) 
-print(f"identical fused top 10: {same} of {3 * len(queries)} (query, cluster node) pairs")
+same = across = 0
+for q in queries:
+    single, cluster = top(7710, q), [top(port, q) for port in (7720, 7721, 7722)]
+    same += sum(single == c for c in cluster)
+    across += cluster[0] == cluster[1] == cluster[2]
+print(f"identical fused top 10, 1 node vs each cluster node: {same} of {3 * len(queries)}")
+print(f"identical fused top 10 on the 3 cluster nodes: {across} of {len(queries)}")
 with open(f"{sys.argv[2]}/queries.txt", "w") as f:
     f.write("\n".join(queries) + "\n")
 PY
@@ -102,7 +110,7 @@ for target in single:7710 cluster:7720; do
       i=$((i + 1))
     done
     echo "$line (single c1 c2 c3)"
-    grep -E "qps|p50|p99" "$out/$name.c$concurrency.txt" | head -4 | sed "s/^/  /"
+    grep -v "^load:" "$out/$name.c$concurrency.txt" | sed "s/^/  /"
   done
   echo "$name ingestion (load + quality run): $(cat "$out/$name.ingest_seconds") s"
   grep -iE "fused" "$out/$name.quality.txt" | head -2 | sed "s/^/  /"

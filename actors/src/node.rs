@@ -838,7 +838,10 @@ impl SiftNode {
             hasher.update([0]);
             hasher.update(document.text.as_bytes());
             records.push(DocumentRecord {
-                shard: shard_for_document(&id, kb.settings.shards),
+                shard: shard_for_document(
+                    routing_key(document.external_id.as_deref(), &id),
+                    kb.settings.shards,
+                ),
                 id,
                 kb_id: kb.id.clone(),
                 title: document
@@ -895,7 +898,10 @@ impl SiftNode {
         let id = uuid::Uuid::now_v7().to_string();
         let now = now_ms();
         let record = DocumentRecord {
-            shard: shard_for_document(&id, kb.settings.shards),
+            shard: shard_for_document(
+                routing_key(upload.external_id.as_deref(), &id),
+                kb.settings.shards,
+            ),
             id: id.clone(),
             kb_id: kb.id.clone(),
             external_id: upload.external_id.clone(),
@@ -1295,6 +1301,13 @@ impl SiftNode {
             .cast(ShardMessage::Crash)
             .map_err(|e| SiftError::Internal(e.to_string()))
     }
+}
+
+/// What places a document on a shard: its external id when it has one (so the same corpus
+/// loaded twice, or on two clusters, shards alike and ranks alike: BM25 statistics are per
+/// shard), else its id.
+fn routing_key<'a>(external_id: Option<&'a str>, id: &'a str) -> &'a str {
+    external_id.unwrap_or(id)
 }
 
 fn sled_error(error: sled::Error) -> SiftError {

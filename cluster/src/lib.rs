@@ -1,6 +1,6 @@
 //! Cluster concerns of a Sift node.
 //!
-//! - [`placement`]: which shard a document belongs to (`hash(doc_id) % shards`).
+//! - [`placement`]: which shard a document belongs to (`hash(external id, else doc id) % shards`) and where its replicas live (least loaded nodes).
 //! - [`meta_log`]: the door through which every metadata change passes. [`LocalMeta`] applies
 //!   each [`MetaOp`](sift_storage::meta::MetaOp) to the local state machine in log order.
 //! - [`raft`]: metadata consensus on raft-rs: the driver thread ([`raft::RaftNode`],

@@ -32,7 +32,7 @@ use crate::error::{Result, StorageError};
 /// Settings of a knowledge base. Validated by the layer that proposes the op.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KbSettings {
-    /// Number of shards; a document goes to `hash(doc_id) % shards`. Fixed at creation.
+    /// Number of shards; a document goes to `hash(external id, else id) % shards`. Fixed at creation.
     pub shards: u32,
     /// Copies of each shard, on distinct nodes. Fixed at creation.
     #[serde(default = "one")]
