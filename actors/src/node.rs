@@ -688,8 +688,8 @@ impl SiftNode {
     }
 
     /// The KB about to take documents or queries on this node. In cluster mode a KB created
-    /// elsewhere may not be applied here yet (a linearizable read settles it) and its shards
-    /// not open here yet (they are opened on first use: data stays on the node that ingests).
+    /// elsewhere may not be applied here yet (a linearizable read settles it) and this node's
+    /// replicas of it not open yet (the caretaker opens them within a round; so does this).
     async fn find_kb_for_data(&self, kb: &str) -> Result<KbRecord> {
         if !self.context.meta.is_replicated() {
             return self.find_kb(kb);
