@@ -814,12 +814,8 @@ impl SledMetaStore {
                 node,
                 at_ms,
             } => {
-                let Some(mut kb) = pending.get::<KbRecord>(&kb_key(kb_id))? else {
-                    return Err(StorageError::NotFound(format!("knowledge base {kb_id}")));
-                };
-                let Some(placement) = kb.placement.get_mut(*shard as usize) else {
-                    return Err(StorageError::NotFound(format!("shard {shard} of {kb_id}")));
-                };
+                let mut kb = placed_kb(pending, kb_id, *shard)?;
+                let placement = &mut kb.placement[*shard as usize];
                 if placement.replicas.iter().any(|r| r.node == *node) {
                     return Ok(MetaOutcome::Unchanged);
                 }
@@ -838,12 +834,8 @@ impl SledMetaStore {
                 node,
                 at_ms,
             } => {
-                let Some(mut kb) = pending.get::<KbRecord>(&kb_key(kb_id))? else {
-                    return Err(StorageError::NotFound(format!("knowledge base {kb_id}")));
-                };
-                let Some(placement) = kb.placement.get_mut(*shard as usize) else {
-                    return Err(StorageError::NotFound(format!("shard {shard} of {kb_id}")));
-                };
+                let mut kb = placed_kb(pending, kb_id, *shard)?;
+                let placement = &mut kb.placement[*shard as usize];
                 if !placement.replicas.iter().any(|r| r.node == *node) {
                     return Ok(MetaOutcome::Unchanged);
                 }
@@ -940,6 +932,17 @@ impl SledMetaStore {
         pending.put(tomb_key(kb_id, &doc.id), &tomb)?;
         Ok(tomb)
     }
+}
+
+/// The KB of a placement op, checked to have a placement for `shard`.
+fn placed_kb(pending: &Pending<'_>, kb_id: &str, shard: u32) -> Result<KbRecord> {
+    let Some(kb) = pending.get::<KbRecord>(&kb_key(kb_id))? else {
+        return Err(StorageError::NotFound(format!("knowledge base {kb_id}")));
+    };
+    if kb.placement.len() <= shard as usize {
+        return Err(StorageError::NotFound(format!("shard {shard} of {kb_id}")));
+    }
+    Ok(kb)
 }
 
 /// How many log entries the id of an applied op is remembered for (see

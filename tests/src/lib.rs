@@ -119,6 +119,31 @@ pub fn temp_dir() -> tempfile::TempDir {
         .expect("creating a temp dir")
 }
 
+/// A free TCP port on loopback (for a node's internal address, which must be known before it
+/// starts so that others can join through it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("binding a loopback port")
+        .port()
+}
+
+/// Polls `check` until it gives a value; panics with `what` after [`WAIT`].
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(started.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A bulk-API document.
 pub fn text_document(external_id: &str, title: &str, text: &str) -> serde_json::Value {
     serde_json::json!({ "external_id": external_id, "title": title, "text": text })

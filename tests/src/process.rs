@@ -117,6 +117,26 @@ impl NodeProcess {
         }
     }
 
+    /// A cluster member on `data_dir` with internal address `internal`, joining `join` when
+    /// given, with `secret` and extra environment variables.
+    pub fn start_member(
+        data_dir: &Path,
+        secret: &str,
+        internal: &str,
+        join: Option<&str>,
+        extra_env: &[(&str, &str)],
+    ) -> NodeProcess {
+        let mut env = vec![
+            ("SIFT_CLUSTER_SECRET", secret),
+            ("SIFT_INTERNAL_LISTEN", internal),
+        ];
+        if let Some(join) = join {
+            env.push(("SIFT_JOIN", join));
+        }
+        env.extend_from_slice(extra_env);
+        NodeProcess::start(data_dir, &env)
+    }
+
     pub fn client(&self) -> ApiClient {
         ApiClient::new(&self.url)
     }

@@ -2,52 +2,20 @@
 //! metadata through Raft, survive `kill -9` of the leader, and a restarted node rejoins under
 //! its old id.
 
-use std::time::{Duration, Instant};
-
 use serde_json::{Value, json};
 use sift_tests::{
-    ApiClient, NodeProcess, WAIT, bulk_documents, count, ingest_deadline, short_documents, temp_dir,
+    ApiClient, NodeProcess, bulk_documents, count, eventually, free_port, ingest_deadline,
+    short_documents, temp_dir,
 };
 
 const SECRET: &str = "cluster-process-test-secret";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn start(data_dir: &std::path::Path, internal: &str, join: Option<&str>) -> NodeProcess {
-    let mut env = vec![
-        ("SIFT_CLUSTER_SECRET", SECRET),
-        ("SIFT_INTERNAL_LISTEN", internal),
-    ];
-    if let Some(join) = join {
-        env.push(("SIFT_JOIN", join));
-    }
-    NodeProcess::start(data_dir, &env)
+    NodeProcess::start_member(data_dir, SECRET, internal, join, &[])
 }
 
 async fn view(client: &ApiClient) -> Value {
     client.get("/v1/cluster").await.expect(200)
-}
-
-/// Polls `check` until it gives a value; panics with `what` after [`WAIT`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(started.elapsed() < WAIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn role_of(view: &Value, id: u64) -> Option<String> {
@@ -389,15 +357,13 @@ fn start_with_faults(
     internal: &str,
     join: Option<&str>,
 ) -> NodeProcess {
-    let mut env = vec![
-        ("SIFT_CLUSTER_SECRET", SECRET),
-        ("SIFT_INTERNAL_LISTEN", internal),
-        ("SIFT_DEBUG_FAULTS", "1"),
-    ];
-    if let Some(join) = join {
-        env.push(("SIFT_JOIN", join));
-    }
-    NodeProcess::start(data_dir, &env)
+    NodeProcess::start_member(
+        data_dir,
+        SECRET,
+        internal,
+        join,
+        &[("SIFT_DEBUG_FAULTS", "1")],
+    )
 }
 
 /// Issue 4 with the real binary: a minority partition cannot commit (a write through it gets

@@ -8,51 +8,27 @@
 //! top 10 before and after.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use sift_tests::{
-    ApiClient, NodeProcess, WAIT, bulk_documents, chunk_ids, count, ingest_deadline,
-    short_documents, temp_dir,
+    ApiClient, NodeProcess, bulk_documents, chunk_ids, count, eventually, free_port,
+    ingest_deadline, short_documents, temp_dir,
 };
 
 const SECRET: &str = "replication-process-test-secret";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn start(data_dir: &std::path::Path, internal: &str, join: Option<&str>) -> NodeProcess {
-    let mut env = vec![
-        ("SIFT_CLUSTER_SECRET", SECRET),
-        ("SIFT_INTERNAL_LISTEN", internal),
-        ("SIFT_REPAIR_INTERVAL_MS", "300"),
-        ("SIFT_HEDGE_AFTER_MS", "50"),
-    ];
-    if let Some(join) = join {
-        env.push(("SIFT_JOIN", join));
-    }
-    NodeProcess::start(data_dir, &env)
-}
-
-/// Polls `check` until it gives a value; panics with `what` after [`WAIT`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(started.elapsed() < WAIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    NodeProcess::start_member(
+        data_dir,
+        SECRET,
+        internal,
+        join,
+        &[
+            ("SIFT_REPAIR_INTERVAL_MS", "300"),
+            ("SIFT_HEDGE_AFTER_MS", "50"),
+        ],
+    )
 }
 
 /// The replicas of every shard: shard -> [(node, state, documents)].

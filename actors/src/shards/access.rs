@@ -384,13 +384,12 @@ impl ShardAccess {
                 Ok(None) => return Err("the knowledge base was deleted".into()),
                 Err(error) => return Err(error.to_string()),
             };
-            let missing = self
-                .replicas(&current, shard)
-                .into_iter()
+            let replicas = self.replicas(&current, shard);
+            let missing = replicas
+                .iter()
                 .any(|r| r.state != ReplicaState::Dead && !written.contains(&r.node));
             if !missing {
-                let active = self
-                    .replicas(&current, shard)
+                let active = replicas
                     .iter()
                     .filter(|r| r.state == ReplicaState::Active && written.contains(&r.node))
                     .count() as u32;

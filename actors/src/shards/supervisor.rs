@@ -164,15 +164,7 @@ impl Actor for ShardsSupervisor {
                 }
                 metrics::gauge!("sift_shards").set(state.registry.len() as f64);
                 let dir = state.data_dir.join(&kb_id);
-                let removed =
-                    tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
-                        Ok(()) => Ok(()),
-                        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                        Err(error) => Err(SiftError::from(sift_storage::StorageError::from(error))),
-                    })
-                    .await
-                    .unwrap_or_else(|error| Err(SiftError::Internal(error.to_string())));
-                let _ = reply.send(removed);
+                let _ = reply.send(remove_dir(dir).await);
             }
             ShardsMessage::DropShard {
                 kb_id,
@@ -189,15 +181,7 @@ impl Actor for ShardsSupervisor {
                 state.failures.remove(&key);
                 metrics::gauge!("sift_shards").set(state.registry.len() as f64);
                 let dir = state.shard_dir(&key);
-                let removed =
-                    tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
-                        Ok(()) => Ok(()),
-                        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                        Err(error) => Err(SiftError::from(sift_storage::StorageError::from(error))),
-                    })
-                    .await
-                    .unwrap_or_else(|error| Err(SiftError::Internal(error.to_string())));
-                let _ = reply.send(removed);
+                let _ = reply.send(remove_dir(dir).await);
             }
         }
         Ok(())
@@ -244,4 +228,15 @@ impl Actor for ShardsSupervisor {
         }
         Ok(())
     }
+}
+
+/// Deletes a replica's (or a KB's) directory off the runtime; one already gone is fine.
+async fn remove_dir(dir: PathBuf) -> Result<()> {
+    tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(SiftError::from(sift_storage::StorageError::from(error))),
+    })
+    .await
+    .unwrap_or_else(|error| Err(SiftError::Internal(error.to_string())))
 }
