@@ -40,6 +40,9 @@ pub struct NodeOptions {
     /// How often this node looks for replicas of its own to repair (dead ones) and for
     /// replicas of deleted KBs to drop.
     pub repair_interval: Duration,
+    /// How long the leader waits for an unresponsive ingestion worker before handing its
+    /// unfinished documents to another replica.
+    pub reassign_after: Duration,
     /// The cluster secret (cluster mode), for shard requests to other nodes.
     pub cluster_secret: Option<String>,
 }
@@ -58,6 +61,7 @@ impl Default for NodeOptions {
             remote_write_timeout: Duration::from_secs(30),
             write_quorum: 1,
             repair_interval: Duration::from_secs(5),
+            reassign_after: Duration::from_secs(15),
             cluster_secret: None,
         }
     }

@@ -76,9 +76,9 @@ impl MetaHandle {
 
     pub async fn propose(&self, op: MetaOp) -> Result<MetaOutcome> {
         let kb_id = match &op {
-            MetaOp::DeleteDocument { kb_id, .. } | MetaOp::RegisterDocuments { kb_id, .. } => {
-                Some(kb_id.clone())
-            }
+            MetaOp::DeleteDocument { kb_id, .. }
+            | MetaOp::RegisterDocuments { kb_id, .. }
+            | MetaOp::RegisterDocumentsTo { kb_id, .. } => Some(kb_id.clone()),
             _ => None,
         };
         let outcome = match &self.log {

@@ -12,7 +12,7 @@ use ractor::{Actor, ActorRef};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sift_cluster::LocalMeta;
-use sift_cluster::placement::{place_replicas, shard_for_document};
+use sift_cluster::placement::{NodeLoad, place_replicas, shard_for_document};
 use sift_storage::chunk::{ChunkView, Metadata, SearchFilter};
 use sift_storage::embedding_cache::EmbeddingCache;
 use sift_storage::meta::{
@@ -25,6 +25,7 @@ use tracing::{info, warn};
 use crate::context::{EMBEDDED_MODEL, Embedders, NodeContext, NodeOptions};
 use crate::error::{Result, SiftError};
 use crate::events::DocumentEvent;
+use crate::ingest::handoff::{self, JOB_DOCUMENTS, Reconciler};
 use crate::ingest::parse::{SourceFormat, parse_document};
 use crate::ingest::pipeline::{self, now_ms};
 use crate::ingest::queue::{IngestJob, IngestQueue};
@@ -43,8 +44,6 @@ use crate::shards::{
 
 /// Largest `top_k` a search may ask for.
 pub const MAX_TOP_K: usize = 100;
-/// Documents per ingestion job when a bulk request is split.
-const JOB_DOCUMENTS: usize = 256;
 
 /// `POST /v1/kbs`.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -305,7 +304,7 @@ impl SiftNode {
     }
 
     /// Reopens shards, re-applies tombstones (a delete may have crashed half-way) and
-    /// re-queues documents whose ingestion did not finish.
+    /// re-queues documents whose ingestion did not finish and that this node ingests.
     async fn recover(&self) -> Result<()> {
         let store = self.context.meta.store().clone();
         let kbs = store.list_kbs()?;
@@ -323,36 +322,8 @@ impl SiftNode {
                 let _ = self.context.raw.remove(&tombstone.document_id);
             }
         }
-        let mut unfinished: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let clustered = self.context.meta.is_replicated();
-        for record in store.unfinished_documents()? {
-            // In cluster mode the metadata holds every node's documents, but the bytes stay
-            // on the node that received them: only that node resumes them.
-            if clustered && !self.context.raw.has(&record) {
-                continue;
-            }
-            unfinished.entry(record.kb_id).or_default().push(record.id);
-        }
-        for (kb_id, ids) in unfinished {
-            info!(
-                kb_id,
-                documents = ids.len(),
-                "resuming unfinished ingestion"
-            );
-            for batch in ids.chunks(JOB_DOCUMENTS) {
-                let queue = self.queue.clone();
-                let job = IngestJob {
-                    kb_id: kb_id.clone(),
-                    document_ids: batch.to_vec(),
-                };
-                // The queue may be smaller than the backlog: wait for room in the background.
-                tokio::spawn(async move {
-                    if let Err(error) = queue.submit(job).await {
-                        warn!(%error, "could not resume ingestion");
-                    }
-                });
-            }
-        }
+        // Unfinished ingestion assigned to this node (the caretaker keeps looking later).
+        handoff::queue_assigned(&self.context, &self.queue, true).await;
         Ok(())
     }
 
@@ -383,6 +354,8 @@ impl SiftNode {
         let caretaker = Caretaker {
             context: self.context.clone(),
             shards: self.shards.clone(),
+            queue: self.queue.clone(),
+            reconciler: Reconciler::default(),
         };
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(caretaker.context.options.repair_interval);
@@ -403,6 +376,46 @@ impl SiftNode {
         let failed = |error: SiftError| ShardReply::Failed {
             code: error.code().to_string(),
             message: error.to_string(),
+        };
+        // Raw bytes and ingestion work: no replica needs to be open for them.
+        let rpc = match rpc {
+            ShardRpc::PutRaw { documents, .. } => {
+                let raw = self.context.raw.clone();
+                let stored = tokio::task::spawn_blocking(move || raw.put_many(&documents)).await;
+                return match stored {
+                    Ok(Ok(())) => ShardReply::RawStored {
+                        queue_depth: self.queue.depth(),
+                    },
+                    Ok(Err(error)) => failed(error),
+                    Err(error) => failed(SiftError::Internal(error.to_string())),
+                };
+            }
+            ShardRpc::GetRaw {
+                document_id,
+                upload,
+                ..
+            } => {
+                let raw = self.context.raw.clone();
+                let read = tokio::task::spawn_blocking(move || raw.get(&document_id, upload)).await;
+                return match read {
+                    Ok(Ok(bytes)) => ShardReply::Raw(bytes),
+                    Ok(Err(error)) => failed(error),
+                    Err(error) => failed(SiftError::Internal(error.to_string())),
+                };
+            }
+            ShardRpc::Ingest {
+                kb_id,
+                document_ids,
+                ..
+            } => {
+                // The assignment was committed before the request: apply it here first.
+                if let Err(error) = self.context.meta.linearizable_barrier().await {
+                    return failed(error);
+                }
+                handoff::queue_documents(&self.queue, &kb_id, &document_ids, false).await;
+                return ShardReply::Queued;
+            }
+            rpc => rpc,
         };
         let kb = match self.store().get_kb(rpc.kb_id()) {
             Ok(Some(kb)) => kb,
@@ -468,14 +481,17 @@ impl SiftNode {
                 .await
                 .map(|()| ShardReply::Written)
                 .map_err(SiftError::Internal),
-            ShardRpc::Delete { document_id, .. } => access
-                .local_call(&kb.id, shard, timeout, |reply| ShardMessage::Delete {
-                    document_id,
-                    reply,
-                })
-                .await
-                .map(ShardReply::Deleted)
-                .map_err(SiftError::Internal),
+            ShardRpc::Delete { document_id, .. } => {
+                let _ = self.context.raw.remove(&document_id);
+                access
+                    .local_call(&kb.id, shard, timeout, |reply| ShardMessage::Delete {
+                        document_id,
+                        reply,
+                    })
+                    .await
+                    .map(ShardReply::Deleted)
+                    .map_err(SiftError::Internal)
+            }
             ShardRpc::DocumentIds { .. } => access
                 .local_call(&kb.id, shard, timeout, |reply| ShardMessage::DocumentIds {
                     reply,
@@ -491,6 +507,9 @@ impl SiftNode {
                 .await
                 .map(ShardReply::Exported)
                 .map_err(SiftError::Internal),
+            ShardRpc::PutRaw { .. } | ShardRpc::GetRaw { .. } | ShardRpc::Ingest { .. } => {
+                Err(SiftError::Internal("served above".into()))
+            }
             ShardRpc::Stats { .. } => match self.context.registry.get(&crate::shards::ShardKey {
                 kb_id: kb.id.clone(),
                 shard,
@@ -551,6 +570,45 @@ impl SiftNode {
         Ok(views)
     }
 
+    /// Replicas placed on `node`, over every KB.
+    pub fn replicas_on(&self, node: u64) -> Result<usize> {
+        Ok(replicas_on(&self.store().list_kbs()?, node))
+    }
+
+    /// Starts draining `node` before its removal: the leader re-creates its replicas on the
+    /// other nodes (each filled, then the drained copy dropped) and then removes it.
+    /// Refused (409 `cannot_drain`) when a KB with a replica there would have fewer nodes
+    /// left than its replication factor.
+    pub async fn drain_node(&self, node: u64) -> Result<()> {
+        let mut others = self.context.access.placement_members();
+        others.retain(|member| *member != node);
+        for kb in self.store().list_kbs()? {
+            let holds = kb
+                .placement
+                .iter()
+                .any(|p| p.replicas.iter().any(|r| r.node == node));
+            if holds && kb.settings.replication_factor as usize > others.len() {
+                return Err(SiftError::Conflict {
+                    code: "cannot_drain",
+                    message: format!(
+                        "knowledge base {} has replication factor {} and only {} other nodes would be left; add a node first or remove with force=true (its replicas there are lost)",
+                        kb.name,
+                        kb.settings.replication_factor,
+                        others.len()
+                    ),
+                });
+            }
+        }
+        self.context
+            .meta
+            .propose(MetaOp::SetNodeDraining {
+                node,
+                draining: true,
+            })
+            .await?;
+        Ok(())
+    }
+
     /// Stops the actors. Everything acknowledged is already durable.
     pub async fn shutdown(&self) {
         self.ingest.stop(None);
@@ -596,7 +654,7 @@ impl SiftNode {
                 "shards must be between 1 and 64",
             ));
         }
-        let members = self.context.access.peers().members();
+        let members = self.context.access.placement_members();
         let replication_factor = request
             .replication_factor
             .unwrap_or_else(|| (members.len() as u32).min(3));
@@ -636,14 +694,7 @@ impl SiftNode {
                 retrieval_settings::merge_patch(&settings.retrieval, patch, self.root.rerankers())?;
         }
         let now = now_ms();
-        let mut load: BTreeMap<u64, u64> = BTreeMap::new();
-        for kb in self.store().list_kbs()? {
-            for placement in &kb.placement {
-                for replica in &placement.replicas {
-                    *load.entry(replica.node).or_default() += 1;
-                }
-            }
-        }
+        let load = node_loads(self.store(), &self.store().list_kbs()?, &members);
         let placement = place_replicas(shards, replication_factor, &members, &load)
             .into_iter()
             .map(|nodes| ShardPlacement {
@@ -938,9 +989,27 @@ impl SiftNode {
         records: Vec<DocumentRecord>,
     ) -> Result<Vec<AddedDocument>> {
         let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
-        // Admission first: room for every job is reserved before anything is registered; if the
-        // queue is full nothing is registered and the raw data goes.
-        let jobs: Vec<IngestJob> = ids
+        let local = self.context.access.local_id();
+        // The raw bytes with the shards' replicas (cluster mode), and a worker per document.
+        let workers =
+            match handoff::store_with_replicas(&self.context, &self.queue, kb, &records).await {
+                Ok(workers) => workers,
+                Err(error) => {
+                    for id in &ids {
+                        let _ = self.context.raw.remove(id);
+                    }
+                    return Err(error);
+                }
+            };
+        // Admission: room for every local job is reserved before anything is registered; if
+        // the queue is full nothing is registered and the raw data goes.
+        let local_ids: Vec<String> = ids
+            .iter()
+            .zip(&workers)
+            .filter(|(_, worker)| **worker == local)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let jobs: Vec<IngestJob> = local_ids
             .chunks(JOB_DOCUMENTS)
             .map(|batch| IngestJob {
                 kb_id: kb.id.clone(),
@@ -956,12 +1025,18 @@ impl SiftNode {
                 return Err(error);
             }
         };
+        let assignments: Vec<(u64, u32, String)> = records
+            .iter()
+            .zip(&workers)
+            .map(|(record, worker)| (*worker, record.shard, record.id.clone()))
+            .collect();
         let proposed = self
             .context
             .meta
-            .propose(MetaOp::RegisterDocuments {
+            .propose(MetaOp::RegisterDocumentsTo {
                 kb_id: kb.id.clone(),
                 documents: records,
+                workers,
             })
             .await;
         let outcome = match proposed {
@@ -999,9 +1074,23 @@ impl SiftNode {
             });
         }
         for (permit, job) in permits.zip(jobs) {
+            self.queue.claim(&job.document_ids);
             permit.send(job);
         }
         self.queue.report_depth();
+        // Remote workers are told now; a node that is not a replica of a shard keeps no copy
+        // of its raw bytes once the replicas hold them.
+        let mut remote: BTreeMap<(u64, u32), Vec<String>> = BTreeMap::new();
+        for (worker, shard, id) in assignments {
+            let placed_here = kb.replicas(shard).iter().any(|r| r.node == local);
+            if !kb.placement.is_empty() && !placed_here {
+                let _ = self.context.raw.remove(&id);
+            }
+            if worker != local {
+                remote.entry((worker, shard)).or_default().push(id);
+            }
+        }
+        handoff::notify_workers(&self.context, &kb.id, remote);
         Ok(added)
     }
 
@@ -1310,6 +1399,37 @@ fn routing_key<'a>(external_id: Option<&'a str>, id: &'a str) -> &'a str {
     external_id.unwrap_or(id)
 }
 
+/// What each of `members` holds: replicas, and the bytes of their shards' documents.
+fn node_loads(store: &SledMetaStore, kbs: &[KbRecord], members: &[u64]) -> BTreeMap<u64, NodeLoad> {
+    let bytes = store.shard_bytes().unwrap_or_default();
+    let mut load: BTreeMap<u64, NodeLoad> =
+        members.iter().map(|m| (*m, NodeLoad::default())).collect();
+    for kb in kbs {
+        for (shard, placement) in kb.placement.iter().enumerate() {
+            let shard_bytes = bytes
+                .get(&(kb.id.clone(), shard as u32))
+                .copied()
+                .unwrap_or(0);
+            for replica in &placement.replicas {
+                if let Some(node) = load.get_mut(&replica.node) {
+                    node.replicas += 1;
+                    node.bytes += shard_bytes;
+                }
+            }
+        }
+    }
+    load
+}
+
+/// Replicas placed on `node`, over every KB.
+fn replicas_on(kbs: &[KbRecord], node: u64) -> usize {
+    kbs.iter()
+        .flat_map(|kb| &kb.placement)
+        .flat_map(|placement| &placement.replicas)
+        .filter(|replica| replica.node == node)
+        .count()
+}
+
 fn sled_error(error: sled::Error) -> SiftError {
     SiftError::Storage(error.into())
 }
@@ -1500,6 +1620,8 @@ async fn drop_kb_shards(shards: &ActorRef<ShardsMessage>, kb_id: String) {
 struct Caretaker {
     context: Arc<NodeContext>,
     shards: ActorRef<ShardsMessage>,
+    queue: IngestQueue,
+    reconciler: Reconciler,
 }
 
 impl Caretaker {
@@ -1574,9 +1696,14 @@ impl Caretaker {
             .meta
             .raft()
             .is_some_and(|raft| raft.status().leader == Some(raft.id()));
-        if leader && let Err(reason) = self.rebalance(&kbs).await {
-            warn!(%reason, "rebalancing step failed; will retry");
+        if leader {
+            if let Err(reason) = self.rebalance(&kbs).await {
+                warn!(%reason, "rebalancing step failed; will retry");
+            }
+            self.reconciler.round(&self.context, &kbs).await;
+            self.finish_drains(&kbs).await;
         }
+        handoff::queue_assigned(&self.context, &self.queue, false).await;
     }
 
     /// One step of rebalancing (the leader's caretaker, one op per round): finish a move in
@@ -1585,21 +1712,13 @@ impl Caretaker {
     /// counts differ by 2 or more. A move adds the new replica first (`initializing`, filled
     /// by its node) and drops the old one only after the new one is active.
     async fn rebalance(&self, kbs: &[KbRecord]) -> std::result::Result<(), String> {
-        let members = self.context.access.peers().members();
-        let mut load: BTreeMap<u64, usize> = members.iter().map(|m| (*m, 0)).collect();
-        for kb in kbs {
-            for placement in &kb.placement {
-                for replica in &placement.replicas {
-                    if let Some(count) = load.get_mut(&replica.node) {
-                        *count += 1;
-                    }
-                }
-            }
-        }
+        // Draining nodes count as gone: their replicas are re-created elsewhere first.
+        let members = self.context.access.placement_members();
+        let load = node_loads(self.context.meta.store(), kbs, &members);
         let least_loaded = |exclude: &[u64]| {
             load.iter()
                 .filter(|(node, _)| !exclude.contains(node))
-                .min_by_key(|(node, count)| (**count, **node))
+                .min_by_key(|(node, load)| (**load, **node))
                 .map(|(node, _)| *node)
         };
         let mut in_progress = false;
@@ -1634,9 +1753,9 @@ impl Caretaker {
                         .iter()
                         .find(|r| !members.contains(&r.node))
                         .or_else(|| {
-                            replicas
-                                .iter()
-                                .max_by_key(|r| (load.get(&r.node).copied().unwrap_or(0), r.node))
+                            replicas.iter().max_by_key(|r| {
+                                (load.get(&r.node).copied().unwrap_or_default(), r.node)
+                            })
                         })
                         .map(|r| r.node)
                         .expect("an over-replicated shard has replicas");
@@ -1672,14 +1791,14 @@ impl Caretaker {
         }
         let Some((&busiest, &most)) = load
             .iter()
-            .max_by_key(|(node, count)| (**count, u64::MAX - **node))
+            .max_by_key(|(node, load)| (**load, u64::MAX - **node))
         else {
             return Ok(());
         };
         let Some(idle) = least_loaded(&[]) else {
             return Ok(());
         };
-        if most < load[&idle] + 2 {
+        if most.replicas < load[&idle].replicas + 2 {
             return Ok(());
         }
         for kb in kbs.iter().filter(|kb| !kb.placement.is_empty()) {
@@ -1703,6 +1822,40 @@ impl Caretaker {
             }
         }
         Ok(())
+    }
+
+    /// Removes from the cluster the draining nodes that no longer hold a replica, and clears
+    /// the mark of nodes that are gone.
+    async fn finish_drains(&self, kbs: &[KbRecord]) {
+        let Some(raft) = self.context.meta.raft() else {
+            return;
+        };
+        let Ok(draining) = self.context.meta.store().draining_nodes() else {
+            return;
+        };
+        let status = raft.status();
+        for node in draining {
+            let member = status.voters.contains(&node) || status.learners.contains(&node);
+            if member && replicas_on(kbs, node) > 0 {
+                continue;
+            }
+            if member {
+                info!(node, "node drained: removing it from the cluster");
+                if let Err(error) = raft.remove_node(node).await {
+                    warn!(node, %error, "removing a drained node failed; will retry");
+                    continue;
+                }
+            }
+            if let Err(reason) = self
+                .propose(MetaOp::SetNodeDraining {
+                    node,
+                    draining: false,
+                })
+                .await
+            {
+                warn!(node, %reason, "clearing the draining mark failed; will retry");
+            }
+        }
     }
 
     async fn propose(&self, op: MetaOp) -> std::result::Result<(), String> {

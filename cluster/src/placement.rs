@@ -14,15 +14,22 @@ pub fn shard_for_document(document_id: &str, shards: u32) -> u32 {
     (u64::from_be_bytes(prefix) % u64::from(shards)) as u32
 }
 
+/// What a node already holds, for placement: replicas first, then their bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NodeLoad {
+    pub replicas: u64,
+    pub bytes: u64,
+}
+
 /// Chooses the nodes of every shard's replicas: `replication_factor` distinct nodes per
 /// shard, each time the least loaded ones (by replicas already held, `load`, plus those placed
-/// by this call), ties broken by a rotation so that shards spread their first replica.
-/// `nodes` must hold at least `replication_factor` distinct ids. Deterministic.
+/// by this call; then by bytes held), ties broken by a rotation so that shards spread their
+/// first replica. `nodes` must hold at least `replication_factor` distinct ids. Deterministic.
 pub fn place_replicas(
     shards: u32,
     replication_factor: u32,
     nodes: &[u64],
-    load: &BTreeMap<u64, u64>,
+    load: &BTreeMap<u64, NodeLoad>,
 ) -> Vec<Vec<u64>> {
     let mut nodes: Vec<u64> = nodes.to_vec();
     nodes.sort_unstable();
@@ -32,14 +39,14 @@ pub fn place_replicas(
         "replication factor {replication_factor} needs as many nodes (have {})",
         nodes.len()
     );
-    let mut counts: BTreeMap<u64, u64> = nodes
+    let mut counts: BTreeMap<u64, NodeLoad> = nodes
         .iter()
-        .map(|node| (*node, load.get(node).copied().unwrap_or(0)))
+        .map(|node| (*node, load.get(node).copied().unwrap_or_default()))
         .collect();
     let mut placement = Vec::with_capacity(shards as usize);
     for shard in 0..shards {
         let rotation = shard as usize % nodes.len();
-        let mut order: Vec<(u64, usize, u64)> = nodes
+        let mut order: Vec<(NodeLoad, usize, u64)> = nodes
             .iter()
             .enumerate()
             .map(|(position, node)| {
@@ -54,7 +61,7 @@ pub fn place_replicas(
             .map(|(_, _, node)| *node)
             .collect();
         for node in &chosen {
-            *counts.get_mut(node).expect("a known node") += 1;
+            counts.get_mut(node).expect("a known node").replicas += 1;
         }
         placement.push(chosen);
     }
@@ -63,6 +70,8 @@ pub fn place_replicas(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     #[test]
@@ -89,12 +98,53 @@ mod tests {
 
     #[test]
     fn loaded_nodes_get_fewer_replicas() {
-        let load = BTreeMap::from([(1, 10), (2, 0), (3, 0)]);
+        let load = BTreeMap::from([(
+            1,
+            NodeLoad {
+                replicas: 10,
+                bytes: 0,
+            },
+        )]);
         let placement = place_replicas(4, 1, &[1, 2, 3], &load);
         assert!(placement.iter().all(|r| r[0] != 1), "{placement:?}");
         assert_eq!(
             place_replicas(3, 1, &[7], &BTreeMap::new()),
             vec![vec![7]; 3]
+        );
+    }
+
+    #[test]
+    fn equal_replica_counts_fall_back_to_bytes() {
+        let load = BTreeMap::from([
+            (
+                1,
+                NodeLoad {
+                    replicas: 2,
+                    bytes: 9_000_000,
+                },
+            ),
+            (
+                2,
+                NodeLoad {
+                    replicas: 2,
+                    bytes: 10,
+                },
+            ),
+            (
+                3,
+                NodeLoad {
+                    replicas: 2,
+                    bytes: 5_000,
+                },
+            ),
+        ]);
+        // One shard, one replica: the node with the fewest bytes among equal counts.
+        assert_eq!(place_replicas(1, 1, &[1, 2, 3], &load), vec![vec![2]]);
+        // Two: the two lightest.
+        let two = place_replicas(1, 2, &[1, 2, 3], &load);
+        assert_eq!(
+            two[0].iter().copied().collect::<BTreeSet<_>>(),
+            [2, 3].into()
         );
     }
 

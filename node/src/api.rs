@@ -209,13 +209,30 @@ async fn cluster_status(State(state): State<AppState>) -> Json<crate::cluster::C
 /// Header marking a removal forwarded from another node (forwarded at most once).
 const FORWARDED: &str = "x-sift-forwarded";
 
-/// Removes a member from the cluster. Any node accepts it; a follower forwards it to the
-/// leader's public address once.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemoveNode {
+    force: Option<bool>,
+}
+
+/// Removes a member from the cluster. A member that holds replicas is drained first (202: the
+/// leader re-creates its replicas on other nodes, then removes it); `force=true` removes it at
+/// once. Any node accepts it; a follower forwards an immediate removal to the leader's public
+/// address once.
 async fn remove_cluster_node(
     State(state): State<AppState>,
     Path(id): Path<u64>,
+    query: Result<Query<RemoveNode>, QueryRejection>,
     headers: axum::http::HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    let Query(query) = query.map_err(|rejection| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query_string",
+            rejection.body_text(),
+        )
+    })?;
+    let force = query.force.unwrap_or(false);
     let meta = &state.node.context().meta;
     let Some(raft) = meta.raft() else {
         return Err(ApiError::new(
@@ -238,12 +255,29 @@ async fn remove_cluster_node(
             format!("node {id} is not a member of the cluster (members: {members:?})"),
         ));
     }
+    let replicas = state.node.replicas_on(id)?;
+    if !force && replicas > 0 {
+        state.node.drain_node(id).await?;
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({
+                "draining": id,
+                "replicas": replicas,
+                "message": format!(
+                    "node {id} holds {replicas} replicas: they are re-created on other nodes, then the node is removed"
+                ),
+            })),
+        ));
+    }
     match raft.remove_node(id).await {
-        Ok(conf) => Ok(Json(json!({
-            "removed": id,
-            "voters": conf.voters,
-            "learners": conf.learners,
-        }))),
+        Ok(conf) => Ok((
+            StatusCode::OK,
+            Json(json!({
+                "removed": id,
+                "voters": conf.voters,
+                "learners": conf.learners,
+            })),
+        )),
         Err(sift_cluster::ClusterError::NotLeader {
             leader: Some(leader),
         }) if !headers.contains_key(FORWARDED) => {
@@ -266,7 +300,7 @@ async fn remove_cluster_node(
                 )))
             };
             let response = reqwest::Client::new()
-                .delete(format!("http://{public}/v1/cluster/nodes/{id}"))
+                .delete(format!("http://{public}/v1/cluster/nodes/{id}?force=true"))
                 .header(FORWARDED, "1")
                 .timeout(Duration::from_secs(30))
                 .send()
@@ -278,7 +312,7 @@ async fn remove_cluster_node(
                 .await
                 .map_err(|error| unavailable(error.to_string()))?;
             if (200..300).contains(&code) {
-                Ok(Json(body))
+                Ok((StatusCode::OK, Json(body)))
             } else {
                 Err(ApiError::new(
                     StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY),

@@ -123,8 +123,18 @@ pub struct ServeArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum NodeCommand {
-    /// Remove member ID from the cluster (any member accepts it and forwards to the leader).
-    Remove { id: u64 },
+    /// Remove member ID from the cluster (any member accepts it). A member holding replicas is
+    /// drained first: its replicas are re-created on other nodes, then it is removed.
+    Remove {
+        id: u64,
+        /// Remove at once, without draining (its replicas there are lost where they have no
+        /// other copy).
+        #[arg(long)]
+        force: bool,
+        /// Return once draining started instead of waiting for the removal.
+        #[arg(long)]
+        no_wait: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -230,10 +240,33 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Serve(args) => serve(args).await.map_err(CliError::Other),
         Command::Kb(command) => kb(&client, command).await,
-        Command::Node(NodeCommand::Remove { id }) => {
-            let answer = client.delete(&format!("/v1/cluster/nodes/{id}")).await?;
-            println!("removed node {id}; voters now {}", answer["voters"]);
-            Ok(())
+        Command::Node(NodeCommand::Remove { id, force, no_wait }) => {
+            let path = if force {
+                format!("/v1/cluster/nodes/{id}?force=true")
+            } else {
+                format!("/v1/cluster/nodes/{id}")
+            };
+            let answer = client.delete(&path).await?;
+            if answer.get("draining").is_none() {
+                println!("removed node {id}; voters now {}", answer["voters"]);
+                return Ok(());
+            }
+            println!("{}", answer["message"].as_str().unwrap_or("draining"));
+            if no_wait {
+                return Ok(());
+            }
+            let started = std::time::Instant::now();
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                let view = client.get("/v1/cluster").await?;
+                let present = view["nodes"]
+                    .as_array()
+                    .is_some_and(|nodes| nodes.iter().any(|n| n["id"] == id));
+                if !present {
+                    println!("removed node {id} after {}s", started.elapsed().as_secs());
+                    return Ok(());
+                }
+            }
         }
         Command::Cluster => {
             let answer = client.get("/v1/cluster").await?;

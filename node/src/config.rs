@@ -38,6 +38,9 @@ pub struct FileConfig {
     pub replica_write_timeout_ms: Option<u64>,
     /// How often a member repairs its dead replicas and drops deleted KBs' (ms).
     pub repair_interval_ms: Option<u64>,
+    /// How long the leader waits for an unresponsive ingestion worker before handing its
+    /// unfinished documents to another replica (ms).
+    pub reassign_after_ms: Option<u64>,
     pub search_permits_per_shard: Option<usize>,
     pub ingest_queue_capacity: Option<usize>,
     pub ingest_workers: Option<usize>,
@@ -187,6 +190,9 @@ impl Config {
         if let Some(v) = parse("SIFT_REPAIR_INTERVAL_MS")? {
             file.repair_interval_ms = Some(v);
         }
+        if let Some(v) = parse("SIFT_REASSIGN_AFTER_MS")? {
+            file.reassign_after_ms = Some(v);
+        }
         if let Some(v) = parse("SIFT_INGEST_QUEUE_CAPACITY")? {
             file.ingest_queue_capacity = Some(v as usize);
         }
@@ -280,13 +286,22 @@ impl Config {
                 .repair_interval_ms
                 .map(Duration::from_millis)
                 .unwrap_or(defaults.repair_interval),
+            reassign_after: file
+                .reassign_after_ms
+                .map(Duration::from_millis)
+                .unwrap_or(defaults.reassign_after),
             cluster_secret: cluster.as_ref().map(|c| c.secret.clone()),
         };
         if options.write_quorum == 0 {
             bail!("write_quorum must be at least 1");
         }
-        if options.repair_interval.is_zero() || options.remote_write_timeout.is_zero() {
-            bail!("repair_interval_ms and replica_write_timeout_ms must be at least 1");
+        if options.repair_interval.is_zero()
+            || options.remote_write_timeout.is_zero()
+            || options.reassign_after.is_zero()
+        {
+            bail!(
+                "repair_interval_ms, replica_write_timeout_ms and reassign_after_ms must be at least 1"
+            );
         }
         if options.ingest_queue_capacity == 0
             || options.ingest_workers == 0

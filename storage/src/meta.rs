@@ -301,6 +301,8 @@ pub enum MetaOp {
         kb_id: String,
         documents: Vec<DocumentRecord>,
     },
+    /// Moves documents through the ingestion stages. A document that is already ready or
+    /// failed is left alone (a second worker that processed it too cannot undo the result).
     SetDocumentStatus {
         kb_id: String,
         updates: Vec<StatusUpdate>,
@@ -366,6 +368,44 @@ pub enum MetaOp {
         summary_turns: u32,
         at_ms: u64,
     },
+    /// [`MetaOp::RegisterDocuments`] with the node that ingests each document (`workers[i]`
+    /// for `documents[i]`): the pending-work index records it until the document is ready,
+    /// failed or deleted, so the leader can hand the work of a dead node to another one.
+    RegisterDocumentsTo {
+        kb_id: String,
+        documents: Vec<DocumentRecord>,
+        workers: Vec<u64>,
+    },
+    /// Hands the unfinished documents of `kb_id` assigned to `from` to `to` (a compare-and-set
+    /// per document: ones finished or reassigned meanwhile are left alone).
+    ReassignDocuments {
+        kb_id: String,
+        document_ids: Vec<String>,
+        from: u64,
+        to: u64,
+    },
+    /// Marks a node as draining (its replicas are re-created elsewhere, then the leader
+    /// removes it from the cluster), or clears the mark.
+    SetNodeDraining {
+        node: u64,
+        draining: bool,
+    },
+}
+
+/// An unfinished document in the pending-work index: which node ingests it. Worker 0 is the
+/// node holding its raw bytes (documents registered before workers were recorded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingWork {
+    pub worker: u64,
+    pub shard: u32,
+}
+
+/// One entry of the pending-work index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingDocument {
+    pub kb_id: String,
+    pub document_id: String,
+    pub work: PendingWork,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -394,6 +434,13 @@ pub enum MetaOutcome {
     Session(SessionRecord),
     SessionDeleted(SessionRecord),
     TurnAppended(StoredTurn),
+    /// The documents a [`MetaOp::ReassignDocuments`] moved.
+    Reassigned(Vec<String>),
+    /// A node's draining mark changed.
+    Draining {
+        node: u64,
+        draining: bool,
+    },
 }
 
 /// Applies committed ops; implemented by the sled store and driven by tests directly.
@@ -445,6 +492,24 @@ fn tomb_prefix(kb_id: &str) -> Vec<u8> {
 }
 fn tomb_key(kb_id: &str, doc_id: &str) -> Vec<u8> {
     format!("tomb/{kb_id}/{doc_id}").into_bytes()
+}
+fn pending_prefix(kb_id: &str) -> Vec<u8> {
+    format!("pend/{kb_id}/").into_bytes()
+}
+fn pending_key(kb_id: &str, doc_id: &str) -> Vec<u8> {
+    format!("pend/{kb_id}/{doc_id}").into_bytes()
+}
+fn shard_bytes_prefix(kb_id: &str) -> Vec<u8> {
+    format!("shardbytes/{kb_id}/").into_bytes()
+}
+fn shard_bytes_key(kb_id: &str, shard: u32) -> Vec<u8> {
+    format!("shardbytes/{kb_id}/{shard:010}").into_bytes()
+}
+/// Set once the derived indexes (pending work, bytes per shard) cover every document: stores
+/// written before they existed build them when opened.
+const PENDING_INDEX_KEY: &[u8] = b"index/derived/v1";
+fn drain_key(node: u64) -> Vec<u8> {
+    format!("drain/{node:020}").into_bytes()
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
@@ -509,11 +574,99 @@ impl SledMetaStore {
     pub fn open(dir: &Path) -> Result<Self> {
         let db = sled::Config::new().path(dir).open()?;
         let tree = db.open_tree("meta")?;
-        Ok(SledMetaStore {
+        let store = SledMetaStore {
             db,
             tree,
             apply_lock: Mutex::new(()),
-        })
+        };
+        store.build_pending_index()?;
+        Ok(store)
+    }
+
+    /// Builds the derived indexes of a store written before they existed: the pending-work
+    /// index (every unfinished document, worker 0) and the bytes of every shard.
+    /// Deterministic, so every node of a cluster builds the same keys.
+    fn build_pending_index(&self) -> Result<()> {
+        if self.tree.contains_key(PENDING_INDEX_KEY)? {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        let mut bytes: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+        for item in self.tree.scan_prefix(b"doc/") {
+            let (_, value) = item?;
+            let doc: DocumentRecord = decode(&value)?;
+            *bytes
+                .entry(shard_bytes_key(&doc.kb_id, doc.shard))
+                .or_default() += doc.size_bytes;
+            if !doc.status.is_terminal() {
+                let work = PendingWork {
+                    worker: 0,
+                    shard: doc.shard,
+                };
+                batch.insert(pending_key(&doc.kb_id, &doc.id), encode(&work)?);
+            }
+        }
+        for (key, total) in bytes {
+            batch.insert(key, encode(&total)?);
+        }
+        batch.insert(PENDING_INDEX_KEY, b"1".as_slice());
+        self.tree.apply_batch(batch)?;
+        self.tree.flush()?;
+        Ok(())
+    }
+
+    /// The pending-work entry of one document (none once it is ready, failed or deleted).
+    pub fn pending_work(&self, kb_id: &str, doc_id: &str) -> Result<Option<PendingWork>> {
+        self.tree
+            .get(pending_key(kb_id, doc_id))?
+            .map(|bytes| decode(&bytes))
+            .transpose()
+    }
+
+    /// The raw bytes of the live documents of every shard of every KB: `(kb_id, shard)` ->
+    /// bytes (placement balances nodes by replica count, then by bytes).
+    pub fn shard_bytes(&self) -> Result<BTreeMap<(String, u32), u64>> {
+        let mut bytes = BTreeMap::new();
+        for item in self.tree.scan_prefix(b"shardbytes/") {
+            let (key, value) = item?;
+            let key = String::from_utf8_lossy(&key[b"shardbytes/".len()..]).into_owned();
+            if let Some((kb_id, shard)) = key.split_once('/')
+                && let Ok(shard) = shard.parse()
+            {
+                bytes.insert((kb_id.to_string(), shard), decode(&value)?);
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Nodes being drained before their removal, in id order.
+    pub fn draining_nodes(&self) -> Result<Vec<u64>> {
+        let mut nodes = Vec::new();
+        for item in self.tree.scan_prefix(b"drain/") {
+            let (key, _) = item?;
+            if let Ok(node) = String::from_utf8_lossy(&key[b"drain/".len()..]).parse() {
+                nodes.push(node);
+            }
+        }
+        Ok(nodes)
+    }
+
+    /// Every unfinished document with the node that ingests it, in key order.
+    pub fn pending_documents(&self) -> Result<Vec<PendingDocument>> {
+        let mut pending = Vec::new();
+        for item in self.tree.scan_prefix(b"pend/") {
+            let (key, value) = item?;
+            let key = String::from_utf8_lossy(&key[b"pend/".len()..]).into_owned();
+            let Some((kb_id, document_id)) = key.split_once('/') else {
+                continue;
+            };
+            pending.push(PendingDocument {
+                kb_id: kb_id.to_string(),
+                document_id: document_id.to_string(),
+                work: decode(&value)?,
+            });
+        }
+        Ok(pending)
     }
 
     /// The underlying database, for node-local trees that are not metadata (raw texts, caches).
@@ -679,6 +832,8 @@ impl SledMetaStore {
                     format!("docext/{kb_id}/").into_bytes(),
                     format!("dochash/{kb_id}/").into_bytes(),
                     tomb_prefix(kb_id),
+                    pending_prefix(kb_id),
+                    shard_bytes_prefix(kb_id),
                 ];
                 for prefix in prefixes {
                     for item in self.tree.scan_prefix(&prefix) {
@@ -697,54 +852,13 @@ impl SledMetaStore {
                 Ok(MetaOutcome::KbDeleted { kb, documents })
             }
             MetaOp::RegisterDocuments { kb_id, documents } => {
-                if pending.get_raw(&kb_key(kb_id))?.is_none() {
-                    return Err(StorageError::NotFound(format!("knowledge base {kb_id}")));
-                }
-                let mut outcomes = Vec::with_capacity(documents.len());
-                for doc in documents {
-                    if let Some(existing) =
-                        pending.get::<DocumentRecord>(&doc_key(kb_id, &doc.id))?
-                    {
-                        // A retried registration of the same id.
-                        outcomes.push(Registered {
-                            record: existing,
-                            duplicate: false,
-                            replaced: None,
-                        });
-                        continue;
-                    }
-                    if let Some(existing_id) =
-                        pending.get_str(&hash_key(kb_id, &doc.content_hash))?
-                        && let Some(existing) =
-                            pending.get::<DocumentRecord>(&doc_key(kb_id, &existing_id))?
-                    {
-                        outcomes.push(Registered {
-                            record: existing,
-                            duplicate: true,
-                            replaced: None,
-                        });
-                        continue;
-                    }
-                    let mut replaced = None;
-                    if let Some(external_id) = &doc.external_id {
-                        if let Some(old_id) = pending.get_str(&ext_key(kb_id, external_id))?
-                            && let Some(old) =
-                                pending.get::<DocumentRecord>(&doc_key(kb_id, &old_id))?
-                        {
-                            replaced = Some(self.tombstone(pending, &old, doc.created_at_ms)?);
-                        }
-                        pending.put_str(ext_key(kb_id, external_id), &doc.id);
-                    }
-                    pending.put_str(hash_key(kb_id, &doc.content_hash), &doc.id);
-                    pending.put(doc_key(kb_id, &doc.id), doc)?;
-                    outcomes.push(Registered {
-                        record: doc.clone(),
-                        duplicate: false,
-                        replaced,
-                    });
-                }
-                Ok(MetaOutcome::Registered(outcomes))
+                self.register(pending, kb_id, documents, &[])
             }
+            MetaOp::RegisterDocumentsTo {
+                kb_id,
+                documents,
+                workers,
+            } => self.register(pending, kb_id, documents, workers),
             MetaOp::SetDocumentStatus {
                 kb_id,
                 updates,
@@ -756,16 +870,57 @@ impl SledMetaStore {
                     let Some(mut doc) = pending.get::<DocumentRecord>(&key)? else {
                         continue; // deleted meanwhile
                     };
+                    if doc.status.is_terminal() {
+                        continue; // finished already (by another worker): final
+                    }
                     doc.status = update.status;
                     doc.error = update.error.clone();
                     if let Some(count) = update.chunk_count {
                         doc.chunk_count = count;
                     }
                     doc.updated_at_ms = *at_ms;
+                    if doc.status.is_terminal() {
+                        pending.remove(pending_key(kb_id, &doc.id));
+                    }
                     pending.put(key, &doc)?;
                     records.push(doc);
                 }
                 Ok(MetaOutcome::Statuses(records))
+            }
+            MetaOp::ReassignDocuments {
+                kb_id,
+                document_ids,
+                from,
+                to,
+            } => {
+                let mut moved = Vec::new();
+                for document_id in document_ids {
+                    let key = pending_key(kb_id, document_id);
+                    let Some(mut work) = pending.get::<PendingWork>(&key)? else {
+                        continue; // finished or deleted meanwhile
+                    };
+                    if work.worker == *from && from != to {
+                        work.worker = *to;
+                        pending.put(key, &work)?;
+                        moved.push(document_id.clone());
+                    }
+                }
+                Ok(MetaOutcome::Reassigned(moved))
+            }
+            MetaOp::SetNodeDraining { node, draining } => {
+                let key = drain_key(*node);
+                if *draining == pending.get_raw(&key)?.is_some() {
+                    return Ok(MetaOutcome::Unchanged);
+                }
+                if *draining {
+                    pending.put_str(key, "1");
+                } else {
+                    pending.remove(key);
+                }
+                Ok(MetaOutcome::Draining {
+                    node: *node,
+                    draining: *draining,
+                })
             }
             MetaOp::DeleteDocument {
                 kb_id,
@@ -904,6 +1059,68 @@ impl SledMetaStore {
         }
     }
 
+    /// Registers documents (see [`MetaOp::RegisterDocuments`]); `workers[i]` ingests
+    /// `documents[i]` (0 when not given).
+    fn register(
+        &self,
+        pending: &mut Pending<'_>,
+        kb_id: &str,
+        documents: &[DocumentRecord],
+        workers: &[u64],
+    ) -> Result<MetaOutcome> {
+        if pending.get_raw(&kb_key(kb_id))?.is_none() {
+            return Err(StorageError::NotFound(format!("knowledge base {kb_id}")));
+        }
+        let mut outcomes = Vec::with_capacity(documents.len());
+        for (position, doc) in documents.iter().enumerate() {
+            if let Some(existing) = pending.get::<DocumentRecord>(&doc_key(kb_id, &doc.id))? {
+                // A retried registration of the same id.
+                outcomes.push(Registered {
+                    record: existing,
+                    duplicate: false,
+                    replaced: None,
+                });
+                continue;
+            }
+            if let Some(existing_id) = pending.get_str(&hash_key(kb_id, &doc.content_hash))?
+                && let Some(existing) =
+                    pending.get::<DocumentRecord>(&doc_key(kb_id, &existing_id))?
+            {
+                outcomes.push(Registered {
+                    record: existing,
+                    duplicate: true,
+                    replaced: None,
+                });
+                continue;
+            }
+            let mut replaced = None;
+            if let Some(external_id) = &doc.external_id {
+                if let Some(old_id) = pending.get_str(&ext_key(kb_id, external_id))?
+                    && let Some(old) = pending.get::<DocumentRecord>(&doc_key(kb_id, &old_id))?
+                {
+                    replaced = Some(self.tombstone(pending, &old, doc.created_at_ms)?);
+                }
+                pending.put_str(ext_key(kb_id, external_id), &doc.id);
+            }
+            pending.put_str(hash_key(kb_id, &doc.content_hash), &doc.id);
+            pending.put(doc_key(kb_id, &doc.id), doc)?;
+            add_shard_bytes(pending, kb_id, doc.shard, doc.size_bytes as i128)?;
+            if !doc.status.is_terminal() {
+                let work = PendingWork {
+                    worker: workers.get(position).copied().unwrap_or(0),
+                    shard: doc.shard,
+                };
+                pending.put(pending_key(kb_id, &doc.id), &work)?;
+            }
+            outcomes.push(Registered {
+                record: doc.clone(),
+                duplicate: false,
+                replaced,
+            });
+        }
+        Ok(MetaOutcome::Registered(outcomes))
+    }
+
     fn tombstone(
         &self,
         pending: &mut Pending<'_>,
@@ -912,6 +1129,8 @@ impl SledMetaStore {
     ) -> Result<Tombstone> {
         let kb_id = &doc.kb_id;
         pending.remove(doc_key(kb_id, &doc.id));
+        pending.remove(pending_key(kb_id, &doc.id));
+        add_shard_bytes(pending, kb_id, doc.shard, -(doc.size_bytes as i128))?;
         if let Some(external_id) = &doc.external_id
             && pending.get_str(&ext_key(kb_id, external_id))?.as_deref() == Some(doc.id.as_str())
         {
@@ -932,6 +1151,14 @@ impl SledMetaStore {
         pending.put(tomb_key(kb_id, &doc.id), &tomb)?;
         Ok(tomb)
     }
+}
+
+/// Adds `delta` to the byte count of a shard (never below zero).
+fn add_shard_bytes(pending: &mut Pending<'_>, kb_id: &str, shard: u32, delta: i128) -> Result<()> {
+    let key = shard_bytes_key(kb_id, shard);
+    let current: u64 = pending.get(&key)?.unwrap_or(0);
+    let next = (current as i128 + delta).clamp(0, u64::MAX as i128) as u64;
+    pending.put(key, &next)
 }
 
 /// The KB of a placement op, checked to have a placement for `shard`.
@@ -1091,7 +1318,8 @@ impl SledMetaStore {
         batch.insert(APPLIED_KEY, &index.to_be_bytes());
         self.tree.apply_batch(batch)?;
         self.db.flush()?;
-        Ok(())
+        // An export from a store without the pending-work index: build it here too.
+        self.build_pending_index()
     }
 }
 

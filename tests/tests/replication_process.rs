@@ -1,11 +1,14 @@
 //! Sharded, replicated knowledge bases with the real `sift serve` binary: three processes on
 //! loopback, a KB with 3 shards and replication factor 2. A node is killed with SIGKILL in the
-//! middle of an ingestion: every document acknowledged as ready stays searchable from every
-//! node, queries stay complete while the node is down, a document deleted meanwhile never
-//! comes back, and the restarted node's replicas catch up and become active. A KB with
-//! replication factor 1 whose node is down answers partially and says which shards are
-//! missing. A fourth node that joins receives replicas, and the same queries answer the same
-//! top 10 before and after.
+//! middle of an ingestion (of documents uploaded through another node and through itself):
+//! every accepted document becomes ready (the leader hands the dead node's work to a live
+//! replica, which has the raw bytes), and is searchable from every live node; queries stay
+//! complete while the node is down, a document deleted meanwhile never comes back, and the
+//! restarted node's replicas catch up and become active. A fourth node that joins receives
+//! replicas, and the same queries answer the same top 10 before and after. Removing a node
+//! drains it first (its replicas, a replication-factor-1 KB's among them, are re-created
+//! elsewhere) without changing the top 10. A KB with replication factor 1 whose node is down
+//! answers partially and says which shards are missing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -27,6 +30,7 @@ fn start(data_dir: &std::path::Path, internal: &str, join: Option<&str>) -> Node
         &[
             ("SIFT_REPAIR_INTERVAL_MS", "300"),
             ("SIFT_HEDGE_AFTER_MS", "50"),
+            ("SIFT_REASSIGN_AFTER_MS", "1500"),
         ],
     )
 }
@@ -127,8 +131,9 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
     assert_eq!(per_node.values().copied().collect::<Vec<_>>(), [2, 2, 2]);
 
     // First batch through node 2; searchable, the same top 10 from every node, complete.
-    let documents = short_documents(48);
-    let (batch1, batch2) = documents.split_at(24);
+    let documents = short_documents(60);
+    let (batch1, rest) = documents.split_at(24);
+    let (batch2, batch3) = rest.split_at(24);
     clients[1].bulk_add("rep", &bulk_documents(batch1)).await;
     clients[1].wait_ready("rep", 24, ingest_deadline(24)).await;
     let queries: Vec<String> = batch1.iter().take(4).map(|d| d.title.clone()).collect();
@@ -148,30 +153,47 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
         );
     }
 
-    // SIGKILL a follower that is not the entry node while the second batch is ingested.
+    // SIGKILL a follower that is not the entry node while the second batch (through the
+    // entry node) and a third (through the victim itself) are ingested. Each accepted
+    // document's raw bytes are with its shard's replicas, and the work of the dead node is
+    // handed to a live replica: every accepted document becomes ready.
     let victim = (0..3)
         .find(|i| *i != 0 && ids[*i] != leader)
         .expect("a follower besides node 0");
     let entry = 0;
     let survivor = (0..3).find(|i| *i != entry && *i != victim).unwrap();
-    let added = clients[entry]
+    let leader_index = ids.iter().position(|id| *id == leader).unwrap();
+    let added2 = clients[entry]
         .bulk_add("rep", &bulk_documents(batch2))
+        .await;
+    let added3 = clients[victim]
+        .bulk_add("rep", &bulk_documents(batch3))
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     nodes[victim].as_mut().unwrap().kill9();
+    let expected = (batch1.len() + batch2.len() + batch3.len()) as u64;
     clients[entry]
-        .wait_idle("rep", ingest_deadline(batch2.len()))
+        .wait_ready(
+            "rep",
+            expected,
+            ingest_deadline(batch2.len() + batch3.len()),
+        )
         .await;
     let mut ready: Vec<(String, String)> = Vec::new();
-    for (id, document) in added.iter().zip(batch2) {
+    for (id, document) in added2.iter().zip(batch2).chain(added3.iter().zip(batch3)) {
         let record = clients[entry].document("rep", id).await;
-        if record["status"] == "ready" {
-            ready.push((id.clone(), document.title.clone()));
-        }
+        assert_eq!(record["status"], "ready", "{record}");
+        ready.push((id.clone(), document.title.clone()));
     }
+    let metrics = clients[leader_index].metrics_text().await;
+    let reassigned: f64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("sift_ingest_reassigned_total "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0);
     assert!(
-        !ready.is_empty(),
-        "no document of the second batch became ready"
+        reassigned >= 1.0,
+        "the leader handed no document of the killed node to another worker"
     );
     // Every acknowledged document is found, from both live nodes, with no shard missing.
     for client in [&clients[entry], &clients[survivor]] {
@@ -248,7 +270,16 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
     .await;
     let total: u64 = settled.values().map(|r| r[0].2.unwrap()).sum();
     let live = count(&clients[entry].counts("rep").await, "ready");
-    assert_eq!(total, live, "replica documents {settled:?} vs ready {live}");
+    let unready: Vec<Value> = clients[entry]
+        .list_all_documents("rep", 100)
+        .await
+        .into_iter()
+        .filter(|d| d["status"] != "ready")
+        .collect();
+    assert_eq!(
+        total, live,
+        "replica documents {settled:?} vs ready {live}; not ready: {unready:#?}"
+    );
 
     // From the restarted node: the deleted document never comes back; the fixed queries
     // answer as before the kill (minus the deleted document).
@@ -347,20 +378,84 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
     clients[entry]
         .wait_ready("solo", 12, ingest_deadline(12))
         .await;
+
+    // Removing a node that holds replicas drains it first: its replicas (the only copy of a
+    // replication-factor-1 shard among them) are re-created elsewhere, then it is removed.
+    clients[entry]
+        .delete(&format!("/v1/cluster/nodes/{}?force=maybe", ids[1]))
+        .await
+        .expect_error(400, "invalid_query_string");
+    let solo_before = placement(&clients[entry], "solo").await;
+    let candidates: Vec<usize> = (0..ids.len())
+        .filter(|i| *i != entry && ids[*i] != leader)
+        .collect();
+    let drained = candidates
+        .iter()
+        .copied()
+        .find(|i| {
+            solo_before
+                .values()
+                .flatten()
+                .any(|(node, _, _)| *node == ids[*i])
+        })
+        .unwrap_or(candidates[0]);
+    let drained_id = ids[drained];
+    let answer = clients[entry]
+        .delete(&format!("/v1/cluster/nodes/{drained_id}"))
+        .await
+        .expect(202);
+    assert_eq!(answer["draining"], drained_id, "{answer}");
+    let remaining: Vec<usize> = (0..ids.len()).filter(|i| *i != drained).collect();
+    eventually(
+        "the drained node removed, its replicas re-created elsewhere",
+        || async {
+            let view = clients[entry].get("/v1/cluster").await.expect(200);
+            let gone = !view["nodes"]
+                .as_array()?
+                .iter()
+                .any(|n| n["id"] == drained_id);
+            let mut settled = gone;
+            for kb in ["rep", "solo"] {
+                let placed = placement(&clients[entry], kb).await;
+                settled &= placed
+                    .values()
+                    .flatten()
+                    .all(|(node, state, _)| *node != drained_id && state == "active");
+            }
+            settled.then_some(())
+        },
+    )
+    .await;
+    let solo_after = placement(&clients[entry], "solo").await;
+    let solo_documents: u64 = solo_after.values().map(|r| r[0].2.unwrap_or(0)).sum();
+    assert_eq!(solo_documents, 12, "{solo_after:?}");
+    for (query, expected) in queries.iter().zip(&before) {
+        let expected: BTreeSet<&String> = expected.iter().collect();
+        for index in &remaining {
+            let answer = clients[*index]
+                .search("rep", json!({ "query": query, "top_k": 10 }))
+                .await;
+            assert_complete(&answer);
+            assert_eq!(
+                chunk_ids(&answer).iter().collect::<BTreeSet<_>>(),
+                expected,
+                "top 10 changed after draining node {drained_id} for {query:?}"
+            );
+        }
+    }
+    nodes[drained].as_mut().unwrap().kill9();
+
     let solo = placement(&clients[entry], "solo").await;
-    let down = solo
-        .values()
-        .map(|replicas| replicas[0].0)
-        .find(|node| *node != ids[entry])
-        .expect("a shard of solo on another node than the entry node");
+    let down = solo.values().next().expect("a shard of solo")[0].0;
     let missing: Vec<u64> = solo
         .iter()
         .filter(|(_, replicas)| replicas[0].0 == down)
         .map(|(shard, _)| *shard)
         .collect();
     let down_index = ids.iter().position(|id| *id == down).unwrap();
+    let asked = *remaining.iter().find(|i| **i != down_index).unwrap();
     nodes[down_index].as_mut().unwrap().kill9();
-    let answer = clients[entry]
+    let answer = clients[asked]
         .search("solo", json!({ "query": documents[0].title, "top_k": 5 }))
         .await;
     let failed: Vec<u64> = answer["failed_shards"]

@@ -5,6 +5,7 @@
 //! run [`pipeline::process`].
 
 pub mod chunk;
+pub mod handoff;
 pub mod parse;
 pub mod pipeline;
 pub mod queue;

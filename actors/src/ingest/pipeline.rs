@@ -16,6 +16,7 @@ use sift_storage::meta::{
 use tracing::{info, instrument, warn};
 
 use super::chunk::{ChunkerConfig, chunk_document};
+use super::handoff::{self, Fetched};
 use super::parse::{ParseOptions, ParsedDocument, SourceFormat, parse_document};
 use super::queue::IngestJob;
 use crate::context::NodeContext;
@@ -87,13 +88,21 @@ pub async fn process(context: &Arc<NodeContext>, job: IngestJob) {
 }
 
 async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
+    // Cluster mode: this node's metadata may lag (it just restarted): catch up first, so
+    // that finished or reassigned documents are not processed again.
+    context.meta.linearizable_barrier().await?;
     let store = context.meta.store().clone();
+    let local = context.access.local_id();
     let Some(kb) = store.get_kb(&job.kb_id)? else {
         return Ok(()); // the KB was deleted meanwhile
     };
     let mut works: Vec<Work> = Vec::new();
     for id in &job.document_ids {
-        if let Some(record) = store.get_document(&kb.id, id)?
+        let assigned_here = store
+            .pending_work(&kb.id, id)?
+            .is_some_and(|work| work.worker == local || work.worker == 0);
+        if assigned_here
+            && let Some(record) = store.get_document(&kb.id, id)?
             && !record.status.is_terminal()
         {
             works.push(Work {
@@ -105,6 +114,27 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
             });
         }
     }
+    if works.is_empty() {
+        return Ok(());
+    }
+
+    // A worker that was handed the document may not hold its raw bytes yet.
+    let mut kept = Vec::with_capacity(works.len());
+    for mut work in works {
+        if !context.raw.has(&work.record) {
+            match handoff::fetch_raw(context, &kb, &work.record).await {
+                Fetched::Stored => {}
+                Fetched::Lost => work.fail("the raw bytes of the document are on no node"),
+                Fetched::Unreachable(reason) => {
+                    // Left pending: the caretaker queues it again later.
+                    warn!(document_id = %work.record.id, %reason, "raw bytes not reachable yet");
+                    continue;
+                }
+            }
+        }
+        kept.push(work);
+    }
+    let works = kept;
     if works.is_empty() {
         return Ok(());
     }
@@ -291,7 +321,9 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     let mut failed = 0u64;
     for work in &works {
         if !live.contains(&work.record.id) {
-            if work.write.is_some() {
+            // Deleted meanwhile (not finished by another worker): remove what was written.
+            let deleted = store.get_document(&kb.id, &work.record.id)?.is_none();
+            if deleted && work.write.is_some() {
                 context
                     .access
                     .delete(&kb, work.record.shard, &work.record.id)

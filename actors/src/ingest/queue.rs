@@ -1,5 +1,8 @@
 //! The bounded ingestion queue: admission control for the write path.
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
@@ -18,6 +21,9 @@ pub struct IngestJob {
 pub struct IngestQueue {
     sender: mpsc::Sender<IngestJob>,
     capacity: usize,
+    /// Documents queued or being ingested here: a document found again in the pending-work
+    /// index (by the caretaker, or at start-up) is not queued twice.
+    claimed: Arc<Mutex<HashSet<String>>>,
 }
 
 impl IngestQueue {
@@ -27,6 +33,7 @@ impl IngestQueue {
             IngestQueue {
                 sender,
                 capacity: capacity.max(1),
+                claimed: Arc::default(),
             },
             receiver,
         )
@@ -76,6 +83,30 @@ impl IngestQueue {
             .map_err(|_| SiftError::Internal("the ingestion queue is closed".into()))?;
         self.report_depth();
         Ok(())
+    }
+
+    /// Claims the documents not already queued or in progress here; returns those.
+    pub fn claim(&self, document_ids: &[String]) -> Vec<String> {
+        let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        document_ids
+            .iter()
+            .filter(|id| claimed.insert((*id).clone()))
+            .cloned()
+            .collect()
+    }
+
+    /// Ends claims (the job finished, or could not be queued).
+    pub fn release(&self, document_ids: &[String]) {
+        let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        for id in document_ids {
+            claimed.remove(id);
+        }
+    }
+
+    /// Whether a free slot is left (for work found in the background: it never takes the
+    /// last slots from uploads).
+    pub fn has_room(&self, jobs: usize) -> bool {
+        self.sender.capacity() > jobs
     }
 
     pub fn depth(&self) -> usize {

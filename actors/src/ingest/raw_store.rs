@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use sift_storage::meta::{DocSource, DocumentRecord};
 
 use crate::error::{Result, SiftError};
+use crate::shards::rpc::RawDocument;
 
 #[derive(Clone)]
 pub struct RawStore {
@@ -34,6 +35,53 @@ impl RawStore {
         Ok(())
     }
 
+    /// Stores an upload's bytes received from another node; durable on return.
+    pub fn put_file(&self, document_id: &str, bytes: &[u8]) -> Result<()> {
+        use std::io::Write;
+        let target = self.file_path(document_id);
+        let temp = self.dir.join(format!(".{document_id}.part"));
+        let mut file = std::fs::File::create(&temp).map_err(io)?;
+        file.write_all(bytes).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        drop(file);
+        std::fs::rename(&temp, &target).map_err(io)?;
+        std::fs::File::open(&self.dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(io)?;
+        Ok(())
+    }
+
+    /// Stores raw documents received from another node; durable on return.
+    pub fn put_many(&self, documents: &[RawDocument]) -> Result<()> {
+        for document in documents {
+            if document.upload {
+                self.put_file(&document.document_id, &document.bytes)?;
+            } else {
+                self.texts
+                    .insert(document.document_id.as_bytes(), document.bytes.as_slice())
+                    .map_err(storage)?;
+            }
+        }
+        self.flush()
+    }
+
+    /// A document's raw bytes by id and kind, if this node holds them.
+    pub fn get(&self, document_id: &str, upload: bool) -> Result<Option<Vec<u8>>> {
+        if upload {
+            match std::fs::read(self.file_path(document_id)) {
+                Ok(bytes) => Ok(Some(bytes)),
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(error) => Err(io(error)),
+            }
+        } else {
+            Ok(self
+                .texts
+                .get(document_id.as_bytes())
+                .map_err(storage)?
+                .map(|bytes| bytes.to_vec()))
+        }
+    }
+
     /// Stores bulk texts; durable once [`Self::flush`] returns.
     pub fn put_text(&self, document_id: &str, text: &str) -> Result<()> {
         self.texts
@@ -59,6 +107,11 @@ impl RawStore {
                     SiftError::Internal(format!("raw text of document {} is missing", record.id))
                 }),
         }
+    }
+
+    /// Whether the document is an upload (a file) rather than a bulk text.
+    pub fn is_upload(record: &DocumentRecord) -> bool {
+        matches!(record.source, DocSource::Upload { .. })
     }
 
     /// Whether this node holds the document's bytes.

@@ -56,7 +56,9 @@ impl Actor for IngestWorker {
         };
         state.queue.report_depth();
         lock(&state.in_flight).insert(myself.get_id(), job.clone());
+        let document_ids = job.document_ids.clone();
         pipeline::process(&state.context, job).await;
+        state.queue.release(&document_ids);
         lock(&state.in_flight).remove(&myself.get_id());
         myself.cast(WorkerMessage::Next)?;
         Ok(())
@@ -135,6 +137,7 @@ impl Actor for IngestSupervisor {
                 let job = lock(&state.in_flight).remove(&cell.get_id());
                 warn!(%failure, "ingestion worker failed; restarting it");
                 if let Some(job) = job {
+                    state.queue.release(&job.document_ids);
                     pipeline::fail_unfinished(
                         &state.context,
                         &job,

@@ -102,6 +102,14 @@ impl ShardAccess {
         self.peers.local_id()
     }
 
+    /// The nodes that may receive new replicas: the members not being drained.
+    pub fn placement_members(&self) -> Vec<u64> {
+        let draining = self.meta.store().draining_nodes().unwrap_or_default();
+        let mut members = self.peers.members();
+        members.retain(|node| !draining.contains(node));
+        members
+    }
+
     /// The replicas of `shard`: the placement's, or this node alone for a KB without one.
     pub fn replicas(&self, kb: &KbRecord, shard: u32) -> Vec<Replica> {
         let replicas = kb.replicas(shard);

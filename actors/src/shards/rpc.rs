@@ -57,6 +57,35 @@ pub enum ShardRpc {
         kb_id: String,
         shard: u32,
     },
+    /// Stores raw documents (as received) with a replica of their shard, durably, before the
+    /// upload is acknowledged; answers with the node's ingestion queue depth.
+    PutRaw {
+        kb_id: String,
+        shard: u32,
+        documents: Vec<RawDocument>,
+    },
+    /// The raw bytes of a document, if this node holds them.
+    GetRaw {
+        kb_id: String,
+        shard: u32,
+        document_id: String,
+        upload: bool,
+    },
+    /// Asks the node to ingest documents assigned to it (it also finds them by itself in the
+    /// pending-work index; this only saves the wait).
+    Ingest {
+        kb_id: String,
+        shard: u32,
+        document_ids: Vec<String>,
+    },
+}
+
+/// A document's raw bytes in transit: an upload's file or a bulk text.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RawDocument {
+    pub document_id: String,
+    pub upload: bool,
+    pub bytes: Vec<u8>,
 }
 
 impl ShardRpc {
@@ -68,7 +97,10 @@ impl ShardRpc {
             | ShardRpc::Delete { kb_id, .. }
             | ShardRpc::DocumentIds { kb_id, .. }
             | ShardRpc::Export { kb_id, .. }
-            | ShardRpc::Stats { kb_id, .. } => kb_id,
+            | ShardRpc::Stats { kb_id, .. }
+            | ShardRpc::PutRaw { kb_id, .. }
+            | ShardRpc::GetRaw { kb_id, .. }
+            | ShardRpc::Ingest { kb_id, .. } => kb_id,
         }
     }
 
@@ -80,7 +112,10 @@ impl ShardRpc {
             | ShardRpc::Delete { shard, .. }
             | ShardRpc::DocumentIds { shard, .. }
             | ShardRpc::Export { shard, .. }
-            | ShardRpc::Stats { shard, .. } => *shard,
+            | ShardRpc::Stats { shard, .. }
+            | ShardRpc::PutRaw { shard, .. }
+            | ShardRpc::GetRaw { shard, .. }
+            | ShardRpc::Ingest { shard, .. } => *shard,
         }
     }
 
@@ -94,6 +129,9 @@ impl ShardRpc {
             ShardRpc::DocumentIds { .. } => "document_ids",
             ShardRpc::Export { .. } => "export",
             ShardRpc::Stats { .. } => "stats",
+            ShardRpc::PutRaw { .. } => "put_raw",
+            ShardRpc::GetRaw { .. } => "get_raw",
+            ShardRpc::Ingest { .. } => "ingest",
         }
     }
 }
@@ -108,6 +146,12 @@ pub enum ShardReply {
     DocumentIds(Vec<String>),
     Exported(Vec<DocumentWrite>),
     Stats(ShardStats),
+    /// Raw documents stored; the node's ingestion queue depth.
+    RawStored {
+        queue_depth: usize,
+    },
+    Raw(Option<Vec<u8>>),
+    Queued,
     /// The node could not serve the request (`code` as in the public API's errors).
     Failed {
         code: String,

@@ -306,10 +306,12 @@ fn op_ids_dedupe_a_retried_op_even_after_later_changes() {
     let doc = store.get_document("k1", "d1").unwrap().unwrap();
     assert_eq!(doc.status, DocStatus::Ready);
     assert_eq!(store.applied_index(), 5);
-    // Without an id the same op applies again.
-    store.apply(6, &parsing).unwrap();
+    // Without an id the same op applies again, but a finished document stays finished (a
+    // second worker cannot move it back).
+    let again = store.apply(6, &parsing).unwrap();
+    assert_eq!(again, MetaOutcome::Statuses(Vec::new()));
     let doc = store.get_document("k1", "d1").unwrap().unwrap();
-    assert_eq!(doc.status, DocStatus::Parsing);
+    assert_eq!(doc.status, DocStatus::Ready);
 }
 
 #[test]
@@ -651,4 +653,175 @@ fn replica_states_and_moves() {
         [3]
     );
     assert_eq!(log.apply(remove(2)).unwrap(), MetaOutcome::Unchanged);
+}
+
+fn pending_of(store: &SledMetaStore) -> Vec<(String, u64)> {
+    store
+        .pending_documents()
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.document_id, p.work.worker))
+        .collect()
+}
+
+#[test]
+fn pending_work_follows_registration_status_reassignment_and_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    let mut log = Log {
+        store: &store,
+        index: 0,
+    };
+    log.apply(MetaOp::CreateKb(kb("k", "kb"))).unwrap();
+    log.apply(MetaOp::RegisterDocumentsTo {
+        kb_id: "k".into(),
+        documents: vec![
+            doc("d1", "k", "h1", None),
+            doc("d2", "k", "h2", Some("x")),
+            doc("d3", "k", "h3", None),
+            // A duplicate of d1's bytes: not pending (it is d1).
+            doc("d4", "k", "h1", None),
+        ],
+        workers: vec![2, 3, 2, 3],
+    })
+    .unwrap();
+    assert_eq!(
+        pending_of(&store),
+        [("d1".into(), 2), ("d2".into(), 3), ("d3".into(), 2)]
+    );
+    let bytes = |store: &SledMetaStore| {
+        store
+            .shard_bytes()
+            .unwrap()
+            .get(&("k".to_string(), 0))
+            .copied()
+    };
+    assert_eq!(
+        bytes(&store),
+        Some(30),
+        "three documents of 10 bytes (not the duplicate)"
+    );
+    // Ready and failed leave the index; a stage change does not.
+    log.apply(MetaOp::SetDocumentStatus {
+        kb_id: "k".into(),
+        updates: vec![
+            StatusUpdate {
+                document_id: "d1".into(),
+                status: DocStatus::Ready,
+                error: None,
+                chunk_count: Some(1),
+            },
+            StatusUpdate {
+                document_id: "d3".into(),
+                status: DocStatus::Embedding,
+                error: None,
+                chunk_count: None,
+            },
+        ],
+        at_ms: 6,
+    })
+    .unwrap();
+    assert_eq!(pending_of(&store), [("d2".into(), 3), ("d3".into(), 2)]);
+    // Reassignment is a compare-and-set on the current worker.
+    let outcome = log
+        .apply(MetaOp::ReassignDocuments {
+            kb_id: "k".into(),
+            document_ids: vec!["d1".into(), "d2".into(), "d3".into()],
+            from: 3,
+            to: 1,
+        })
+        .unwrap();
+    assert_eq!(outcome, MetaOutcome::Reassigned(vec!["d2".into()]));
+    assert_eq!(pending_of(&store), [("d2".into(), 1), ("d3".into(), 2)]);
+    // Replaced (same external id, new bytes) and deleted documents leave it.
+    log.apply(MetaOp::RegisterDocumentsTo {
+        kb_id: "k".into(),
+        documents: vec![doc("d5", "k", "h5", Some("x"))],
+        workers: vec![3],
+    })
+    .unwrap();
+    assert_eq!(pending_of(&store), [("d3".into(), 2), ("d5".into(), 3)]);
+    assert_eq!(bytes(&store), Some(30), "d5 replaced d2");
+    log.apply(MetaOp::DeleteDocument {
+        kb_id: "k".into(),
+        document_id: "d3".into(),
+        at_ms: 7,
+    })
+    .unwrap();
+    assert_eq!(pending_of(&store), [("d5".into(), 3)]);
+    assert_eq!(bytes(&store), Some(20));
+    // A deleted KB takes its pending work along.
+    log.apply(MetaOp::DeleteKb { kb_id: "k".into() }).unwrap();
+    assert!(pending_of(&store).is_empty());
+    assert!(store.shard_bytes().unwrap().is_empty());
+}
+
+#[test]
+fn a_store_without_the_pending_index_builds_it_when_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = SledMetaStore::open(dir.path()).unwrap();
+        let mut log = Log {
+            store: &store,
+            index: 0,
+        };
+        log.apply(MetaOp::CreateKb(kb("k", "kb"))).unwrap();
+        log.apply(MetaOp::RegisterDocuments {
+            kb_id: "k".into(),
+            documents: vec![doc("d1", "k", "h1", None), doc("d2", "k", "h2", None)],
+        })
+        .unwrap();
+        log.apply(MetaOp::SetDocumentStatus {
+            kb_id: "k".into(),
+            updates: vec![StatusUpdate {
+                document_id: "d2".into(),
+                status: DocStatus::Failed,
+                error: Some("bad".into()),
+                chunk_count: None,
+            }],
+            at_ms: 6,
+        })
+        .unwrap();
+        // As written by a version without the index.
+        let derived = [
+            b"pend/k/d1".as_slice(),
+            b"shardbytes/k/0000000000",
+            PENDING_INDEX_KEY,
+        ];
+        for key in derived {
+            assert!(store.tree.remove(key).unwrap().is_some());
+        }
+        store.flush().unwrap();
+        assert!(pending_of(&store).is_empty());
+    }
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    assert_eq!(pending_of(&store), [("d1".into(), 0)]);
+    assert_eq!(
+        store.shard_bytes().unwrap(),
+        BTreeMap::from([(("k".to_string(), 0), 20)])
+    );
+}
+
+#[test]
+fn draining_marks_are_set_and_cleared_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    let mut log = Log {
+        store: &store,
+        index: 0,
+    };
+    let drain = |node, draining| MetaOp::SetNodeDraining { node, draining };
+    assert_eq!(
+        log.apply(drain(12, true)).unwrap(),
+        MetaOutcome::Draining {
+            node: 12,
+            draining: true
+        }
+    );
+    assert_eq!(log.apply(drain(12, true)).unwrap(), MetaOutcome::Unchanged);
+    log.apply(drain(3, true)).unwrap();
+    assert_eq!(store.draining_nodes().unwrap(), [3, 12]);
+    log.apply(drain(12, false)).unwrap();
+    assert_eq!(log.apply(drain(12, false)).unwrap(), MetaOutcome::Unchanged);
+    assert_eq!(store.draining_nodes().unwrap(), [3]);
 }
