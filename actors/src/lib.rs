@@ -25,6 +25,7 @@ pub mod ingest;
 pub mod meta;
 pub mod models;
 pub mod node;
+pub mod rebalance;
 pub mod retrieval;
 pub mod sessions;
 pub mod shards;

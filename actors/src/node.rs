@@ -32,6 +32,7 @@ use crate::ingest::queue::{IngestJob, IngestQueue};
 use crate::ingest::raw_store::RawStore;
 use crate::ingest::worker::{IngestSupervisor, IngestSupervisorArguments};
 use crate::meta::MetaHandle;
+use crate::rebalance;
 use crate::retrieval::settings as retrieval_settings;
 use crate::retrieval::{
     FusionMethod, Pipeline, RerankServices, RootSearch, SearchRequest, SearchResponse, rewrite,
@@ -377,7 +378,18 @@ impl SiftNode {
             code: error.code().to_string(),
             message: error.to_string(),
         };
-        // Raw bytes and ingestion work: no replica needs to be open for them.
+        // Raw bytes and ingestion work: no replica needs to be open for them, but the
+        // replicas of the KB are opened now so that the ingestion that follows can write.
+        if let ShardRpc::PutRaw { kb_id, .. } | ShardRpc::Ingest { kb_id, .. } = &rpc {
+            match self.known_kb(kb_id).await {
+                Ok(kb) => {
+                    if let Err(error) = self.open_shards(&kb).await {
+                        warn!(kb_id, %error, "opening this node's replicas failed");
+                    }
+                }
+                Err(error) => return failed(error),
+            }
+        }
         let rpc = match rpc {
             ShardRpc::PutRaw { documents, .. } => {
                 let raw = self.context.raw.clone();
@@ -417,20 +429,9 @@ impl SiftNode {
             }
             rpc => rpc,
         };
-        let kb = match self.store().get_kb(rpc.kb_id()) {
-            Ok(Some(kb)) => kb,
-            Ok(None) => {
-                // Created a moment ago on another node: settle this node's metadata first.
-                if let Err(error) = self.context.meta.linearizable_barrier().await {
-                    return failed(error);
-                }
-                match self.store().get_kb(rpc.kb_id()) {
-                    Ok(Some(kb)) => kb,
-                    Ok(None) => return failed(SiftError::kb_not_found(rpc.kb_id())),
-                    Err(error) => return failed(error.into()),
-                }
-            }
-            Err(error) => return failed(error.into()),
+        let kb = match self.known_kb(rpc.kb_id()).await {
+            Ok(kb) => kb,
+            Err(error) => return failed(error),
         };
         let shard = rpc.shard();
         if shard >= kb.settings.shards {
@@ -519,6 +520,18 @@ impl SiftNode {
             },
         };
         outcome.unwrap_or_else(failed)
+    }
+
+    /// A KB by id for a request from another node; one created a moment ago there is found
+    /// after settling this node's metadata (ReadIndex).
+    async fn known_kb(&self, kb_id: &str) -> Result<KbRecord> {
+        if let Some(kb) = self.store().get_kb(kb_id)? {
+            return Ok(kb);
+        }
+        self.context.meta.linearizable_barrier().await?;
+        self.store()
+            .get_kb(kb_id)?
+            .ok_or_else(|| SiftError::kb_not_found(kb_id))
     }
 
     /// `GET /v1/kbs/{kb}/shards`: every shard's replicas, their states and (when their node
@@ -1706,122 +1719,20 @@ impl Caretaker {
         handoff::queue_assigned(&self.context, &self.queue, false).await;
     }
 
-    /// One step of rebalancing (the leader's caretaker, one op per round): finish a move in
-    /// progress (remove the extra replica once the new one is active), replace replicas on
-    /// removed nodes, or start a move from the most to the least loaded node when their replica
-    /// counts differ by 2 or more. A move adds the new replica first (`initializing`, filled
-    /// by its node) and drops the old one only after the new one is active.
+    /// One step of rebalancing (the leader's caretaker, one op per round); see
+    /// [`rebalance::next_step`].
     async fn rebalance(&self, kbs: &[KbRecord]) -> std::result::Result<(), String> {
         // Draining nodes count as gone: their replicas are re-created elsewhere first.
         let members = self.context.access.placement_members();
         let load = node_loads(self.context.meta.store(), kbs, &members);
-        let least_loaded = |exclude: &[u64]| {
-            load.iter()
-                .filter(|(node, _)| !exclude.contains(node))
-                .min_by_key(|(node, load)| (**load, **node))
-                .map(|(node, _)| *node)
-        };
-        let mut in_progress = false;
-        for kb in kbs.iter().filter(|kb| !kb.placement.is_empty()) {
-            let factor = kb.settings.replication_factor.max(1) as usize;
-            for shard in 0..kb.settings.shards {
-                let replicas = kb.replicas(shard);
-                let on_members: Vec<&Replica> = replicas
-                    .iter()
-                    .filter(|r| members.contains(&r.node))
-                    .collect();
-                let active_on_members = on_members
-                    .iter()
-                    .filter(|r| r.state == ReplicaState::Active)
-                    .count();
-                let off_members = replicas.len() - on_members.len();
-                let filling = replicas.iter().any(|r| {
-                    matches!(
-                        r.state,
-                        ReplicaState::Initializing | ReplicaState::Recovering
-                    )
-                });
-                if replicas.len() <= factor && off_members == 0 {
-                    in_progress |= filling;
-                    continue;
-                }
-                in_progress = true;
-                if active_on_members >= factor {
-                    // The new replicas are in: drop one extra (off-member first, else the one
-                    // on the most loaded node).
-                    let victim = replicas
-                        .iter()
-                        .find(|r| !members.contains(&r.node))
-                        .or_else(|| {
-                            replicas.iter().max_by_key(|r| {
-                                (load.get(&r.node).copied().unwrap_or_default(), r.node)
-                            })
-                        })
-                        .map(|r| r.node)
-                        .expect("an over-replicated shard has replicas");
-                    info!(kb_id = %kb.id, shard, node = victim, "rebalance: removing a replica");
-                    return self
-                        .propose(MetaOp::RemoveReplica {
-                            kb_id: kb.id.clone(),
-                            shard,
-                            node: victim,
-                            at_ms: now_ms(),
-                        })
-                        .await;
-                }
-                if on_members.len() < factor {
-                    let holders: Vec<u64> = replicas.iter().map(|r| r.node).collect();
-                    let Some(target) = least_loaded(&holders) else {
-                        continue; // no node left to hold it
-                    };
-                    info!(kb_id = %kb.id, shard, node = target, "rebalance: replacing a replica on a removed node");
-                    return self
-                        .propose(MetaOp::AddReplica {
-                            kb_id: kb.id.clone(),
-                            shard,
-                            node: target,
-                            at_ms: now_ms(),
-                        })
-                        .await;
-                }
-            }
-        }
-        if in_progress {
-            return Ok(());
-        }
-        let Some((&busiest, &most)) = load
-            .iter()
-            .max_by_key(|(node, load)| (**load, u64::MAX - **node))
-        else {
+        let Some(step) = rebalance::next_step(kbs, &members, &load, now_ms()) else {
             return Ok(());
         };
-        let Some(idle) = least_loaded(&[]) else {
-            return Ok(());
-        };
-        if most.replicas < load[&idle].replicas + 2 {
-            return Ok(());
+        info!(step = step.reason, op = ?step.op, "rebalance");
+        if step.reason == rebalance::MOVE {
+            metrics::counter!("sift_rebalance_moves_total").increment(1);
         }
-        for kb in kbs.iter().filter(|kb| !kb.placement.is_empty()) {
-            for shard in 0..kb.settings.shards {
-                let replicas = kb.replicas(shard);
-                if replicas.iter().any(|r| r.node == busiest)
-                    && !replicas.iter().any(|r| r.node == idle)
-                    && replicas.iter().all(|r| r.state == ReplicaState::Active)
-                {
-                    info!(kb_id = %kb.id, shard, from = busiest, to = idle, "rebalance: moving a replica");
-                    metrics::counter!("sift_rebalance_moves_total").increment(1);
-                    return self
-                        .propose(MetaOp::AddReplica {
-                            kb_id: kb.id.clone(),
-                            shard,
-                            node: idle,
-                            at_ms: now_ms(),
-                        })
-                        .await;
-                }
-            }
-        }
-        Ok(())
+        self.propose(step.op).await
     }
 
     /// Removes from the cluster the draining nodes that no longer hold a replica, and clears

@@ -212,7 +212,7 @@ impl InternalServer {
             ));
         let (shutdown, shutdown_signal) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            let server = axum::serve(nodelay(listener), app).with_graceful_shutdown(async move {
                 let _ = shutdown_signal.await;
             });
             if let Err(error) = server.await {
@@ -696,6 +696,7 @@ impl HttpTransport {
     pub fn new(config: TransportConfig, runtime: tokio::runtime::Handle) -> Result<Self> {
         let client = reqwest::Client::builder()
             .http2_prior_knowledge()
+            .tcp_nodelay(true)
             .timeout(config.request_timeout)
             .connect_timeout(Duration::from_secs(2))
             .build()
@@ -1032,6 +1033,21 @@ async fn send_snapshot(inner: &Inner, mut message: Message) -> bool {
             return true;
         }
     }
+}
+
+/// Sets `TCP_NODELAY` on every accepted connection. `axum::serve` leaves Nagle's algorithm on:
+/// an HTTP/2 response written as a HEADERS frame then a small DATA frame then waits for the
+/// peer's delayed ACK (up to 40 ms on Linux) before its second segment leaves.
+pub fn nodelay(
+    listener: tokio::net::TcpListener,
+) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
+    use axum::serve::ListenerExt;
+    fn set(stream: &mut tokio::net::TcpStream) {
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "could not set TCP_NODELAY");
+        }
+    }
+    listener.tap_io(set as fn(&mut tokio::net::TcpStream))
 }
 
 #[cfg(test)]

@@ -172,9 +172,10 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let (stop, stopped) = oneshot::channel::<()>();
     let app = router(state);
     let server = tokio::spawn(async move {
-        let serving = axum::serve(listener, app).with_graceful_shutdown(async {
-            let _ = stopped.await;
-        });
+        let serving = axum::serve(sift_cluster::transport::nodelay(listener), app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            });
         if let Err(error) = serving.await {
             tracing::error!(%error, "http server failed");
         }

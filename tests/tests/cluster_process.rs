@@ -187,9 +187,25 @@ async fn three_processes_replicate_metadata_fail_over_and_rejoin() {
     let removed = (1..=3u64)
         .find(|id| *id != new_leader && *id != leader)
         .unwrap();
-    // `sift node remove ID` through the restarted node (a follower).
-    let removal = std::process::Command::new(env!("CARGO_BIN_EXE_sift-under-test"))
+    // `sift node remove ID` through the restarted node (a follower). The node holds replicas
+    // of a replication-factor-3 KB: draining it would leave 2 nodes, so it is refused...
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_sift-under-test"))
         .args(["--node", restarted_client.url(), "node", "remove"])
+        .arg(removed.to_string())
+        .output()
+        .expect("running sift node remove");
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(message.contains("cannot_drain"), "{message}");
+    // ... and `--force` removes it at once (forwarded to the leader).
+    let removal = std::process::Command::new(env!("CARGO_BIN_EXE_sift-under-test"))
+        .args([
+            "--node",
+            restarted_client.url(),
+            "node",
+            "remove",
+            "--force",
+        ])
         .arg(removed.to_string())
         .output()
         .expect("running sift node remove");

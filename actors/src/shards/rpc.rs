@@ -199,6 +199,7 @@ impl Peers {
     pub fn clustered(raft: RaftHandle, secret: &str) -> Peers {
         let client = reqwest::Client::builder()
             .http2_prior_knowledge()
+            .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(2))
             .build()
             .unwrap_or_else(|_| reqwest::Client::new());
