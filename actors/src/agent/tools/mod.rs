@@ -400,24 +400,32 @@ fn string_or_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>,
         Nothing(()),
     }
     Ok(match Either::deserialize(d)? {
-        Either::One(one) => one
-            .split(',')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect(),
+        Either::One(one) => split_ids(&one),
         Either::Many(items) => items
             .into_iter()
-            .filter_map(|item| match item {
-                serde_json::Value::String(s) => Some(s),
+            .flat_map(|item| match item {
+                // A real 0.5B model put every id in one string: "a#0, b#1, c#0".
+                serde_json::Value::String(s) => split_ids(&s),
                 serde_json::Value::Object(map) => map
                     .get("chunk_id")
                     .and_then(|v| v.as_str())
-                    .map(String::from),
-                _ => None,
+                    .map(split_ids)
+                    .unwrap_or_default(),
+                _ => Vec::new(),
             })
             .collect(),
         Either::Nothing(()) => Vec::new(),
     })
+}
+
+/// Chunk ids in a string that may hold several, separated by commas, semicolons or spaces,
+/// and written `[id]` as in the answer text.
+fn split_ids(text: &str) -> Vec<String> {
+    text.split(|c: char| c == ',' || c == ';' || c.is_whitespace())
+        .map(|id| id.trim_matches(|c: char| matches!(c, '[' | ']' | '"' | '\'')))
+        .filter(|id| !id.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 use serde::Deserialize as _;
@@ -489,6 +497,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(args.citations, vec!["x#1", "y#2"]);
+        // Several ids in one list item, as a real small model wrote them, brackets included.
+        let args: FinalAnswerArgs = parse_args(
+            FINAL_ANSWER,
+            json!({"answer": "a", "citations": ["x#0, x#1", "[y#2] z#3"]}),
+        )
+        .unwrap();
+        assert_eq!(args.citations, vec!["x#0", "x#1", "y#2", "z#3"]);
         let args: FinalAnswerArgs = parse_args(FINAL_ANSWER, json!({"answer": "a"})).unwrap();
         assert!(args.citations.is_empty());
         let error =

@@ -124,29 +124,78 @@ fn render_assistant_calls(content: &str, calls: &[ToolCall], mode: ToolMode) -> 
     rendered.join("\n")
 }
 
-/// `response_format` of a `json_schema` step: `{thought: string, tool: one of the tool names,
-/// arguments: object}`.
+/// Longest `thought` a `json_schema` step may write (characters).
+const THOUGHT_MAX_CHARS: usize = 600;
+
+/// `response_format` of a `json_schema` step: one alternative per tool, `{thought: string,
+/// tool: that tool's name, arguments: that tool's parameters}`, so a constrained decoder
+/// (llama.cpp, vLLM) cannot leave out a required argument (a small model asked for a free-form
+/// `arguments` object wrote `final_answer` without its `answer` five times in a row).
 pub fn step_response_format(tools: &[ToolSpec]) -> Value {
-    let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
+    let alternatives: Vec<Value> = tools
+        .iter()
+        .map(|tool| {
+            json!({
+                "type": "object",
+                "properties": {
+                    // Bounded: unconstrained, the same model once wrote a 2,048-token thought
+                    // and no call.
+                    "thought": {"type": "string", "maxLength": THOUGHT_MAX_CHARS},
+                    "tool": {"type": "string", "enum": [tool.name]},
+                    "arguments": constrainable(&tool.parameters),
+                },
+                "required": ["thought", "tool", "arguments"],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
     json!({
         "type": "json_schema",
         "json_schema": {
             "name": STEP_SCHEMA_NAME,
-            // Not strict: OpenAI's strict mode rejects a free-form `arguments` object; local
-            // servers (llama.cpp, vLLM) constrain decoding to the schema either way.
+            // Not strict: OpenAI's strict mode wants every property required; local servers
+            // (llama.cpp, vLLM) constrain decoding to the schema either way.
             "strict": false,
-            "schema": {
-                "type": "object",
-                "properties": {
-                    "thought": {"type": "string"},
-                    "tool": {"type": "string", "enum": names},
-                    "arguments": {"type": "object"},
-                },
-                "required": ["thought", "tool", "arguments"],
-                "additionalProperties": false,
-            },
+            "schema": {"anyOf": alternatives},
         },
     })
+}
+
+/// The part of a tool's parameter schema that grammar-constrained decoders support: types,
+/// properties, required, items, enum and const, recursively (a tool of an MCP server may use
+/// anything JSON Schema allows). What is dropped only loosens the constraint.
+fn constrainable(schema: &Value) -> Value {
+    let Some(object) = schema.as_object() else {
+        return json!({"type": "object"});
+    };
+    let mut kept = serde_json::Map::new();
+    for key in ["type", "enum", "const", "required"] {
+        if let Some(value) = object.get(key) {
+            kept.insert(key.to_owned(), value.clone());
+        }
+    }
+    if let Some(properties) = object.get("properties").and_then(Value::as_object) {
+        let properties: serde_json::Map<String, Value> = properties
+            .iter()
+            .map(|(name, property)| (name.clone(), constrainable(property)))
+            .collect();
+        kept.insert("properties".into(), Value::Object(properties));
+    }
+    if let Some(items) = object.get("items") {
+        kept.insert("items".into(), constrainable(items));
+    }
+    for key in ["anyOf", "oneOf"] {
+        if let Some(alternatives) = object.get(key).and_then(Value::as_array) {
+            kept.insert(
+                key.to_owned(),
+                Value::Array(alternatives.iter().map(constrainable).collect()),
+            );
+        }
+    }
+    if kept.is_empty() {
+        kept.insert("type".into(), json!("object"));
+    }
+    Value::Object(kept)
 }
 
 /// Post-processing of a provider's aggregated events according to its tool mode.

@@ -473,13 +473,52 @@ async fn json_schema_mode_constrains_each_step_and_streams_the_thought() {
     let format = &body["response_format"];
     assert_eq!(format["type"], "json_schema");
     assert_eq!(format["json_schema"]["name"], "agent_step");
+    // One alternative per tool, each with that tool's own parameters.
+    let alternatives = format["json_schema"]["schema"]["anyOf"].as_array().unwrap();
+    let names: Vec<&Value> = alternatives
+        .iter()
+        .map(|a| &a["properties"]["tool"]["enum"][0])
+        .collect();
+    assert_eq!(names, [&json!("knowledge_search"), &json!("final_answer")]);
+    for alternative in alternatives {
+        assert_eq!(
+            alternative["required"],
+            json!(["thought", "tool", "arguments"])
+        );
+        assert_eq!(alternative["properties"]["thought"]["maxLength"], 600);
+    }
     assert_eq!(
-        format["json_schema"]["schema"]["properties"]["tool"]["enum"],
-        json!(["knowledge_search", "final_answer"])
+        alternatives[1]["properties"]["arguments"],
+        json!({"type": "object", "properties": {"answer": {"type": "string"}}})
     );
+}
+
+#[test]
+fn step_schemas_keep_what_constrained_decoders_support() {
+    let tool = ToolSpec {
+        name: "mcp_tool".to_owned(),
+        description: "A tool of an MCP server".to_owned(),
+        parameters: json!({
+            "type": "object",
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "properties": {
+                "ids": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$"}, "maxItems": 3},
+                "mode": {"enum": ["a", "b"], "description": "how"},
+            },
+            "required": ["ids"],
+        }),
+    };
+    let format = step_response_format(&[tool]);
     assert_eq!(
-        format["json_schema"]["schema"]["required"],
-        json!(["thought", "tool", "arguments"])
+        format["json_schema"]["schema"]["anyOf"][0]["properties"]["arguments"],
+        json!({
+            "type": "object",
+            "properties": {
+                "ids": {"type": "array", "items": {"type": "string"}},
+                "mode": {"enum": ["a", "b"]},
+            },
+            "required": ["ids"],
+        })
     );
 }
 
