@@ -14,22 +14,13 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 dataset=$(cd "${1:?usage: scripts/bench-cluster.sh DATASET_DIR [MAX_DOCS] [BIN_DIR]}" && pwd)
 max_docs=${2:-1000}
-bin=${3:-}
-if [ -z "$bin" ]; then
-  if [ -x "$repo/target/release/sift" ] && [ -x "$repo/target/release/sift-bench" ]; then
-    bin=$repo/target/release
-  else
-    bin=$repo/target/debug
-  fi
-fi
+source "$repo/scripts/bench-lib.sh"
+bin=$(pick_bin "${3:-}")
 out=${OUT:-/tmp/sift-bench-cluster}
 rm -rf "$out" && mkdir -p "$out"
 export SIFT_MODEL_DIR=${SIFT_MODEL_DIR:-$("$repo/scripts/fetch-model.sh")}
 export SIFT_CLUSTER_SECRET=bench-cluster-secret
 duration=${DURATION:-20}
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
-trap cleanup EXIT
 
 start() { # name listen [internal] [join]
   local name=$1 listen=$2
@@ -44,9 +35,6 @@ start() { # name listen [internal] [join]
     sleep 0.2
   done
   echo "node $name did not start; log:" >&2; tail -20 "$out/$name.log" >&2; exit 1
-}
-cpu_seconds() { # pid -> utime+stime in seconds
-  awk '{ print ($14 + $15) / 100 }' "/proc/$1/stat"
 }
 
 echo "binaries: $bin; documents: $max_docs; results in $out"

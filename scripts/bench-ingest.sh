@@ -12,24 +12,14 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 dataset=$(cd "${1:?usage: scripts/bench-ingest.sh DATASET_DIR [MAX_DOCS] [BIN_DIR]}" && pwd)
 max_docs=${2:-2000}
-bin=${3:-}
-if [ -z "$bin" ]; then
-  if [ -x "$repo/target/release/sift" ] && [ -x "$repo/target/release/sift-bench" ]; then
-    bin=$repo/target/release
-  else
-    bin=$repo/target/debug
-  fi
-fi
+source "$repo/scripts/bench-lib.sh"
+bin=$(pick_bin "${3:-}")
 out=${OUT:-/tmp/sift-bench-ingest}
 rm -rf "$out" && mkdir -p "$out"
 export SIFT_MODEL_DIR=${SIFT_MODEL_DIR:-$("$repo/scripts/fetch-model.sh")}
 export SIFT_CLUSTER_SECRET=bench-ingest-secret
 shards=${SHARDS:-6}
 replication=${REPLICATION:-1}
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
-trap cleanup EXIT
-cpu_seconds() { awk '{ print ($14 + $15) / 100 }' "/proc/$1/stat"; }
 
 python3 "$repo/scripts/embed-server.py" --listen 127.0.0.1:7790 \
   --delay-ms "${EMBED_DELAY_MS:-0}" &

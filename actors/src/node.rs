@@ -392,14 +392,16 @@ impl SiftNode {
         }
         let rpc = match rpc {
             ShardRpc::PutRaw { documents, .. } => {
-                let raw = self.context.raw.clone();
-                let stored = tokio::task::spawn_blocking(move || raw.put_many(&documents)).await;
-                return match stored {
-                    Ok(Ok(())) => ShardReply::RawStored {
+                return match self
+                    .context
+                    .raw
+                    .blocking(move |raw| raw.put_many(&documents))
+                    .await
+                {
+                    Ok(()) => ShardReply::RawStored {
                         queue_depth: self.queue.depth(),
                     },
-                    Ok(Err(error)) => failed(error),
-                    Err(error) => failed(SiftError::Internal(error.to_string())),
+                    Err(error) => failed(error),
                 };
             }
             ShardRpc::GetRaw {
@@ -407,13 +409,11 @@ impl SiftNode {
                 upload,
                 ..
             } => {
-                let raw = self.context.raw.clone();
-                let read = tokio::task::spawn_blocking(move || raw.get(&document_id, upload)).await;
-                return match read {
-                    Ok(Ok(bytes)) => ShardReply::Raw(bytes),
-                    Ok(Err(error)) => failed(error),
-                    Err(error) => failed(SiftError::Internal(error.to_string())),
-                };
+                let read = self
+                    .context
+                    .raw
+                    .blocking(move |raw| raw.get(&document_id, upload));
+                return read.await.map(ShardReply::Raw).unwrap_or_else(failed);
             }
             ShardRpc::Ingest {
                 kb_id,

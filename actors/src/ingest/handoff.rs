@@ -61,9 +61,8 @@ pub async fn store_with_replicas(
             .filter(|r| r.state != ReplicaState::Dead)
             .cloned()
             .collect();
-        let raw = context.raw.clone();
         let batch: Vec<DocumentRecord> = positions.iter().map(|&p| records[p].clone()).collect();
-        let documents = tokio::task::spawn_blocking(move || -> Result<Vec<RawDocument>> {
+        let documents = context.raw.blocking(move |raw| -> Result<Vec<RawDocument>> {
             batch
                 .iter()
                 .map(|record| {
@@ -79,8 +78,7 @@ pub async fn store_with_replicas(
                 })
                 .collect()
         })
-        .await
-        .map_err(|e| SiftError::Internal(e.to_string()))??;
+        .await?;
         let sends = replicas.iter().filter(|r| r.node != local).map(|replica| {
             let documents = &documents;
             async move {
@@ -309,16 +307,17 @@ pub async fn fetch_raw(context: &NodeContext, kb: &KbRecord, record: &DocumentRe
         };
         match access.remote_call(node, &rpc, NOTIFY_TIMEOUT).await {
             Ok(ShardReply::Raw(Some(bytes))) => {
-                let raw = context.raw.clone();
                 let document = RawDocument {
                     document_id: record.id.clone(),
                     upload,
                     bytes,
                 };
-                let stored = tokio::task::spawn_blocking(move || raw.put_many(&[document])).await;
-                return match stored {
-                    Ok(Ok(())) => Fetched::Stored,
-                    Ok(Err(error)) => Fetched::Unreachable(error.to_string()),
+                return match context
+                    .raw
+                    .blocking(move |raw| raw.put_many(&[document]))
+                    .await
+                {
+                    Ok(()) => Fetched::Stored,
                     Err(error) => Fetched::Unreachable(error.to_string()),
                 };
             }

@@ -82,6 +82,17 @@ impl RawStore {
         }
     }
 
+    /// Runs `work` on the store off the async runtime (file and sled I/O block).
+    pub async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&RawStore) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || work(&store))
+            .await
+            .map_err(|error| SiftError::Internal(error.to_string()))?
+    }
+
     /// Stores bulk texts; durable once [`Self::flush`] returns.
     pub fn put_text(&self, document_id: &str, text: &str) -> Result<()> {
         self.texts

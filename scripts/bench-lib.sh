@@ -1,0 +1,18 @@
+# Shared by the cluster benchmark scripts (sourced, not run): picks the binaries, tracks the
+# processes started so that they are killed on exit, and reads a process's CPU time.
+# Needs `repo` set; takes BIN_DIR as $1 (empty: target/release if built, else target/debug).
+pick_bin() {
+  if [ -n "${1:-}" ]; then
+    echo "$1"
+  elif [ -x "$repo/target/release/sift" ] && [ -x "$repo/target/release/sift-bench" ]; then
+    echo "$repo/target/release"
+  else
+    echo "$repo/target/debug"
+  fi
+}
+pids=()
+cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
+trap cleanup EXIT
+cpu_seconds() { # pid -> utime+stime in seconds
+  awk '{ print ($14 + $15) / 100 }' "/proc/$1/stat"
+}
