@@ -43,6 +43,9 @@ pub struct NodeOptions {
     /// How long the leader waits for an unresponsive ingestion worker before handing its
     /// unfinished documents to another replica.
     pub reassign_after: Duration,
+    /// How long the leader waits for a member that stopped answering before re-creating its
+    /// replicas on other nodes (as if it were drained); it drops them if it comes back.
+    pub replace_after: Duration,
     /// The cluster secret (cluster mode), for shard requests to other nodes.
     pub cluster_secret: Option<String>,
 }
@@ -62,6 +65,7 @@ impl Default for NodeOptions {
             write_quorum: 1,
             repair_interval: Duration::from_secs(5),
             reassign_after: Duration::from_secs(15),
+            replace_after: Duration::from_secs(300),
             cluster_secret: None,
         }
     }

@@ -20,7 +20,7 @@ use sift_storage::meta::{
     MetaOutcome, Replica, ReplicaState, ShardPlacement, SledMetaStore,
 };
 use tokio::sync::broadcast;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::context::{EMBEDDED_MODEL, Embedders, NodeContext, NodeOptions};
 use crate::error::{Result, SiftError};
@@ -29,7 +29,7 @@ use crate::ingest::handoff::{self, JOB_DOCUMENTS, Reconciler};
 use crate::ingest::parse::{SourceFormat, parse_document};
 use crate::ingest::pipeline::{self, now_ms};
 use crate::ingest::queue::{IngestJob, IngestQueue};
-use crate::ingest::raw_store::RawStore;
+use crate::ingest::raw_store::{self, RawStore};
 use crate::ingest::worker::{IngestSupervisor, IngestSupervisorArguments};
 use crate::meta::MetaHandle;
 use crate::rebalance;
@@ -357,6 +357,8 @@ impl SiftNode {
             shards: self.shards.clone(),
             queue: self.queue.clone(),
             reconciler: Reconciler::default(),
+            shards_dir: self.data_dir.join("shards"),
+            last_raw_collection: std::sync::Mutex::new(None),
         };
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(caretaker.context.options.repair_interval);
@@ -1635,7 +1637,16 @@ struct Caretaker {
     shards: ActorRef<ShardsMessage>,
     queue: IngestQueue,
     reconciler: Reconciler,
+    /// Where the shard supervisor keeps replicas (`{kb_id}/{shard}`).
+    shards_dir: PathBuf,
+    /// When raw bytes were last collected.
+    last_raw_collection: std::sync::Mutex<Option<Instant>>,
 }
+
+/// How often a node looks for raw bytes it no longer needs.
+const RAW_COLLECTION_INTERVAL: Duration = Duration::from_secs(60);
+/// Raw bytes younger than this are never collected (their registration may be in flight).
+const RAW_GRACE: Duration = Duration::from_secs(600);
 
 impl Caretaker {
     async fn round(&self) {
@@ -1710,29 +1721,151 @@ impl Caretaker {
             .raft()
             .is_some_and(|raft| raft.status().leader == Some(raft.id()));
         if leader {
-            if let Err(reason) = self.rebalance(&kbs).await {
-                warn!(%reason, "rebalancing step failed; will retry");
-            }
+            // The reconciler's round also updates which peers look away, for rebalancing.
             self.reconciler.round(&self.context, &kbs).await;
+            if let Err(reason) = self.rebalance(&kbs).await {
+                warn!(%reason, "rebalancing failed; will retry");
+            }
             self.finish_drains(&kbs).await;
         }
         handoff::queue_assigned(&self.context, &self.queue, false).await;
+        self.drop_unplaced_shard_dirs(&kbs).await;
+        self.collect_raw_garbage().await;
     }
 
-    /// One step of rebalancing (the leader's caretaker, one op per round); see
-    /// [`rebalance::next_step`].
-    async fn rebalance(&self, kbs: &[KbRecord]) -> std::result::Result<(), String> {
-        // Draining nodes count as gone: their replicas are re-created elsewhere first.
-        let members = self.context.access.placement_members();
-        let load = node_loads(self.context.meta.store(), kbs, &members);
-        let Some(step) = rebalance::next_step(kbs, &members, &load, now_ms()) else {
-            return Ok(());
-        };
-        info!(step = step.reason, op = ?step.op, "rebalance");
-        if step.reason == rebalance::MOVE {
-            metrics::counter!("sift_rebalance_moves_total").increment(1);
+    /// Removes replica directories left on disk that are neither placed here nor open (a node
+    /// that stopped between a `RemoveReplica` and dropping its copy, or that caught up with
+    /// the placement before opening its replicas). Replicas opened and then found moved are
+    /// dropped by [`Caretaker::round`].
+    async fn drop_unplaced_shard_dirs(&self, kbs: &[KbRecord]) {
+        let local = self.context.access.local_id();
+        let store = self.context.meta.store();
+        for kb in kbs.iter().filter(|kb| !kb.placement.is_empty()) {
+            let Ok(entries) = std::fs::read_dir(self.shards_dir.join(&kb.id)) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let Some(shard) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|name| name.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                let placed_here =
+                    |kb: &KbRecord| kb.replicas(shard).iter().any(|r| r.node == local);
+                if placed_here(kb) || self.context.registry.actor(&kb.id, shard).is_some() {
+                    continue;
+                }
+                // The placement as of now, not of the round's start.
+                let still_unplaced = store
+                    .get_kb(&kb.id)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|kb| !placed_here(&kb));
+                if !still_unplaced {
+                    continue;
+                }
+                info!(kb_id = %kb.id, shard, "dropping a stale copy of a replica placed elsewhere");
+                let call = self
+                    .shards
+                    .call(
+                        |reply| ShardsMessage::DropShard {
+                            kb_id: kb.id.clone(),
+                            shard,
+                            reply,
+                        },
+                        None,
+                    )
+                    .await;
+                if !matches!(call, Ok(CallResult::Success(Ok(())))) {
+                    warn!(kb_id = %kb.id, shard, "dropping a stale replica copy failed");
+                }
+            }
         }
-        self.propose(step.op).await
+    }
+
+    /// Every [`RAW_COLLECTION_INTERVAL`], once this node's metadata has caught up with the
+    /// leader: removes raw bytes older than [`RAW_GRACE`] that no document here needs
+    /// ([`raw_store::raw_unneeded`]).
+    async fn collect_raw_garbage(&self) {
+        {
+            let mut last = self
+                .last_raw_collection
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|at| at.elapsed() < RAW_COLLECTION_INTERVAL) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        if self.context.meta.linearizable_barrier().await.is_err() {
+            return;
+        }
+        let store = self.context.meta.store().clone();
+        let local = self.context.access.local_id();
+        let collected = self
+            .context
+            .raw
+            .blocking(move |raw| {
+                let kbs = store.list_kbs()?;
+                let mut removed = raw.remove_stale_parts(RAW_GRACE)?;
+                for id in raw.ids()? {
+                    if raw_store::id_age(&id).is_none_or(|age| age < RAW_GRACE) {
+                        continue;
+                    }
+                    let mut found = None;
+                    for kb in &kbs {
+                        if let Some(record) = store.get_document(&kb.id, &id)? {
+                            found = Some((kb, record));
+                            break;
+                        }
+                    }
+                    if raw_store::raw_unneeded(found.as_ref().map(|(kb, r)| (*kb, r)), local) {
+                        raw.remove(&id)?;
+                        removed += 1;
+                    }
+                }
+                Ok(removed)
+            })
+            .await;
+        match collected {
+            Ok(0) => {}
+            Ok(removed) => {
+                info!(removed, "raw bytes no longer needed removed");
+                metrics::counter!("sift_raw_collected_total").increment(removed as u64);
+            }
+            Err(error) => warn!(%error, "collecting unneeded raw bytes failed; will retry"),
+        }
+    }
+
+    /// This round's rebalancing ops (the leader's caretaker); see [`rebalance::plan`].
+    async fn rebalance(&self, kbs: &[KbRecord]) -> std::result::Result<(), String> {
+        // Draining nodes, and members away for longer than `replace_after`, count as gone:
+        // their replicas are re-created elsewhere first.
+        let away = self.reconciler.away_for(self.context.options.replace_after);
+        let mut members = self.context.access.placement_members();
+        let holding_away: Vec<u64> = away
+            .iter()
+            .copied()
+            .filter(|node| members.contains(node) && replicas_on(kbs, *node) > 0)
+            .collect();
+        if !holding_away.is_empty() {
+            debug!(nodes = ?holding_away, "replacing the replicas of members away too long");
+        }
+        members.retain(|node| !away.contains(node));
+        let load = node_loads(self.context.meta.store(), kbs, &members);
+        let mut failure = None;
+        for step in rebalance::plan(kbs, &members, &load, now_ms()) {
+            info!(step = step.reason, op = ?step.op, "rebalance");
+            if step.reason == rebalance::MOVE {
+                metrics::counter!("sift_rebalance_moves_total").increment(1);
+            }
+            if let Err(reason) = self.propose(step.op).await {
+                failure.get_or_insert(reason);
+            }
+        }
+        failure.map_or(Ok(()), Err)
     }
 
     /// Removes from the cluster the draining nodes that no longer hold a replica, and clears
@@ -1926,6 +2059,8 @@ impl Caretaker {
                 .map(|c| c.text.len() + c.vector.len() * 4)
                 .sum();
             metrics::counter!("sift_replica_transfer_bytes_total").increment(bytes as u64);
+            metrics::counter!("sift_replica_copied_documents_total")
+                .increment(documents.len() as u64);
             copied += documents.len();
             if !documents.is_empty() {
                 access.write_local(kb_id, shard, documents).await?;

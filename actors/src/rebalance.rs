@@ -1,21 +1,26 @@
 //! The leader's rebalancing decisions, as a pure function of the placement (tested without a
-//! cluster; the caretaker proposes the op it returns, one per round).
+//! cluster; the caretaker proposes the ops it returns, every round).
 //!
-//! In order of priority, for the first shard that needs it:
+//! Every shard gets at most one step per round, taken in this order of priority:
 //! 1. A shard with more replicas than its factor (a move or a replacement in progress) whose
 //!    replicas on placement members include enough active ones, none of them still filling,
-//!    loses one: the one on a node that is not a placement member (removed or draining)
-//!    first, then a dead one, else the active one on the most loaded node. So the old copy of
-//!    a move goes only once the new one is active.
+//!    loses one: the one on a node that is not a placement member (removed, draining, or away
+//!    for longer than `replace_after`) first, then a dead one, else the active one on the most
+//!    loaded node. So the old copy of a move goes only once the new one is active.
 //! 2. A shard with too few replicas on placement members gets one on the least loaded member
 //!    that holds none of it (`AddReplica`: `initializing`, filled by its node like a repair).
-//! 3. When nothing is in progress and the busiest member holds 2 replicas more than the
-//!    idlest, a fully active shard of the busiest that the idlest lacks gets a replica there;
-//!    the busiest loses its copy by rule 1 once the new one is active.
+//! 3. When no shard is in the middle of a change, replicas move from the busiest members to
+//!    the idlest while the two differ by 2 or more: a fully active shard of the busiest that
+//!    the idlest lacks gets a replica there, and the busiest loses its copy by rule 1 once the
+//!    new one is active. Several moves are planned at once, each on the load the previous
+//!    ones will leave.
 //!
-//! Load is (replica count, bytes of those replicas' shards): counts decide, bytes break ties.
+//! A node fills at most [`MAX_FILLS_PER_NODE`] replicas at a time (its caretaker fills them
+//! one after another), so rules 2 and 3 skip nodes that already have that many filling.
+//! Load is (replica count, bytes of those replicas' shards): counts decide, bytes break ties;
+//! the steps of one round update the counts as they go.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use sift_cluster::placement::NodeLoad;
 use sift_storage::meta::{KbRecord, MetaOp, Replica, ReplicaState};
@@ -25,26 +30,50 @@ pub const REMOVE_EXTRA: &str = "remove_extra_replica";
 pub const REPLACE: &str = "replace_missing_replica";
 pub const MOVE: &str = "move_replica";
 
+/// Replicas one node may have initializing or recovering at once before it gets another.
+pub const MAX_FILLS_PER_NODE: usize = 2;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
     pub op: MetaOp,
     pub reason: &'static str,
 }
 
-/// The next rebalancing op, if any. `members` are the nodes that may hold replicas (members
-/// not being drained); `load` has an entry for each of them.
-pub fn next_step(
+fn filling(replica: &Replica) -> bool {
+    matches!(
+        replica.state,
+        ReplicaState::Initializing | ReplicaState::Recovering
+    )
+}
+
+/// This round's rebalancing ops, at most one per shard. `members` are the nodes that may hold
+/// replicas (members neither draining nor away for too long); `load` has an entry for each.
+pub fn plan(
     kbs: &[KbRecord],
     members: &[u64],
     load: &BTreeMap<u64, NodeLoad>,
     at_ms: u64,
-) -> Option<Step> {
-    let least_loaded = |exclude: &[u64]| {
-        load.iter()
-            .filter(|(node, _)| !exclude.contains(node))
-            .min_by_key(|(node, load)| (**load, **node))
-            .map(|(node, _)| *node)
-    };
+) -> Vec<Step> {
+    let mut load = load.clone();
+    let mut fills: BTreeMap<u64, usize> = BTreeMap::new();
+    for replica in kbs
+        .iter()
+        .flat_map(|kb| &kb.placement)
+        .flat_map(|placement| &placement.replicas)
+        .filter(|replica| filling(replica))
+    {
+        *fills.entry(replica.node).or_default() += 1;
+    }
+    // The least loaded node outside `exclude` that may start one more fill.
+    let least_loaded =
+        |load: &BTreeMap<u64, NodeLoad>, fills: &BTreeMap<u64, usize>, exclude: &[u64]| {
+            load.iter()
+                .filter(|(node, _)| !exclude.contains(node))
+                .filter(|(node, _)| fills.get(node).copied().unwrap_or(0) < MAX_FILLS_PER_NODE)
+                .min_by_key(|(node, load)| (**load, **node))
+                .map(|(node, _)| *node)
+        };
+    let mut steps = Vec::new();
     let mut in_progress = false;
     for kb in kbs.iter().filter(|kb| !kb.placement.is_empty()) {
         let factor = kb.settings.replication_factor.max(1) as usize;
@@ -59,23 +88,12 @@ pub fn next_step(
                 .filter(|r| r.state == ReplicaState::Active)
                 .count();
             let off_members = replicas.len() - on_members.len();
-            let filling = replicas.iter().any(|r| {
-                matches!(
-                    r.state,
-                    ReplicaState::Initializing | ReplicaState::Recovering
-                )
-            });
             if replicas.len() <= factor && off_members == 0 {
-                in_progress |= filling;
+                in_progress |= replicas.iter().any(filling);
                 continue;
             }
             in_progress = true;
-            let members_filling = on_members.iter().any(|r| {
-                matches!(
-                    r.state,
-                    ReplicaState::Initializing | ReplicaState::Recovering
-                )
-            });
+            let members_filling = on_members.iter().any(|r| filling(r));
             if active_on_members >= factor && !members_filling {
                 let victim = replicas
                     .iter()
@@ -89,8 +107,14 @@ pub fn next_step(
                                 (load.get(&r.node).copied().unwrap_or_default(), r.node)
                             })
                     })
-                    .map(|r| r.node)?;
-                return Some(Step {
+                    .map(|r| r.node);
+                let Some(victim) = victim else {
+                    continue;
+                };
+                if let Some(held) = load.get_mut(&victim) {
+                    held.replicas = held.replicas.saturating_sub(1);
+                }
+                steps.push(Step {
                     op: MetaOp::RemoveReplica {
                         kb_id: kb.id.clone(),
                         shard,
@@ -99,13 +123,18 @@ pub fn next_step(
                     },
                     reason: REMOVE_EXTRA,
                 });
+                continue;
             }
             if on_members.len() < factor {
                 let holders: Vec<u64> = replicas.iter().map(|r| r.node).collect();
-                let Some(target) = least_loaded(&holders) else {
-                    continue; // no node left to hold it
+                let Some(target) = least_loaded(&load, &fills, &holders) else {
+                    continue; // no node left to hold it, or every candidate is busy filling
                 };
-                return Some(Step {
+                if let Some(held) = load.get_mut(&target) {
+                    held.replicas += 1;
+                }
+                *fills.entry(target).or_default() += 1;
+                steps.push(Step {
                     op: MetaOp::AddReplica {
                         kb_id: kb.id.clone(),
                         shard,
@@ -118,35 +147,52 @@ pub fn next_step(
         }
     }
     if in_progress {
-        return None;
+        return steps;
     }
-    let (&busiest, most) = load
+    let mut moved: BTreeSet<(&str, u32)> = BTreeSet::new();
+    while let Some((&busiest, most)) = load
         .iter()
-        .max_by_key(|(node, load)| (**load, u64::MAX - **node))?;
-    let idle = least_loaded(&[])?;
-    if most.replicas < load[&idle].replicas + 2 {
-        return None;
-    }
-    for kb in kbs.iter().filter(|kb| !kb.placement.is_empty()) {
-        for shard in 0..kb.settings.shards {
-            let replicas = kb.replicas(shard);
-            if replicas.iter().any(|r| r.node == busiest)
-                && !replicas.iter().any(|r| r.node == idle)
-                && replicas.iter().all(|r| r.state == ReplicaState::Active)
-            {
-                return Some(Step {
-                    op: MetaOp::AddReplica {
-                        kb_id: kb.id.clone(),
-                        shard,
-                        node: idle,
-                        at_ms,
-                    },
-                    reason: MOVE,
-                });
-            }
+        .max_by_key(|(node, load)| (**load, u64::MAX - **node))
+    {
+        let Some(idle) = least_loaded(&load, &fills, &[]) else {
+            break;
+        };
+        if most.replicas < load[&idle].replicas + 2 {
+            break;
         }
+        let candidate = kbs
+            .iter()
+            .filter(|kb| !kb.placement.is_empty())
+            .flat_map(|kb| (0..kb.settings.shards).map(move |shard| (kb, shard)))
+            .find(|(kb, shard)| {
+                let replicas = kb.replicas(*shard);
+                !moved.contains(&(kb.id.as_str(), *shard))
+                    && replicas.iter().any(|r| r.node == busiest)
+                    && !replicas.iter().any(|r| r.node == idle)
+                    && replicas.iter().all(|r| r.state == ReplicaState::Active)
+            });
+        let Some((kb, shard)) = candidate else {
+            break;
+        };
+        moved.insert((kb.id.as_str(), shard));
+        if let Some(held) = load.get_mut(&idle) {
+            held.replicas += 1;
+        }
+        if let Some(held) = load.get_mut(&busiest) {
+            held.replicas = held.replicas.saturating_sub(1);
+        }
+        *fills.entry(idle).or_default() += 1;
+        steps.push(Step {
+            op: MetaOp::AddReplica {
+                kb_id: kb.id.clone(),
+                shard,
+                node: idle,
+                at_ms,
+            },
+            reason: MOVE,
+        });
     }
-    None
+    steps
 }
 
 #[cfg(test)]
@@ -209,10 +255,32 @@ mod tests {
         load
     }
 
-    use ReplicaState::{Active, Dead, Initializing};
+    use ReplicaState::{Active, Dead, Initializing, Recovering};
+
+    /// The single step of a round in which at most one is expected.
+    fn next_step(
+        kbs: &[KbRecord],
+        members: &[u64],
+        load: &BTreeMap<u64, NodeLoad>,
+        at_ms: u64,
+    ) -> Option<Step> {
+        let steps = plan(kbs, members, load, at_ms);
+        assert!(steps.len() <= 1, "one step expected: {steps:?}");
+        steps.into_iter().next()
+    }
+
+    fn adds(steps: &[Step]) -> Vec<(u32, u64)> {
+        steps
+            .iter()
+            .filter_map(|step| match step.op {
+                MetaOp::AddReplica { shard, node, .. } => Some((shard, node)),
+                _ => None,
+            })
+            .collect()
+    }
 
     #[test]
-    fn a_joining_node_receives_replicas_one_move_at_a_time() {
+    fn a_joining_node_receives_a_replica_and_the_old_copy_goes_once_it_is_active() {
         // 3 shards x 2 replicas on nodes 1-3; node 4 joins empty.
         let kbs = [kb(
             "k",
@@ -375,5 +443,121 @@ mod tests {
             matches!(step.op, MetaOp::AddReplica { node: 1, .. }),
             "{step:?}"
         );
+    }
+
+    #[test]
+    fn several_moves_are_planned_at_once_each_on_the_load_the_previous_leave() {
+        // 6 shards x 1 replica, all on node 1; nodes 2 and 3 join empty.
+        let six: Vec<&[(u64, ReplicaState)]> = vec![&[(1, Active)]; 6];
+        let kbs = [kb("k", 1, &six)];
+        let members = [1, 2, 3];
+        let steps = plan(&kbs, &members, &loads(&kbs, &members, &[]), 7);
+        assert!(steps.iter().all(|step| step.reason == MOVE), "{steps:?}");
+        let targets = adds(&steps);
+        // Node 1 would keep 2 of 6 with 2 each elsewhere: 4 moves, 2 per new node.
+        assert_eq!(targets.len(), 4, "{steps:?}");
+        for node in [2, 3] {
+            assert_eq!(targets.iter().filter(|(_, n)| *n == node).count(), 2);
+        }
+        let mut shards: Vec<u32> = targets.iter().map(|(shard, _)| *shard).collect();
+        shards.dedup();
+        assert_eq!(shards.len(), 4, "each shard moves once: {targets:?}");
+
+        // Once all four are active, their four old copies go in one round.
+        let filled: Vec<Vec<(u64, ReplicaState)>> = (0..6)
+            .map(|shard| {
+                let mut replicas = vec![(1, Active)];
+                if let Some((_, node)) = targets.iter().find(|(s, _)| *s == shard) {
+                    replicas.push((*node, Active));
+                }
+                replicas
+            })
+            .collect();
+        let filled_refs: Vec<&[(u64, ReplicaState)]> = filled.iter().map(Vec::as_slice).collect();
+        let kbs = [kb("k", 1, &filled_refs)];
+        let steps = plan(&kbs, &members, &loads(&kbs, &members, &[]), 7);
+        let removed: Vec<(u32, u64)> = steps
+            .iter()
+            .filter_map(|step| match step.op {
+                MetaOp::RemoveReplica { shard, node, .. } => Some((shard, node)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(removed.len(), 4, "{steps:?}");
+        assert!(removed.iter().all(|(_, node)| *node == 1), "{removed:?}");
+    }
+
+    #[test]
+    fn a_node_fills_at_most_the_cap_at_once() {
+        // Node 3 left (not a member) holding 4 single-replica shards: they are re-created
+        // on nodes 1 and 2, at most MAX_FILLS_PER_NODE each per round.
+        let kbs = [kb(
+            "k",
+            1,
+            &[
+                &[(3, Active)],
+                &[(3, Active)],
+                &[(3, Active)],
+                &[(3, Active)],
+                &[(3, Active)],
+                &[(3, Active)],
+            ],
+        )];
+        let members = [1, 2];
+        let steps = plan(&kbs, &members, &loads(&kbs, &members, &[]), 7);
+        let targets = adds(&steps);
+        assert!(steps.iter().all(|step| step.reason == REPLACE), "{steps:?}");
+        assert_eq!(targets.len(), 2 * MAX_FILLS_PER_NODE, "{targets:?}");
+        for node in [1, 2] {
+            assert_eq!(
+                targets.iter().filter(|(_, n)| *n == node).count(),
+                MAX_FILLS_PER_NODE
+            );
+        }
+        // A node already filling its cap gets nothing more.
+        let kbs = [kb(
+            "k",
+            1,
+            &[
+                &[(3, Active), (1, Recovering)],
+                &[(3, Active), (1, Initializing)],
+                &[(3, Active)],
+            ],
+        )];
+        let steps = plan(&kbs, &members, &loads(&kbs, &members, &[]), 7);
+        assert_eq!(adds(&steps), vec![(2, 2)], "{steps:?}");
+    }
+
+    #[test]
+    fn replicas_of_a_node_away_too_long_are_replaced_like_a_drained_one() {
+        // Node 3 is still a Raft member but has been away for longer than `replace_after`:
+        // the caller leaves it out of `members`. Its replicas get new homes; its copies go
+        // once the new ones are active (and the shard that still has a live active copy
+        // keeps being read meanwhile).
+        let kbs = [kb(
+            "k",
+            2,
+            &[&[(1, Active), (3, Active)], &[(2, Active), (3, Dead)]],
+        )];
+        let members = [1, 2, 4];
+        let steps = plan(&kbs, &members, &loads(&kbs, &members, &[]), 7);
+        assert_eq!(adds(&steps), vec![(0, 4), (1, 1)], "{steps:?}");
+        let filled = [kb(
+            "k",
+            2,
+            &[
+                &[(1, Active), (3, Active), (4, Active)],
+                &[(2, Active), (3, Dead), (1, Active)],
+            ],
+        )];
+        let steps = plan(&filled, &members, &loads(&filled, &members, &[]), 7);
+        let removed: Vec<u64> = steps
+            .iter()
+            .filter_map(|step| match step.op {
+                MetaOp::RemoveReplica { node, .. } => Some(node),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(removed, vec![3, 3], "{steps:?}");
     }
 }

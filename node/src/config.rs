@@ -41,6 +41,9 @@ pub struct FileConfig {
     /// How long the leader waits for an unresponsive ingestion worker before handing its
     /// unfinished documents to another replica (ms).
     pub reassign_after_ms: Option<u64>,
+    /// How long the leader waits for a member that stopped answering before re-creating its
+    /// replicas elsewhere (ms).
+    pub replace_after_ms: Option<u64>,
     pub search_permits_per_shard: Option<usize>,
     pub ingest_queue_capacity: Option<usize>,
     pub ingest_workers: Option<usize>,
@@ -85,6 +88,8 @@ pub struct EmbeddingFileConfig {
     pub model_dir: Option<PathBuf>,
     /// Texts per forward pass of the embedded model.
     pub batch_size: Option<usize>,
+    /// Forward passes of the embedded model that may run at once, node-wide.
+    pub concurrent_batches: Option<usize>,
     /// OpenAI-compatible embedding endpoints, by the name KBs use in `embedding_model`.
     #[serde(default)]
     pub remote: BTreeMap<String, RemoteEmbedderConfig>,
@@ -193,6 +198,9 @@ impl Config {
         if let Some(v) = parse("SIFT_REASSIGN_AFTER_MS")? {
             file.reassign_after_ms = Some(v);
         }
+        if let Some(v) = parse("SIFT_REPLACE_AFTER_MS")? {
+            file.replace_after_ms = Some(v);
+        }
         if let Some(v) = parse("SIFT_INGEST_QUEUE_CAPACITY")? {
             file.ingest_queue_capacity = Some(v as usize);
         }
@@ -290,6 +298,10 @@ impl Config {
                 .reassign_after_ms
                 .map(Duration::from_millis)
                 .unwrap_or(defaults.reassign_after),
+            replace_after: file
+                .replace_after_ms
+                .map(Duration::from_millis)
+                .unwrap_or(defaults.replace_after),
             cluster_secret: cluster.as_ref().map(|c| c.secret.clone()),
         };
         if options.write_quorum == 0 {
@@ -298,9 +310,11 @@ impl Config {
         if options.repair_interval.is_zero()
             || options.remote_write_timeout.is_zero()
             || options.reassign_after.is_zero()
+            || options.replace_after.is_zero()
         {
             bail!(
-                "repair_interval_ms, replica_write_timeout_ms and reassign_after_ms must be at least 1"
+                "repair_interval_ms, replica_write_timeout_ms, reassign_after_ms and \
+                 replace_after_ms must be at least 1"
             );
         }
         if options.ingest_queue_capacity == 0

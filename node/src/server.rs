@@ -59,6 +59,9 @@ pub async fn load_embedders(config: &Config) -> anyhow::Result<Embedders> {
             if let Some(batch) = config.embedding.batch_size {
                 options.batch_size = batch.max(1);
             }
+            if let Some(concurrent) = config.embedding.concurrent_batches {
+                options.max_concurrent_batches = concurrent.max(1);
+            }
             let shown = dir.display().to_string();
             let loaded =
                 tokio::task::spawn_blocking(move || MiniLmEmbedder::load(&dir, options)).await?;

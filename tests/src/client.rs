@@ -1,6 +1,7 @@
 //! A thin client of the public HTTP API. Helpers that expect success panic with the node's
 //! answer otherwise; `*_answer` variants return the raw [`Answer`] for error tests.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use reqwest::header::HeaderMap;
@@ -167,6 +168,31 @@ impl ApiClient {
 
     pub async fn get_kb(&self, kb: &str) -> Value {
         self.get(&format!("/v1/kbs/{kb}")).await.expect(200)
+    }
+
+    /// The replicas of every shard of `kb`: shard -> [(node, state, documents)].
+    pub async fn placement(&self, kb: &str) -> BTreeMap<u64, Vec<(u64, String, Option<u64>)>> {
+        let answer = self.get(&format!("/v1/kbs/{kb}/shards")).await.expect(200);
+        answer["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|shard| {
+                let replicas = shard["replicas"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| {
+                        (
+                            r["node"].as_u64().unwrap(),
+                            r["state"].as_str().unwrap().to_string(),
+                            r["documents"].as_u64(),
+                        )
+                    })
+                    .collect();
+                (shard["shard"].as_u64().unwrap(), replicas)
+            })
+            .collect()
     }
 
     /// The KB's document counts: `total` and one entry per status.
@@ -363,6 +389,12 @@ pub fn in_progress(counts: &Value) -> u64 {
 }
 
 /// The `chunk_id`s of a search answer's hits, in order.
+/// Asserts that a search answer lacks no shard.
+pub fn assert_complete(answer: &Value) {
+    let failed = answer["failed_shards"].as_array().map_or(0, Vec::len);
+    assert_eq!(failed, 0, "failed shards: {answer}");
+}
+
 pub fn chunk_ids(answer: &Value) -> Vec<String> {
     hits(answer)
         .iter()

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sift_tests::{
-    ApiClient, NodeProcess, bulk_documents, chunk_ids, count, eventually, free_port,
-    ingest_deadline, short_documents, temp_dir,
+    ApiClient, NodeProcess, assert_complete, bulk_documents, chunk_ids, count, eventually,
+    free_port, ingest_deadline, short_documents, temp_dir,
 };
 
 const SECRET: &str = "replication-process-test-secret";
@@ -33,39 +33,6 @@ fn start(data_dir: &std::path::Path, internal: &str, join: Option<&str>) -> Node
             ("SIFT_REASSIGN_AFTER_MS", "1500"),
         ],
     )
-}
-
-/// The replicas of every shard: shard -> [(node, state, documents)].
-async fn placement(client: &ApiClient, kb: &str) -> BTreeMap<u64, Vec<(u64, String, Option<u64>)>> {
-    let answer = client
-        .get(&format!("/v1/kbs/{kb}/shards"))
-        .await
-        .expect(200);
-    answer["shards"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|shard| {
-            let replicas = shard["replicas"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|r| {
-                    (
-                        r["node"].as_u64().unwrap(),
-                        r["state"].as_str().unwrap().to_string(),
-                        r["documents"].as_u64(),
-                    )
-                })
-                .collect();
-            (shard["shard"].as_u64().unwrap(), replicas)
-        })
-        .collect()
-}
-
-fn assert_complete(answer: &Value) {
-    let failed = answer["failed_shards"].as_array().map_or(0, Vec::len);
-    assert_eq!(failed, 0, "failed shards: {answer}");
 }
 
 #[tokio::test]
@@ -117,7 +84,7 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
     clients[0]
         .create_kb(json!({ "name": "rep", "shards": 3, "replication_factor": 2 }))
         .await;
-    let placed = placement(&clients[1], "rep").await;
+    let placed = clients[1].placement("rep").await;
     assert_eq!(placed.len(), 3, "{placed:?}");
     let mut per_node: BTreeMap<u64, usize> = BTreeMap::new();
     for replicas in placed.values() {
@@ -223,7 +190,7 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
         }
     }
     // Replicas on the dead node that missed writes are marked dead (not read).
-    let during = placement(&clients[entry], "rep").await;
+    let during = clients[entry].placement("rep").await;
     let victim_id = ids[victim];
     assert!(
         during
@@ -254,7 +221,7 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
     clients[victim] = restarted.client();
     nodes[victim] = Some(restarted);
     let settled = eventually("every replica active with equal counts", || async {
-        let placed = placement(&restarted_client, "rep").await;
+        let placed = restarted_client.placement("rep").await;
         let settled = placed.values().all(|replicas| {
             replicas.iter().all(|(_, state, _)| state == "active")
                 && replicas
@@ -333,7 +300,7 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
     let mut nodes: Vec<Option<NodeProcess>> = nodes.into_iter().collect();
     nodes.push(Some(fourth));
     let balanced = eventually("replicas moved to the fourth node", || async {
-        let placed = placement(&clients[3], "rep").await;
+        let placed = clients[3].placement("rep").await;
         let settled = placed
             .values()
             .all(|r| r.len() == 2 && r.iter().all(|(_, state, _)| state == "active"));
@@ -385,7 +352,7 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
         .delete(&format!("/v1/cluster/nodes/{}?force=maybe", ids[1]))
         .await
         .expect_error(400, "invalid_query_string");
-    let solo_before = placement(&clients[entry], "solo").await;
+    let solo_before = clients[entry].placement("solo").await;
     let candidates: Vec<usize> = (0..ids.len())
         .filter(|i| *i != entry && ids[*i] != leader)
         .collect();
@@ -416,7 +383,7 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
                 .any(|n| n["id"] == drained_id);
             let mut settled = gone;
             for kb in ["rep", "solo"] {
-                let placed = placement(&clients[entry], kb).await;
+                let placed = clients[entry].placement(kb).await;
                 settled &= placed
                     .values()
                     .flatten()
@@ -426,7 +393,7 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
         },
     )
     .await;
-    let solo_after = placement(&clients[entry], "solo").await;
+    let solo_after = clients[entry].placement("solo").await;
     let solo_documents: u64 = solo_after.values().map(|r| r[0].2.unwrap_or(0)).sum();
     assert_eq!(solo_documents, 12, "{solo_after:?}");
     for (query, expected) in queries.iter().zip(&before) {
@@ -445,7 +412,7 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
     }
     nodes[drained].as_mut().unwrap().kill9();
 
-    let solo = placement(&clients[entry], "solo").await;
+    let solo = clients[entry].placement("solo").await;
     let down = solo.values().next().expect("a shard of solo")[0].0;
     let missing: Vec<u64> = solo
         .iter()

@@ -179,6 +179,8 @@ pub fn build_answer(raw: &str, cited: &[String], evidence: &Evidence) -> BuiltAn
                     Some(id) => Some(Err(id.clone())),
                     None => Some(Err(item.to_string())),
                 }
+            } else if let Some(found) = embedded_id(item, evidence) {
+                Some(Ok(found))
             } else if looks_like_chunk_id(item) {
                 Some(Err(item.to_string()))
             } else {
@@ -212,12 +214,18 @@ pub fn build_answer(raw: &str, cited: &[String], evidence: &Evidence) -> BuiltAn
     text.push_str(&raw[last..]);
     let mut text = text.trim().to_string();
     let mut appended = String::new();
-    // A cited document id stands for its best chunk in the evidence.
+    // A cited document id stands for its best chunk in the evidence; an id with stray
+    // characters around it (`id]}`, `id.`) for the id.
     let cited: Vec<String> = cited
         .into_iter()
-        .map(|id| match evidence.best_of_document(&id) {
-            Some(best) if !evidence.contains(&id) => best.chunk.chunk_id.clone(),
-            _ => id,
+        .map(|id| {
+            if evidence.contains(&id) {
+                return id;
+            }
+            if let Some(best) = evidence.best_of_document(&id) {
+                return best.chunk.chunk_id.clone();
+            }
+            embedded_id(&id, evidence).unwrap_or(id)
         })
         .collect();
     for id in &cited {
@@ -247,6 +255,25 @@ pub fn build_answer(raw: &str, cited: &[String], evidence: &Evidence) -> BuiltAn
         citations,
         dropped,
     }
+}
+
+/// The evidence chunk id written inside `item` with stray characters around it (a real 0.5B
+/// model cited `"{id}]}"` and `"{id}."`): the longest id found whose position number is not
+/// followed by another digit (`doc#1` is not in `doc#12`).
+fn embedded_id(item: &str, evidence: &Evidence) -> Option<String> {
+    evidence
+        .in_order()
+        .map(|c| c.chunk.chunk_id.as_str())
+        .filter(|id| {
+            item.match_indices(id).any(|(at, _)| {
+                !item[at + id.len()..]
+                    .chars()
+                    .next()
+                    .is_some_and(|next| next.is_ascii_digit())
+            })
+        })
+        .max_by_key(|id| id.len())
+        .map(str::to_string)
 }
 
 /// Chunk ids of `evidence` mentioned anywhere in `text` (for answers written as plain text).
@@ -311,6 +338,25 @@ pub(crate) mod tests {
         assert_eq!(ids, vec!["doc-a#0", "doc-b#3"]);
         assert_eq!(built.citations[1].n, 2);
         assert_eq!(built.citations[1].span, (300, 304));
+    }
+
+    #[test]
+    fn ids_with_stray_characters_around_them_are_still_cited() {
+        let mut evidence = evidence();
+        evidence.insert(chunk("doc-a", 12, "alpha twelve"));
+        let built = build_answer(
+            "Alpha [doc-a#12.].",
+            &["doc-b#3]}".into(), "\"doc-a#0.".into(), "doc-a#1".into()],
+            &evidence,
+        );
+        let ids: Vec<&str> = built
+            .citations
+            .iter()
+            .map(|c| c.chunk_id.as_str())
+            .collect();
+        assert_eq!(ids, vec!["doc-a#12", "doc-b#3", "doc-a#0"]);
+        // `doc-a#1` is no chunk of the run, and not a prefix match of `doc-a#12`.
+        assert_eq!(built.dropped, vec!["doc-a#1"]);
     }
 
     #[test]

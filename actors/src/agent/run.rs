@@ -1088,16 +1088,7 @@ impl Run {
                         all_ids.push(id);
                     }
                 }
-                let note = format!(
-                    "(Context note: earlier tool calls and their results were removed to fit the context window. \
-                     Chunks they returned can still be cited: {}.)",
-                    all_ids
-                        .iter()
-                        .take(40)
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
+                let note = dropped_note(&all_ids, &self.evidence);
                 match &self.dropped_note {
                     Some((at, _)) => {
                         messages[*at] = ChatMessage::User { content: note };
@@ -1480,6 +1471,58 @@ fn signature(name: &str, arguments: &serde_json::Value) -> String {
         }
     }
     format!("{name}:{}", normalise(arguments))
+}
+
+/// Chunks the context note describes (title and opening words), the most relevant first; the
+/// others are listed by id only, up to [`NOTE_MAX_IDS`].
+const NOTE_DESCRIBED_CHUNKS: usize = 12;
+const NOTE_MAX_IDS: usize = 40;
+/// Characters of a chunk's text the note repeats.
+const NOTE_SNIPPET_CHARS: usize = 120;
+
+/// The note that replaces dropped tool-call groups: what the removed results returned, so a
+/// model can still cite it. Ids alone were not enough: a 0.5B model, seeing only ids, cited a
+/// tool call's id instead of a chunk's.
+fn dropped_note(ids: &[String], evidence: &Evidence) -> String {
+    let mut ranked: Vec<&String> = ids.iter().collect();
+    ranked.sort_by(|a, b| {
+        let relevance = |id: &String| evidence.get(id).map_or(0.0, |e| e.relevance);
+        relevance(b).total_cmp(&relevance(a))
+    });
+    let mut lines: Vec<String> = ranked
+        .iter()
+        .take(NOTE_DESCRIBED_CHUNKS)
+        .map(|id| match evidence.get(id) {
+            Some(found) => {
+                let text = found
+                    .chunk
+                    .text
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let mut snippet: String = text.chars().take(NOTE_SNIPPET_CHARS).collect();
+                if snippet.len() < text.len() {
+                    snippet.push_str("...");
+                }
+                format!("- {id} ({}): {snippet}", found.chunk.title)
+            }
+            None => format!("- {id}"),
+        })
+        .collect();
+    let rest: Vec<&str> = ranked
+        .iter()
+        .skip(NOTE_DESCRIBED_CHUNKS)
+        .take(NOTE_MAX_IDS.saturating_sub(NOTE_DESCRIBED_CHUNKS))
+        .map(|id| id.as_str())
+        .collect();
+    if !rest.is_empty() {
+        lines.push(format!("- also: {}", rest.join(", ")));
+    }
+    format!(
+        "(Context note: earlier tool calls and their results were removed to fit the context \
+         window. The chunks they returned can still be cited by their chunk id:\n{})",
+        lines.join("\n")
+    )
 }
 
 /// Tool calls a model wrote as JSON in its text (`{"name": ..., "arguments": {...}}`, also

@@ -342,6 +342,17 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
+    /// The peers that have looked unhealthy to this leader for at least `at_least`, as of its
+    /// last [`Reconciler::round`] (a new leader starts counting afresh).
+    pub fn away_for(&self, at_least: Duration) -> Vec<u64> {
+        let suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+        suspects
+            .iter()
+            .filter(|(_, since)| since.elapsed() >= at_least)
+            .map(|(node, _)| *node)
+            .collect()
+    }
+
     pub async fn round(&self, context: &std::sync::Arc<NodeContext>, kbs: &[KbRecord]) {
         let Some(raft) = context.meta.raft() else {
             return;

@@ -2,8 +2,9 @@
 //! `raw/`, bulk texts in a sled tree. Ingestion reads them (again, after a crash).
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use sift_storage::meta::{DocSource, DocumentRecord};
+use sift_storage::meta::{DocSource, DocumentRecord, KbRecord};
 
 use crate::error::{Result, SiftError};
 use crate::shards::rpc::RawDocument;
@@ -136,6 +137,46 @@ impl RawStore {
         }
     }
 
+    /// Ids of every raw document held here (files and bulk texts).
+    pub fn ids(&self) -> Result<Vec<String>> {
+        let mut ids: Vec<String> = std::fs::read_dir(&self.dir)
+            .map_err(io)?
+            .flatten()
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .filter(|name| !name.starts_with('.'))
+            .collect();
+        for key in self.texts.iter().keys() {
+            if let Ok(id) = String::from_utf8(key.map_err(storage)?.to_vec()) {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    /// Removes the temp files of writes that were interrupted (a crash mid-`put_file`) more
+    /// than `older_than` ago; returns how many.
+    pub fn remove_stale_parts(&self, older_than: Duration) -> Result<usize> {
+        let mut removed = 0;
+        for entry in std::fs::read_dir(&self.dir).map_err(io)?.flatten() {
+            let name = entry.file_name();
+            let is_part = name
+                .to_str()
+                .is_some_and(|name| name.starts_with('.') && name.ends_with(".part"));
+            let old = entry
+                .metadata()
+                .and_then(|meta| meta.modified())
+                .ok()
+                .and_then(|modified| modified.elapsed().ok())
+                .is_some_and(|age| age >= older_than);
+            if is_part && old && std::fs::remove_file(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     pub fn remove(&self, document_id: &str) -> Result<()> {
         self.texts.remove(document_id.as_bytes()).map_err(storage)?;
         match std::fs::remove_file(self.file_path(document_id)) {
@@ -152,4 +193,131 @@ fn io(error: std::io::Error) -> SiftError {
 
 fn storage(error: sled::Error) -> SiftError {
     SiftError::Storage(sift_storage::StorageError::Sled(error))
+}
+
+/// How old a document id (a UUIDv7, so it carries its creation time) is, if it is one.
+pub fn id_age(document_id: &str) -> Option<Duration> {
+    let (seconds, nanos) = uuid::Uuid::parse_str(document_id)
+        .ok()?
+        .get_timestamp()?
+        .to_unix();
+    let created = std::time::UNIX_EPOCH + Duration::new(seconds, nanos);
+    Some(created.elapsed().unwrap_or_default())
+}
+
+/// Whether raw bytes held by node `local` are needed no more: no knowledge base has the
+/// document (a duplicate upload, or a request that failed after its bytes reached the
+/// replicas), or it is finished and its shard has no replica on this node (moved away, or
+/// this node only received the upload). `found` is the document's KB and record.
+pub fn raw_unneeded(found: Option<(&KbRecord, &DocumentRecord)>, local: u64) -> bool {
+    match found {
+        None => true,
+        Some((kb, record)) => {
+            record.status.is_terminal()
+                && !kb.placement.is_empty()
+                && !kb.replicas(record.shard).iter().any(|r| r.node == local)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sift_storage::meta::{DocStatus, KbSettings, Replica, ReplicaState, ShardPlacement};
+
+    use super::*;
+
+    fn kb(on: &[u64]) -> KbRecord {
+        KbRecord {
+            id: "kb".into(),
+            name: "kb".into(),
+            settings: KbSettings {
+                shards: 1,
+                replication_factor: on.len() as u32,
+                chunk_tokens: 256,
+                chunk_overlap_tokens: 32,
+                parent_tokens: 1024,
+                embedding_model: "m".into(),
+                dimension: 4,
+                language: "auto".into(),
+                json_text_field: "text".into(),
+                json_title_field: "title".into(),
+                retrieval: Default::default(),
+            },
+            created_at_ms: 1,
+            updated_at_ms: 1,
+            placement: vec![ShardPlacement {
+                replicas: on
+                    .iter()
+                    .map(|node| Replica {
+                        node: *node,
+                        state: ReplicaState::Active,
+                        since_ms: 1,
+                    })
+                    .collect(),
+            }],
+        }
+    }
+
+    fn document(status: DocStatus) -> DocumentRecord {
+        DocumentRecord {
+            id: uuid::Uuid::now_v7().to_string(),
+            kb_id: "kb".into(),
+            external_id: None,
+            title: "t".into(),
+            source: DocSource::Text {
+                format: "text".into(),
+            },
+            content_hash: String::new(),
+            size_bytes: 1,
+            shard: 0,
+            status,
+            error: None,
+            chunk_count: 0,
+            metadata: Default::default(),
+            created_at_ms: 1,
+            updated_at_ms: 1,
+        }
+    }
+
+    #[test]
+    fn raw_bytes_are_kept_while_a_replica_here_or_the_work_needs_them() {
+        let on_two = kb(&[2, 3]);
+        let ready = document(DocStatus::Ready);
+        let embedding = document(DocStatus::Embedding);
+        // Unregistered: garbage.
+        assert!(raw_unneeded(None, 1));
+        // Finished, shard held elsewhere: garbage; held here: kept.
+        assert!(raw_unneeded(Some((&on_two, &ready)), 1));
+        assert!(!raw_unneeded(Some((&on_two, &ready)), 2));
+        // Unfinished: kept anywhere (a worker may still fetch it).
+        assert!(!raw_unneeded(Some((&on_two, &embedding)), 1));
+        // A single node's KB (no placement) keeps everything.
+        let single = KbRecord {
+            placement: Vec::new(),
+            ..kb(&[1])
+        };
+        assert!(!raw_unneeded(Some((&single, &ready)), 1));
+    }
+
+    #[test]
+    fn ids_list_files_and_texts_and_stale_parts_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let store = RawStore::open(dir.path().join("raw"), db.open_tree("texts").unwrap()).unwrap();
+        store.put_file("b-file", b"bytes").unwrap();
+        store.put_text("a-text", "text").unwrap();
+        std::fs::write(dir.path().join("raw/.c.part"), b"half").unwrap();
+        assert_eq!(store.ids().unwrap(), ["a-text", "b-file"]);
+        assert_eq!(
+            store.remove_stale_parts(Duration::from_secs(3600)).unwrap(),
+            0
+        );
+        assert_eq!(store.remove_stale_parts(Duration::ZERO).unwrap(), 1);
+        assert!(!dir.path().join("raw/.c.part").exists());
+        assert!(dir.path().join("raw/b-file").exists());
+        let age = id_age(&uuid::Uuid::now_v7().to_string()).unwrap();
+        assert!(age < Duration::from_secs(60), "{age:?}");
+        assert_eq!(id_age("not-a-uuid"), None);
+        assert_eq!(id_age(&uuid::Uuid::new_v4().to_string()), None);
+    }
 }

@@ -132,8 +132,9 @@ impl ShardAccess {
             .collect()
     }
 
-    /// Active replicas of `shard` in the order to try them: this node first, then the least
-    /// loaded, then by node id (so equal nodes plan alike).
+    /// Active replicas of `shard` in the order to try them: nodes that recently failed to
+    /// answer last, then this node, then the least loaded, then by node id (so equal nodes
+    /// plan alike).
     pub fn read_plan(&self, kb: &KbRecord, shard: u32) -> Vec<u64> {
         let local = self.local_id();
         let mut active: Vec<u64> = self
@@ -142,7 +143,14 @@ impl ShardAccess {
             .filter(|r| r.state == ReplicaState::Active)
             .map(|r| r.node)
             .collect();
-        active.sort_by_key(|node| (*node != local, self.peers.inflight(*node), *node));
+        active.sort_by_key(|node| {
+            (
+                *node != local && self.peers.suspect(*node),
+                *node != local,
+                self.peers.inflight(*node),
+                *node,
+            )
+        });
         active
     }
 
@@ -176,6 +184,12 @@ impl ShardAccess {
                 Some((node, outcome)) = pending.next() => match outcome {
                     Ok(response) => {
                         metrics::counter!("sift_search_leaf_total", "outcome" => "ok").increment(1);
+                        // A hedge outran the first replica, which has not answered: read it
+                        // last for a while (a failure was already noted by the call).
+                        let first = plan[0];
+                        if hedged && node != first && first != self.local_id() && errors.is_empty() {
+                            self.peers.note_unresponsive(first);
+                        }
                         return Ok(response);
                     }
                     Err(reason) => {

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use sift_cluster::raft::RaftHandle;
@@ -20,6 +20,10 @@ pub const SHARD_RPC_PATH: &str = "/internal/v1/shard";
 /// The id of a node that is not a cluster member: a single node is node 1, as it will be if
 /// it bootstraps a cluster later.
 pub const SINGLE_NODE_ID: u64 = 1;
+
+/// How long a node that failed to answer (unreachable, no answer in time, or outrun by a
+/// hedged read) is read last; any answer from it clears the mark sooner.
+pub const SUSPECT_FOR: Duration = Duration::from_secs(10);
 
 /// A request to one replica of a shard held by another node.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -181,6 +185,8 @@ pub struct Peers {
     secret: String,
     client: reqwest::Client,
     inflight: Mutex<HashMap<u64, usize>>,
+    /// When each node last failed to answer in time.
+    suspects: Mutex<HashMap<u64, Instant>>,
 }
 
 impl Peers {
@@ -192,6 +198,7 @@ impl Peers {
             secret: String::new(),
             client: reqwest::Client::new(),
             inflight: Mutex::new(HashMap::new()),
+            suspects: Mutex::new(HashMap::new()),
         }
     }
 
@@ -209,6 +216,7 @@ impl Peers {
             secret: secret.to_string(),
             client,
             inflight: Mutex::new(HashMap::new()),
+            suspects: Mutex::new(HashMap::new()),
         }
     }
 
@@ -253,6 +261,34 @@ impl Peers {
             .unwrap_or(0)
     }
 
+    /// Whether `node` failed to answer in the last [`SUSPECT_FOR`] (reads try it last).
+    pub fn suspect(&self, node: u64) -> bool {
+        self.suspects
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .get(&node)
+            .is_some_and(|since| since.elapsed() < SUSPECT_FOR)
+    }
+
+    /// Remembers that `node` did not answer in time (or a hedge to another replica won).
+    pub fn note_unresponsive(&self, node: u64) {
+        let mut suspects = self
+            .suspects
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let previous = suspects.insert(node, Instant::now());
+        if previous.is_none_or(|since| since.elapsed() >= SUSPECT_FOR) {
+            metrics::counter!("sift_peer_suspected_total").increment(1);
+        }
+    }
+
+    fn note_answered(&self, node: u64) {
+        self.suspects
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .remove(&node);
+    }
+
     fn track(&self, node: u64, delta: isize) {
         let mut inflight = self
             .inflight
@@ -287,12 +323,16 @@ impl Peers {
                 .body(body)
                 .send()
                 .await
-                .map_err(|error| format!("node {node}: {}", describe(&error)))?;
+                .map_err(|error| {
+                    self.note_unresponsive(node);
+                    format!("node {node}: {}", describe(&error))
+                })?;
             let status = response.status();
-            let bytes = response
-                .bytes()
-                .await
-                .map_err(|error| format!("node {node}: {}", describe(&error)))?;
+            let bytes = response.bytes().await.map_err(|error| {
+                self.note_unresponsive(node);
+                format!("node {node}: {}", describe(&error))
+            })?;
+            self.note_answered(node);
             if !status.is_success() {
                 return Err(format!(
                     "node {node} answered {status}: {}",
@@ -333,3 +373,19 @@ fn describe(error: &reqwest::Error) -> String {
 
 /// Shared between the node's parts.
 pub type SharedPeers = Arc<Peers>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_that_failed_to_answer_is_suspect_until_it_answers() {
+        let peers = Peers::single();
+        assert!(!peers.suspect(2));
+        peers.note_unresponsive(2);
+        assert!(peers.suspect(2));
+        assert!(!peers.suspect(3));
+        peers.note_answered(2);
+        assert!(!peers.suspect(2));
+    }
+}

@@ -35,6 +35,10 @@ pub const READ_DOCUMENT: &str = "read_document";
 pub const THINKING: &str = "thinking";
 pub const FINAL_ANSWER: &str = "final_answer";
 
+/// Most chunk ids `final_answer`'s schema lets a model list (a bound for constrained decoders:
+/// a small model once listed ids `#2, #3, ...` until its token limit cut the answer off).
+pub const MAX_CITATIONS: usize = 16;
+
 /// Built-in tools in the order they are offered.
 pub const BUILTIN_TOOLS: &[&str] = &[
     KNOWLEDGE_SEARCH,
@@ -375,7 +379,12 @@ pub fn builtin_specs() -> Vec<ToolSpec> {
                 "type": "object",
                 "properties": {
                     "answer": {"type": "string"},
-                    "citations": {"type": "array", "items": {"type": "string"}, "description": "chunk ids"}
+                    "citations": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "maxItems": MAX_CITATIONS,
+                        "description": "chunk ids"
+                    }
                 },
                 "required": ["answer", "citations"]
             }),

@@ -7,7 +7,7 @@
 //!   that shape (also `{"tool": ..., "arguments" | "args": ...}`), or inside
 //!   `<tool_call>...</tool_call>` tags (Qwen's template). [`TextToolParser`] turns those into
 //!   [`ChatEvent::ToolCall`]s while the text around them stays [`ChatEvent::TextDelta`].
-//! - `json_schema`: every step is requested as JSON `{thought, tool, arguments}` constrained by
+//! - `json_schema`: every step is requested as JSON `{thought, tool, tool_input}` constrained by
 //!   `response_format` (see [`step_response_format`]); [`JsonStepParser`] streams the thought as
 //!   [`ChatEvent::ReasoningDelta`] while it is generated and ends with one tool call.
 //!
@@ -24,6 +24,13 @@ const MAX_CANDIDATE_BYTES: usize = 64 * 1024;
 
 /// Name of the `response_format` schema in `json_schema` mode.
 const STEP_SCHEMA_NAME: &str = "agent_step";
+
+/// The key of a `json_schema` step's arguments. Not `arguments`: grammar-constrained decoders
+/// (llama.cpp) emit an object's properties in the order the schema lists them, and serde_json
+/// writes object keys sorted, so `arguments` came first and a model chose its arguments
+/// before it wrote its thought or named the tool (seen with a real 0.5B model). `thought` <
+/// `tool` < `tool_input` sorts in the order a step should be written.
+pub const STEP_ARGUMENTS_KEY: &str = "tool_input";
 
 /// The request as a `text` or `json_schema` provider sends it: no `tools`, the tools described
 /// in the system prompt, and the history's tool calls and results as plain messages.
@@ -86,7 +93,7 @@ fn tool_instructions(tools: &[ToolSpec], mode: ToolMode) -> String {
         ToolMode::JsonSchema => String::from(
             "Answer every step with exactly one JSON object: \
              {\"thought\": \"<your reasoning>\", \"tool\": \"<tool name>\", \
-             \"arguments\": {<the tool's arguments>}}.\n\nTools:\n",
+             \"tool_input\": {<the tool's arguments>}}.\n\nTools:\n",
         ),
         _ => String::from(
             "You can call tools. To call one, write a fenced JSON block and stop:\n\
@@ -110,7 +117,8 @@ fn render_assistant_calls(content: &str, calls: &[ToolCall], mode: ToolMode) -> 
             .unwrap_or_else(|_| Value::String(call.arguments.clone()));
         rendered.push(match mode {
             ToolMode::JsonSchema => {
-                json!({"thought": content, "tool": call.name, "arguments": arguments}).to_string()
+                json!({"thought": content, "tool": call.name, STEP_ARGUMENTS_KEY: arguments})
+                    .to_string()
             }
             _ => format!(
                 "```json\n{}\n```",
@@ -142,9 +150,9 @@ pub fn step_response_format(tools: &[ToolSpec]) -> Value {
                     // and no call.
                     "thought": {"type": "string", "maxLength": THOUGHT_MAX_CHARS},
                     "tool": {"type": "string", "enum": [tool.name]},
-                    "arguments": constrainable(&tool.parameters),
+                    STEP_ARGUMENTS_KEY: constrainable(&tool.parameters),
                 },
-                "required": ["thought", "tool", "arguments"],
+                "required": ["thought", "tool", STEP_ARGUMENTS_KEY],
                 "additionalProperties": false,
             })
         })
@@ -162,14 +170,24 @@ pub fn step_response_format(tools: &[ToolSpec]) -> Value {
 }
 
 /// The part of a tool's parameter schema that grammar-constrained decoders support: types,
-/// properties, required, items, enum and const, recursively (a tool of an MCP server may use
-/// anything JSON Schema allows). What is dropped only loosens the constraint.
+/// properties, required, items, enum, const and the length bounds of strings and arrays,
+/// recursively (a tool of an MCP server may use anything JSON Schema allows). What is dropped
+/// only loosens the constraint.
 fn constrainable(schema: &Value) -> Value {
     let Some(object) = schema.as_object() else {
         return json!({"type": "object"});
     };
     let mut kept = serde_json::Map::new();
-    for key in ["type", "enum", "const", "required"] {
+    for key in [
+        "type",
+        "enum",
+        "const",
+        "required",
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+    ] {
         if let Some(value) = object.get(key) {
             kept.insert(key.to_owned(), value.clone());
         }
@@ -529,7 +547,7 @@ fn call_from_object(
     if name.is_empty() {
         return None;
     }
-    let arguments = ["arguments", "args", "parameters"]
+    let arguments = ["arguments", "args", "parameters", STEP_ARGUMENTS_KEY]
         .iter()
         .find_map(|key| object.get(*key));
     match arguments {
@@ -613,7 +631,10 @@ impl JsonStepParser {
         {
             events.push(ChatEvent::ReasoningDelta(thought.to_owned()));
         }
-        let arguments = match step.get("arguments") {
+        let arguments = match step
+            .get(STEP_ARGUMENTS_KEY)
+            .or_else(|| step.get("arguments"))
+        {
             Some(Value::String(text)) => text.clone(),
             Some(value) => value.to_string(),
             None => "{}".to_owned(),

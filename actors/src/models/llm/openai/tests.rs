@@ -411,7 +411,7 @@ async fn json_schema_mode_constrains_each_step_and_streams_the_thought() {
     let step = json!({
         "thought": "I need evidence about \"raft\" first.\nSearch.",
         "tool": "knowledge_search",
-        "arguments": {"query": "raft élection"},
+        "tool_input": {"query": "raft élection"},
     })
     .to_string();
     let pieces = fragments(&step, 3);
@@ -483,12 +483,19 @@ async fn json_schema_mode_constrains_each_step_and_streams_the_thought() {
     for alternative in alternatives {
         assert_eq!(
             alternative["required"],
-            json!(["thought", "tool", "arguments"])
+            json!(["thought", "tool", "tool_input"])
         );
         assert_eq!(alternative["properties"]["thought"]["maxLength"], 600);
     }
+    // Properties go out in the order a constrained decoder makes the model write them.
+    let text = serde_json::to_string(&alternatives[0]["properties"]).unwrap();
+    let at = |key: &str| text.find(&format!("\"{key}\":")).unwrap();
+    assert!(
+        at("thought") < at("tool") && at("tool") < at("tool_input"),
+        "{text}"
+    );
     assert_eq!(
-        alternatives[1]["properties"]["arguments"],
+        alternatives[1]["properties"]["tool_input"],
         json!({"type": "object", "properties": {"answer": {"type": "string"}}})
     );
 }
@@ -510,11 +517,11 @@ fn step_schemas_keep_what_constrained_decoders_support() {
     };
     let format = step_response_format(&[tool]);
     assert_eq!(
-        format["json_schema"]["schema"]["anyOf"][0]["properties"]["arguments"],
+        format["json_schema"]["schema"]["anyOf"][0]["properties"]["tool_input"],
         json!({
             "type": "object",
             "properties": {
-                "ids": {"type": "array", "items": {"type": "string"}},
+                "ids": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
                 "mode": {"enum": ["a", "b"]},
             },
             "required": ["ids"],

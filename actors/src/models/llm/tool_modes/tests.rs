@@ -329,8 +329,13 @@ fn history_is_rewritten_for_templates_without_tool_roles() {
     assert!(tool_calls.is_empty());
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(content).unwrap(),
-        json!({"thought": "searching", "tool": "knowledge_search", "arguments": {"query": "q"}})
+        json!({"thought": "searching", "tool": "knowledge_search", "tool_input": {"query": "q"}})
     );
+    // Written in the order a step is decoded: thought, tool, then the tool's input.
+    let thought = content.find("\"thought\"").unwrap();
+    let tool = content.find("\"tool\"").unwrap();
+    let input = content.find("\"tool_input\"").unwrap();
+    assert!(thought < tool && tool < input, "{content}");
     let ChatMessage::User { content } = &rewritten.messages[3] else {
         panic!("{:?}", rewritten.messages[3]);
     };
