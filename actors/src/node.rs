@@ -682,19 +682,12 @@ impl SiftNode {
                 ),
             ));
         }
-        let mut settings = KbSettings {
+        let mut settings = KbSettings::new(
             shards,
             replication_factor,
-            chunk_tokens: 256,
-            chunk_overlap_tokens: 32,
-            parent_tokens: 1024,
             embedding_model,
-            dimension: embedder.dimension() as u32,
-            language: "auto".into(),
-            json_text_field: "text".into(),
-            json_title_field: "title".into(),
-            retrieval: Default::default(),
-        };
+            embedder.dimension() as u32,
+        );
         apply_settings(
             &mut settings,
             request.chunk_tokens,
@@ -1844,15 +1837,10 @@ impl Caretaker {
         // Draining nodes, and members away for longer than `replace_after`, count as gone:
         // their replicas are re-created elsewhere first.
         let away = self.reconciler.away_for(self.context.options.replace_after);
-        let mut members = self.context.access.placement_members();
-        let holding_away: Vec<u64> = away
-            .iter()
-            .copied()
-            .filter(|node| members.contains(node) && replicas_on(kbs, *node) > 0)
-            .collect();
-        if !holding_away.is_empty() {
-            debug!(nodes = ?holding_away, "replacing the replicas of members away too long");
+        if !away.is_empty() {
+            debug!(nodes = ?away, "members away too long: their replicas are replaced");
         }
+        let mut members = self.context.access.placement_members();
         members.retain(|node| !away.contains(node));
         let load = node_loads(self.context.meta.store(), kbs, &members);
         let mut failure = None;

@@ -205,19 +205,7 @@ mod tests {
         KbRecord {
             id: id.into(),
             name: id.into(),
-            settings: KbSettings {
-                shards: shards.len() as u32,
-                replication_factor: factor,
-                chunk_tokens: 256,
-                chunk_overlap_tokens: 32,
-                parent_tokens: 1024,
-                embedding_model: "m".into(),
-                dimension: 4,
-                language: "auto".into(),
-                json_text_field: "text".into(),
-                json_title_field: "title".into(),
-                retrieval: Default::default(),
-            },
+            settings: KbSettings::new(shards.len() as u32, factor, "m", 4),
             created_at_ms: 1,
             updated_at_ms: 1,
             placement: shards

@@ -62,6 +62,31 @@ fn one() -> u32 {
     1
 }
 
+impl KbSettings {
+    /// The settings of a new KB before the request's own: 256-token chunks overlapping by 32,
+    /// 1,024-token parents, language `auto`, JSON fields `text` and `title`, default retrieval.
+    pub fn new(
+        shards: u32,
+        replication_factor: u32,
+        embedding_model: impl Into<String>,
+        dimension: u32,
+    ) -> Self {
+        KbSettings {
+            shards,
+            replication_factor,
+            chunk_tokens: 256,
+            chunk_overlap_tokens: 32,
+            parent_tokens: 1024,
+            embedding_model: embedding_model.into(),
+            dimension,
+            language: "auto".into(),
+            json_text_field: "text".into(),
+            json_title_field: "title".into(),
+            retrieval: RetrievalSettings::default(),
+        }
+    }
+}
+
 /// Per-KB retrieval pipeline settings (each overridable per request). Validated by the
 /// layer that proposes the op (`sift_actors::retrieval::settings`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

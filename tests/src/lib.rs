@@ -145,6 +145,32 @@ where
     }
 }
 
+/// Waits until every client's node sees `clients.len()` voters; returns each node's id (in the
+/// clients' order) and the leader's.
+pub async fn wait_for_voters(clients: &[ApiClient]) -> (Vec<u64>, u64) {
+    let ids = eventually("every node a voter", || async {
+        let mut ids = Vec::new();
+        for client in clients {
+            let view = client.get("/v1/cluster").await.expect(200);
+            let voters = view["nodes"]
+                .as_array()?
+                .iter()
+                .filter(|n| matches!(n["role"].as_str(), Some("leader" | "follower")))
+                .count();
+            if voters != clients.len() {
+                return None;
+            }
+            ids.push(view["id"].as_u64()?);
+        }
+        Some(ids)
+    })
+    .await;
+    let leader = clients[0].get("/v1/cluster").await.expect(200)["leader"]
+        .as_u64()
+        .expect("a leader once every node is a voter");
+    (ids, leader)
+}
+
 /// A bulk-API document.
 pub fn text_document(external_id: &str, title: &str, text: &str) -> serde_json::Value {
     serde_json::json!({ "external_id": external_id, "title": title, "text": text })

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::json;
 use sift_tests::{
     ApiClient, NodeProcess, assert_complete, bulk_documents, chunk_ids, eventually, free_port,
-    ingest_deadline, short_documents, temp_dir,
+    ingest_deadline, short_documents, temp_dir, wait_for_voters,
 };
 
 const SECRET: &str = "replacement-process-test-secret";
@@ -44,26 +44,7 @@ async fn replicas_of_a_node_away_too_long_are_re_created_elsewhere() {
         Some(start(2, Some(&joined))),
     ];
     let clients: Vec<ApiClient> = nodes.iter().map(|n| n.as_ref().unwrap().client()).collect();
-    let ids: Vec<u64> = eventually("three voters", || async {
-        let mut ids = Vec::new();
-        for client in &clients {
-            let view = client.get("/v1/cluster").await.expect(200);
-            let voters = view["nodes"]
-                .as_array()?
-                .iter()
-                .filter(|n| matches!(n["role"].as_str(), Some("leader" | "follower")))
-                .count();
-            if voters != 3 {
-                return None;
-            }
-            ids.push(view["id"].as_u64()?);
-        }
-        Some(ids)
-    })
-    .await;
-    let leader = clients[0].get("/v1/cluster").await.expect(200)["leader"]
-        .as_u64()
-        .unwrap();
+    let (ids, leader) = wait_for_voters(&clients).await;
     clients[0]
         .create_kb(json!({ "name": "away", "shards": 3, "replication_factor": 2 }))
         .await;
@@ -128,18 +109,8 @@ async fn replicas_of_a_node_away_too_long_are_re_created_elsewhere() {
     }
     let total: u64 = replaced.values().map(|r| r[0].2.unwrap_or(0)).sum();
     assert_eq!(total, 18, "{replaced:?}");
-    for (query, expected) in queries.iter().zip(&before) {
-        for index in &live {
-            let answer = clients[*index]
-                .search("away", json!({ "query": query, "top_k": 10 }))
-                .await;
-            assert_complete(&answer);
-            assert_eq!(
-                chunk_ids(&answer).iter().collect::<BTreeSet<_>>(),
-                expected.iter().collect::<BTreeSet<_>>(),
-                "top 10 changed after the replacement for {query:?}"
-            );
-        }
+    for index in &live {
+        assert_same_top10(&clients[*index], &queries, &before, "after the replacement").await;
     }
 
     // The node returns: it holds no replica of its own any more, so rebalancing gives it
@@ -178,15 +149,25 @@ async fn replicas_of_a_node_away_too_long_are_re_created_elsewhere() {
         on_disk, placed_here,
         "shard directories of the returned node"
     );
-    for (query, expected) in queries.iter().zip(&before) {
-        let answer = restarted_client
+    assert_same_top10(&restarted_client, &queries, &before, "on the returned node").await;
+}
+
+/// Each query's top 10 from `client` is complete and the same set of chunks as `before`.
+async fn assert_same_top10(
+    client: &ApiClient,
+    queries: &[String],
+    before: &[Vec<String>],
+    when: &str,
+) {
+    for (query, expected) in queries.iter().zip(before) {
+        let answer = client
             .search("away", json!({ "query": query, "top_k": 10 }))
             .await;
         assert_complete(&answer);
         assert_eq!(
             chunk_ids(&answer).iter().collect::<BTreeSet<_>>(),
             expected.iter().collect::<BTreeSet<_>>(),
-            "top 10 changed on the returned node for {query:?}"
+            "top 10 changed {when} for {query:?}"
         );
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sift_tests::{
     ApiClient, NodeProcess, assert_complete, bulk_documents, chunk_ids, count, eventually,
-    free_port, ingest_deadline, short_documents, temp_dir,
+    free_port, ingest_deadline, short_documents, temp_dir, wait_for_voters,
 };
 
 const SECRET: &str = "replication-process-test-secret";
@@ -48,26 +48,7 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
     let third = start(&data[2], &internal[2], Some(&first.url));
     let mut nodes = [Some(first), Some(second), Some(third)];
     let mut clients: Vec<ApiClient> = nodes.iter().map(|n| n.as_ref().unwrap().client()).collect();
-    let ids: Vec<u64> = eventually("three voters", || async {
-        let mut ids = Vec::new();
-        for client in &clients {
-            let view = client.get("/v1/cluster").await.expect(200);
-            let voters = view["nodes"]
-                .as_array()?
-                .iter()
-                .filter(|n| matches!(n["role"].as_str(), Some("leader" | "follower")))
-                .count();
-            if voters != 3 {
-                return None;
-            }
-            ids.push(view["id"].as_u64()?);
-        }
-        Some(ids)
-    })
-    .await;
-    let leader = clients[0].get("/v1/cluster").await.expect(200)["leader"]
-        .as_u64()
-        .unwrap();
+    let (ids, leader) = wait_for_voters(&clients).await;
 
     // Bad input: a replication factor above the node count, or 0.
     for factor in [0, 4] {

@@ -230,19 +230,7 @@ mod tests {
         KbRecord {
             id: "kb".into(),
             name: "kb".into(),
-            settings: KbSettings {
-                shards: 1,
-                replication_factor: on.len() as u32,
-                chunk_tokens: 256,
-                chunk_overlap_tokens: 32,
-                parent_tokens: 1024,
-                embedding_model: "m".into(),
-                dimension: 4,
-                language: "auto".into(),
-                json_text_field: "text".into(),
-                json_title_field: "title".into(),
-                retrieval: Default::default(),
-            },
+            settings: KbSettings::new(1, on.len() as u32, "m", 4),
             created_at_ms: 1,
             updated_at_ms: 1,
             placement: vec![ShardPlacement {

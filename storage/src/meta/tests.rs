@@ -1,19 +1,7 @@
 use super::*;
 
 fn settings() -> KbSettings {
-    KbSettings {
-        shards: 2,
-        replication_factor: 1,
-        chunk_tokens: 256,
-        chunk_overlap_tokens: 32,
-        parent_tokens: 1024,
-        embedding_model: "all-MiniLM-L6-v2".into(),
-        dimension: 384,
-        language: "auto".into(),
-        json_text_field: "text".into(),
-        json_title_field: "title".into(),
-        retrieval: RetrievalSettings::default(),
-    }
+    KbSettings::new(2, 1, "all-MiniLM-L6-v2", 384)
 }
 
 fn kb(id: &str, name: &str) -> KbRecord {

@@ -15,19 +15,7 @@ use crate::raft::network::MemoryNetwork;
 const WAIT: Duration = Duration::from_secs(60);
 
 fn settings() -> KbSettings {
-    KbSettings {
-        shards: 1,
-        replication_factor: 1,
-        chunk_tokens: 256,
-        chunk_overlap_tokens: 32,
-        parent_tokens: 1024,
-        embedding_model: "all-MiniLM-L6-v2".into(),
-        dimension: 384,
-        language: "auto".into(),
-        json_text_field: "text".into(),
-        json_title_field: "title".into(),
-        retrieval: Default::default(),
-    }
+    KbSettings::new(1, 1, "all-MiniLM-L6-v2", 384)
 }
 
 fn create_kb(name: &str) -> Proposal {
