@@ -176,6 +176,10 @@ pub struct SearchQuery {
     pub context_tokens: Option<u32>,
     /// Add rule-based rewrites of the query (multi-query retrieval).
     pub multi_query: Option<bool>,
+    /// Move candidates named by title in the top hits up behind them (multi-hop).
+    pub follow_links: Option<bool>,
+    pub link_from: Option<u32>,
+    pub links_per_hit: Option<u32>,
     /// Sub-queries or rewrites (from a planner) searched alongside `query`, fused with RRF.
     pub queries: Option<Vec<String>>,
 }
@@ -1263,6 +1267,15 @@ impl SiftNode {
         if let Some(value) = query.multi_query {
             settings.multi_query = value;
         }
+        if let Some(value) = query.follow_links {
+            settings.follow_links = value;
+        }
+        if let Some(value) = query.link_from {
+            settings.link_from = value;
+        }
+        if let Some(value) = query.links_per_hit {
+            settings.links_per_hit = value;
+        }
         let (dense_weight, bm25_weight) = (settings.dense_weight, settings.bm25_weight);
         if !(dense_weight.is_finite() && bm25_weight.is_finite())
             || dense_weight < 0.0
@@ -1354,6 +1367,9 @@ impl SiftNode {
             expand_parent: settings.expand_parent,
             expand_neighbours: settings.expand_neighbours,
             context_tokens: settings.context_tokens as usize,
+            links: settings
+                .follow_links
+                .then_some((settings.link_from as usize, settings.links_per_hit as usize)),
         };
         let request = SearchRequest {
             kb_id: kb.id.clone(),

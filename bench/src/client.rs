@@ -121,6 +121,8 @@ pub struct SearchRequest<'a> {
     pub mmr: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub multi_query: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub follow_links: Option<bool>,
     /// Tokens of packed context (0: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context_tokens: Option<u32>,
@@ -166,6 +168,8 @@ pub struct Timings {
     pub embed_ms: Option<f64>,
     #[serde(default)]
     pub rerank_ms: Option<f64>,
+    #[serde(default)]
+    pub links_ms: Option<f64>,
     #[serde(default)]
     pub mmr_ms: Option<f64>,
     #[serde(default)]

@@ -39,6 +39,7 @@ struct Configuration {
     rerank: bool,
     mmr: bool,
     multi_query: bool,
+    follow_links: bool,
     /// Pack a context of this many tokens with one neighbour each side (measures expansion).
     context_tokens: u32,
 }
@@ -57,12 +58,13 @@ const fn row(
         rerank: false,
         mmr: false,
         multi_query: false,
+        follow_links: false,
         context_tokens: 0,
     }
 }
 
 /// The configurations compared, in table order; each later row adds a stage.
-const CONFIGURATIONS: [Configuration; 8] = [
+const CONFIGURATIONS: [Configuration; 9] = [
     row("dense", &[Channel::Dense], None),
     row("bm25", &[Channel::Bm25], None),
     row("fused-rrf", BOTH, Some("rrf")),
@@ -80,6 +82,11 @@ const CONFIGURATIONS: [Configuration; 8] = [
         rerank: true,
         multi_query: true,
         ..row("+multiq", BOTH, Some("dbsf"))
+    },
+    Configuration {
+        rerank: true,
+        follow_links: true,
+        ..row("+links", BOTH, Some("dbsf"))
     },
     Configuration {
         rerank: true,
@@ -129,7 +136,7 @@ pub struct QualityArgs {
     #[arg(long, value_name = "OUT")]
     pub json: Option<PathBuf>,
     /// Only these configurations (comma separated: dense, bm25, fused-rrf, fused, +rerank,
-    /// +mmr, +multiq, +context) [default: all].
+    /// +mmr, +multiq, +links, +context) [default: all].
     #[arg(long, value_delimiter = ',')]
     pub configs: Option<Vec<String>>,
     /// Skip the HNSW recall measurement.
@@ -672,9 +679,9 @@ struct ConfigurationResult {
     /// p50 and p99 of the server-reported time of each stage after fusion:
     /// `[rerank, mmr (with duplicate collapse), expand (with packing)]`.
     #[serde(default)]
-    stage_p50_ms: [Option<f64>; 3],
+    stage_p50_ms: [Option<f64>; 4],
     #[serde(default)]
-    stage_p99_ms: [Option<f64>; 3],
+    stage_p99_ms: [Option<f64>; 4],
     per_query: Vec<QueryResult>,
 }
 
@@ -685,7 +692,7 @@ struct QueryResult {
     scores: QueryScores,
     latency_ms: f64,
     embed_ms: Option<f64>,
-    stage_ms: [Option<f64>; 3],
+    stage_ms: [Option<f64>; 4],
     hits: usize,
 }
 
@@ -710,6 +717,7 @@ async fn evaluate(
         request.rerank = Some(configuration.rerank);
         request.mmr = Some(configuration.mmr);
         request.multi_query = Some(configuration.multi_query);
+        request.follow_links = Some(configuration.follow_links);
         if configuration.context_tokens > 0 {
             request.context_tokens = Some(configuration.context_tokens);
             request.expand_neighbours = Some(1);
@@ -765,6 +773,7 @@ async fn evaluate(
                     embed_ms: response.timings.embed_ms,
                     stage_ms: [
                         response.timings.rerank_ms,
+                        response.timings.links_ms,
                         response.timings.mmr_ms,
                         response.timings.expand_ms,
                     ],
@@ -883,8 +892,8 @@ fn render_table(results: &[ConfigurationResult]) -> String {
         ));
     }
     table.push_str(&format!(
-        "\nserver time per stage after fusion, p50 / p99 ms:\n{:<8} {:>15} {:>15} {:>15}\n",
-        "config", "rerank", "mmr+collapse", "expand+pack"
+        "\nserver time per stage after fusion, p50 / p99 ms:\n{:<8} {:>15} {:>15} {:>15} {:>15}\n",
+        "config", "rerank", "links", "mmr+collapse", "expand+pack"
     ));
     for result in results {
         let cell = |stage: usize| {
@@ -895,11 +904,12 @@ fn render_table(results: &[ConfigurationResult]) -> String {
             )
         };
         table.push_str(&format!(
-            "{:<8} {:>15} {:>15} {:>15}\n",
+            "{:<8} {:>15} {:>15} {:>15} {:>15}\n",
             result.name,
             cell(0),
             cell(1),
-            cell(2)
+            cell(2),
+            cell(3)
         ));
     }
     let partial: usize = results.iter().map(|result| result.partial_responses).sum();
@@ -936,8 +946,8 @@ mod tests {
             latency_p50_ms: Some(12.34),
             latency_p99_ms: Some(1234.5),
             embed_p50_ms: embed,
-            stage_p50_ms: [None; 3],
-            stage_p99_ms: [None; 3],
+            stage_p50_ms: [None; 4],
+            stage_p99_ms: [None; 4],
             per_query: Vec::new(),
         }
     }

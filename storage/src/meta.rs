@@ -128,6 +128,13 @@ pub struct RetrievalSettings {
     pub context_tokens: u32,
     /// Rule-based query rewrites searched alongside the query and fused with RRF.
     pub multi_query: bool,
+    /// Link following (multi-hop): a candidate document named by title in one of the first
+    /// `link_from` documents moves up behind the hit that names it.
+    pub follow_links: bool,
+    /// How many of the top documents are read for names of other candidates.
+    pub link_from: u32,
+    /// At most this many named documents move up behind each naming hit.
+    pub links_per_hit: u32,
 }
 
 impl Default for RetrievalSettings {
@@ -150,6 +157,9 @@ impl Default for RetrievalSettings {
             expand_neighbours: 0,
             context_tokens: 0,
             multi_query: false,
+            follow_links: true,
+            link_from: 3,
+            links_per_hit: 2,
         }
     }
 }
@@ -545,18 +555,72 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     serde_json::from_slice(bytes).map_err(|error| StorageError::Corrupt(error.to_string()))
 }
 
-/// Pending writes of one op: reads see them before they reach sled, then one atomic batch.
+/// Pending writes of the ops of one batch: reads and scans see them before they reach sled,
+/// then one atomic sled batch. An op that fails is rolled back to the mark taken before it.
 struct Pending<'a> {
     tree: &'a sled::Tree,
-    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    writes: BTreeMap<Vec<u8>, Write>,
+    /// Each write's key and the overlay's value before it, in write order.
+    undo: Vec<(Vec<u8>, Option<Write>)>,
 }
+
+/// A pending write: a value, or `None` for a removal.
+type Write = Option<Vec<u8>>;
 
 impl<'a> Pending<'a> {
     fn new(tree: &'a sled::Tree) -> Self {
         Pending {
             tree,
             writes: BTreeMap::new(),
+            undo: Vec::new(),
         }
+    }
+    /// A point to roll back to.
+    fn mark(&self) -> usize {
+        self.undo.len()
+    }
+    /// Forgets every write made since `mark`.
+    fn rollback(&mut self, mark: usize) {
+        for (key, before) in self.undo.drain(mark..).rev() {
+            match before {
+                Some(value) => self.writes.insert(key, value),
+                None => self.writes.remove(&key),
+            };
+        }
+    }
+    fn write(&mut self, key: Vec<u8>, value: Write) {
+        let before = self.writes.insert(key.clone(), value);
+        self.undo.push((key, before));
+    }
+    /// The entries whose keys start with `prefix`, the overlay's writes included.
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let overlay = self
+            .writes
+            .range(prefix.to_vec()..)
+            .take_while(|(key, _)| key.starts_with(prefix));
+        Self::merge(self.tree.scan_prefix(prefix), overlay)
+    }
+    /// The entries with keys in `start..=end`, the overlay's writes included.
+    fn scan_range(&self, start: Vec<u8>, end: Vec<u8>) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let overlay = self.writes.range(start.clone()..=end.clone());
+        Self::merge(self.tree.range(start..=end), overlay)
+    }
+    fn merge<'w>(
+        stored: sled::Iter,
+        overlay: impl Iterator<Item = (&'w Vec<u8>, &'w Write)>,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut entries = BTreeMap::new();
+        for item in stored {
+            let (key, value) = item?;
+            entries.insert(key.to_vec(), value.to_vec());
+        }
+        for (key, value) in overlay {
+            match value {
+                Some(value) => entries.insert(key.clone(), value.clone()),
+                None => entries.remove(key),
+            };
+        }
+        Ok(entries.into_iter().collect())
     }
     fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         if let Some(value) = self.writes.get(key) {
@@ -573,14 +637,17 @@ impl<'a> Pending<'a> {
             .map(|bytes| String::from_utf8_lossy(&bytes).into_owned()))
     }
     fn put<T: Serialize>(&mut self, key: Vec<u8>, value: &T) -> Result<()> {
-        self.writes.insert(key, Some(encode(value)?));
+        self.write(key, Some(encode(value)?));
         Ok(())
     }
+    fn put_raw(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.write(key, Some(value));
+    }
     fn put_str(&mut self, key: Vec<u8>, value: &str) {
-        self.writes.insert(key, Some(value.as_bytes().to_vec()));
+        self.write(key, Some(value.as_bytes().to_vec()));
     }
     fn remove(&mut self, key: Vec<u8>) {
-        self.writes.insert(key, None);
+        self.write(key, None);
     }
     fn into_batch(self) -> sled::Batch {
         let mut batch = sled::Batch::default();
@@ -861,8 +928,7 @@ impl SledMetaStore {
                     shard_bytes_prefix(kb_id),
                 ];
                 for prefix in prefixes {
-                    for item in self.tree.scan_prefix(&prefix) {
-                        let (key, value) = item?;
+                    for (key, value) in pending.scan_prefix(&prefix)? {
                         if prefix.starts_with(b"doc/") {
                             let doc: DocumentRecord = decode(&value)?;
                             documents.push(Tombstone {
@@ -871,7 +937,7 @@ impl SledMetaStore {
                                 deleted_at_ms: kb.updated_at_ms,
                             });
                         }
-                        pending.remove(key.to_vec());
+                        pending.remove(key);
                     }
                 }
                 Ok(MetaOutcome::KbDeleted { kb, documents })
@@ -1210,6 +1276,15 @@ fn op_index_key(index: u64) -> Vec<u8> {
     format!("opindex/{index:020}").into_bytes()
 }
 
+/// A committed op with its log index and, for replicated logs, the proposer's op id (see
+/// [`SledMetaStore::apply_with_id`]).
+#[derive(Clone, Copy, Debug)]
+pub struct LoggedOp<'a> {
+    pub index: u64,
+    pub op_id: Option<&'a str>,
+    pub op: &'a MetaOp,
+}
+
 impl SledMetaStore {
     /// Like [`MetaStateMachine::apply`], for replicated logs where a client may propose the same
     /// op twice (a retry after its leader died). The first application of `op_id` records its
@@ -1232,6 +1307,77 @@ impl SledMetaStore {
         Ok(())
     }
 
+    /// Applies committed ops in log order as one atomic sled batch: each op sees the effects
+    /// of those before it, and the batch's last index is the store's applied index. Each op
+    /// gets its own outcome; an op that is refused changes nothing but consumes its index. A
+    /// storage error in an op ends the batch there: the ops before it are written, the error
+    /// is its outcome, and the ops after it are not applied (nor in the result).
+    pub fn apply_batch_with_ids(
+        &self,
+        ops: &[LoggedOp<'_>],
+        flush: bool,
+    ) -> Result<Vec<Result<MetaOutcome>>> {
+        let _guard = self
+            .apply_lock
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let mut applied = self.applied_index();
+        let mut pending = Pending::new(&self.tree);
+        let mut outcomes = Vec::with_capacity(ops.len());
+        for logged in ops {
+            let index = logged.index;
+            if index <= applied {
+                outcomes.push(Ok(MetaOutcome::Unchanged));
+                continue;
+            }
+            let outcome = self.apply_one(&mut pending, logged);
+            if let Err(error) = &outcome
+                && error.is_transient()
+            {
+                outcomes.push(outcome);
+                break;
+            }
+            applied = index;
+            outcomes.push(outcome);
+        }
+        if applied > self.applied_index() {
+            pending.put_raw(APPLIED_KEY.to_vec(), applied.to_be_bytes().to_vec());
+            self.tree.apply_batch(pending.into_batch())?;
+            if flush {
+                self.db.flush()?;
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// One op of a batch (see [`Self::apply_batch_with_ids`]).
+    fn apply_one(&self, pending: &mut Pending<'_>, logged: &LoggedOp<'_>) -> Result<MetaOutcome> {
+        let LoggedOp { index, op_id, op } = *logged;
+        if let Some(op_id) = op_id
+            && let Some((_, outcome)) = pending.get::<(u64, MetaOutcome)>(&op_id_key(op_id))?
+        {
+            return Ok(outcome);
+        }
+        let mark = pending.mark();
+        // A failed op still consumes its index: it is in the log and every node fails it alike.
+        let outcome = self.apply_op(pending, op);
+        if let (Some(op_id), Ok(outcome)) = (op_id, &outcome) {
+            pending.put(op_id_key(op_id), &(index, outcome))?;
+            pending.put_str(op_index_key(index), op_id);
+        }
+        if op_id.is_some() && index > OP_ID_WINDOW {
+            let end = op_index_key(index - OP_ID_WINDOW);
+            for (key, old_id) in pending.scan_range(op_index_key(0), end)? {
+                pending.remove(op_id_key(&String::from_utf8_lossy(&old_id)));
+                pending.remove(key);
+            }
+        }
+        if outcome.is_err() {
+            pending.rollback(mark);
+        }
+        outcome
+    }
+
     fn apply_at(
         &self,
         index: u64,
@@ -1239,49 +1385,11 @@ impl SledMetaStore {
         op: &MetaOp,
         flush: bool,
     ) -> Result<MetaOutcome> {
-        let _guard = self
-            .apply_lock
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        if index <= self.applied_index() {
-            return Ok(MetaOutcome::Unchanged);
+        let logged = LoggedOp { index, op_id, op };
+        match self.apply_batch_with_ids(&[logged], flush)?.pop() {
+            Some(outcome) => outcome,
+            None => Ok(MetaOutcome::Unchanged),
         }
-        let mut pending = Pending::new(&self.tree);
-        if let Some(op_id) = op_id
-            && let Some((_, outcome)) = pending.get::<(u64, MetaOutcome)>(&op_id_key(op_id))?
-        {
-            let mut batch = sled::Batch::default();
-            batch.insert(APPLIED_KEY, &index.to_be_bytes());
-            self.tree.apply_batch(batch)?;
-            if flush {
-                self.db.flush()?;
-            }
-            return Ok(outcome);
-        }
-        // A failed op still consumes its index: it is in the log and every node fails it alike.
-        let outcome = self.apply_op(&mut pending, op);
-        if let (Some(op_id), Ok(outcome)) = (op_id, &outcome) {
-            pending.put(op_id_key(op_id), &(index, outcome))?;
-            pending.put_str(op_index_key(index), op_id);
-        }
-        if op_id.is_some() && index > OP_ID_WINDOW {
-            let end = op_index_key(index - OP_ID_WINDOW);
-            for item in self.tree.range(op_index_key(0)..=end) {
-                let (key, old_id) = item?;
-                pending.remove(op_id_key(&String::from_utf8_lossy(&old_id)));
-                pending.remove(key.to_vec());
-            }
-        }
-        let mut batch = match outcome {
-            Ok(_) => pending.into_batch(),
-            Err(_) => sled::Batch::default(),
-        };
-        batch.insert(APPLIED_KEY, &index.to_be_bytes());
-        self.tree.apply_batch(batch)?;
-        if flush {
-            self.db.flush()?;
-        }
-        outcome
     }
 
     /// The whole metadata state (every key but the applied index) as bytes, in key order:

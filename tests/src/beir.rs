@@ -110,6 +110,10 @@ pub fn cmrc_slice() -> BeirSlice {
     load_slice("cmrc-slice")
 }
 
+pub fn hotpotqa_slice() -> BeirSlice {
+    load_slice("hotpotqa-slice")
+}
+
 /// The distinct `external_id`s of a search answer's hits, in rank order (a document with
 /// several matching chunks counts once, at its best rank).
 pub fn ranked_external_ids(answer: &Value) -> Vec<String> {
@@ -124,6 +128,19 @@ pub fn ranked_external_ids(answer: &Value) -> Vec<String> {
 /// Whether a judged document is among the first `k` of `ranked`.
 pub fn hit_at_k(ranked: &[String], judged: &Judgements, k: usize) -> bool {
     ranked.iter().take(k).any(|id| judged.contains_key(id))
+}
+
+/// The share of the judged documents that are among the first `k` of `ranked`.
+pub fn recall_at_k(ranked: &[String], judged: &Judgements, k: usize) -> f64 {
+    if judged.is_empty() {
+        return 0.0;
+    }
+    let found = ranked
+        .iter()
+        .take(k)
+        .filter(|id| judged.contains_key(*id))
+        .count();
+    found as f64 / judged.len() as f64
 }
 
 /// nDCG@k with graded gains `rel` and discount `1/log2(rank + 1)` (BEIR's definition).

@@ -11,6 +11,7 @@ use sift_storage::meta::SledMetaStore;
 use tracing::{instrument, warn};
 
 use super::fusion::{Channel, ChannelHitInfo, FusionMethod, RankedList, dbsf_fuse, rrf_fuse};
+use super::links::{self, LinkView};
 use super::mmr::{AlsoIn, collapse_duplicates, mmr};
 use super::packing::{Neighbour, PackedContext, pack};
 use super::rerank::{EMBEDDED_RERANKER, RerankReport, RerankServices};
@@ -62,6 +63,8 @@ pub struct Pipeline {
     pub expand_neighbours: u32,
     /// 0: no packed context.
     pub context_tokens: usize,
+    /// `Some((from, per_hit))`: follow links (see [`super::links`]).
+    pub links: Option<(usize, usize)>,
 }
 
 impl Default for Pipeline {
@@ -76,6 +79,7 @@ impl Default for Pipeline {
             expand_parent: false,
             expand_neighbours: 0,
             context_tokens: 0,
+            links: None,
         }
     }
 }
@@ -157,6 +161,8 @@ pub struct SearchTimings {
     /// Gather and fusion of every query (the leaf searches included).
     pub retrieve_ms: f64,
     pub rerank_ms: f64,
+    /// Link following.
+    pub links_ms: f64,
     /// Duplicate collapse and MMR.
     pub mmr_ms: f64,
     /// Neighbour fetches and context packing.
@@ -258,8 +264,14 @@ impl RootSearch {
             fuse_queries(runs, request.rrf_k, &query_texts)
         };
 
-        let mmr_started = Instant::now();
         let pipeline = &request.pipeline;
+        let links_started = Instant::now();
+        if let Some((from, per_hit)) = pipeline.links {
+            follow_links(&mut hits, from, per_hit);
+        }
+        timings.links_ms = links_started.elapsed().as_secs_f64() * 1e3;
+
+        let mmr_started = Instant::now();
         let head = if pipeline.mmr_lambda.is_some() {
             pipeline.rerank_depth.max(request.top_k)
         } else {
@@ -597,6 +609,46 @@ struct QueryRun {
     bm25_ms: f64,
     retrieve_ms: f64,
     rerank_ms: f64,
+}
+
+/// Moves candidates named in the top hits up behind the hits naming them (see
+/// [`super::links`]), and says so in their traces.
+fn follow_links(hits: &mut Vec<SearchHit>, from: usize, per_hit: usize) {
+    let views: Vec<LinkView<'_>> = hits
+        .iter()
+        .map(|hit| LinkView {
+            document_id: &hit.chunk.document_id,
+            title: &hit.chunk.title,
+            text: &hit.chunk.text,
+        })
+        .collect();
+    let (order, moves) = links::follow(&views, from, per_hit);
+    if moves.is_empty() {
+        return;
+    }
+    let notes: Vec<(usize, String)> = moves
+        .iter()
+        .map(|link| {
+            let new_rank = order.iter().position(|i| *i == link.moved).unwrap_or(0) + 1;
+            (
+                link.moved,
+                format!(
+                    "link: named in {:?} (rank {}), moved from rank {} to {new_rank}",
+                    hits[link.linker].chunk.title,
+                    link.linker + 1,
+                    link.moved + 1
+                ),
+            )
+        })
+        .collect();
+    let mut slots: Vec<Option<SearchHit>> = std::mem::take(hits).into_iter().map(Some).collect();
+    for (index, note) in notes {
+        if let Some(hit) = slots[index].as_mut() {
+            hit.trace.push(note);
+        }
+    }
+    *hits = order.into_iter().filter_map(|i| slots[i].take()).collect();
+    metrics::counter!("sift_search_links_followed_total").increment(moves.len() as u64);
 }
 
 /// A channel's hits scoring at least `share` of its best (when the best is positive).

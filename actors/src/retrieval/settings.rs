@@ -11,6 +11,9 @@ use crate::error::{Result, SiftError};
 pub const MAX_CONTEXT_TOKENS: u32 = 131_072;
 /// Most neighbour chunks on each side of a hit.
 pub const MAX_NEIGHBOURS: u32 = 5;
+/// Top documents read for links, and links moved up behind each.
+pub const MAX_LINK_FROM: u32 = 20;
+pub const MAX_LINKS_PER_HIT: u32 = 10;
 /// Most candidates per channel, and most hits handed to a reranker.
 pub const MAX_CANDIDATES: u32 = 1000;
 
@@ -94,6 +97,14 @@ pub fn validate(settings: &RetrievalSettings, rerankers: &RerankServices) -> Res
             format!("context_tokens must be at most {MAX_CONTEXT_TOKENS}"),
         );
     }
+    if settings.link_from > MAX_LINK_FROM || settings.links_per_hit > MAX_LINKS_PER_HIT {
+        return invalid(
+            "invalid_links",
+            format!(
+                "link_from must be at most {MAX_LINK_FROM} and links_per_hit at most {MAX_LINKS_PER_HIT}"
+            ),
+        );
+    }
     Ok(())
 }
 
@@ -157,6 +168,14 @@ mod tests {
         assert_eq!(
             code(serde_json::json!({ "mmr_lambda": 2.0 })),
             "invalid_mmr_lambda"
+        );
+        assert_eq!(
+            code(serde_json::json!({ "link_from": 21 })),
+            "invalid_links"
+        );
+        assert_eq!(
+            code(serde_json::json!({ "links_per_hit": 11 })),
+            "invalid_links"
         );
         let merged =
             merge_patch(&defaults, &serde_json::json!({ "bm25_weight": 2.0 }), &none).unwrap();

@@ -509,6 +509,14 @@ impl Waiter {
     }
 }
 
+/// A committed normal entry on its way to the state machine.
+struct Committed {
+    index: u64,
+    /// None for an entry without data.
+    proposal: Option<Result<Proposal>>,
+    pending: Option<Pending>,
+}
+
 struct Pending {
     term: u64,
     waiter: Waiter,
@@ -970,62 +978,28 @@ impl Driver {
         Ok(())
     }
 
+    /// Applies committed entries in log order. The proposals between two conf changes go to
+    /// the state machine as one batch (one sled write on every node, not one per entry).
     fn apply_committed(&mut self, entries: Vec<Entry>) -> Result<()> {
+        let mut run = Vec::new();
         for entry in entries {
             let index = entry.index;
             if index <= self.applied {
                 continue; // delivered again after a restart, already applied
             }
-            let pending = self.pending.remove(&index);
-            let pending = match pending {
-                Some(pending) if pending.term == entry.term => Some(pending),
-                Some(pending) => {
-                    metrics::counter!("sift_raft_proposals_total", "outcome" => "dropped")
-                        .increment(1);
-                    pending.waiter.fail(ClusterError::Dropped(
-                        "superseded by a new leader's entry; retry with the same op id".into(),
-                    ));
-                    None
-                }
-                None => None,
-            };
+            let pending = self.take_pending(index, entry.term);
             match entry.get_entry_type() {
                 EntryType::EntryNormal => {
-                    if !entry.data.is_empty() {
-                        let outcome = match Proposal::decode(&entry.data) {
-                            Ok(proposal) => self
-                                .state_machine
-                                .apply(index, &proposal)
-                                .map_err(ClusterError::Storage),
-                            Err(error) => {
-                                // Only this code writes entries: a bad one is a bug, skipped alike
-                                // on every node.
-                                error!(raft_id = self.config.id, index, %error, "undecodable raft entry");
-                                Err(error)
-                            }
-                        };
-                        if let Err(ClusterError::Storage(error)) = &outcome
-                            && error.is_transient()
-                        {
-                            return Err(ClusterError::Storage(sift_storage::StorageError::Io(
-                                std::io::Error::other(error.to_string()),
-                            )));
-                        }
-                        if let Some(Pending {
-                            waiter: Waiter::Op(reply),
-                            started,
-                            ..
-                        }) = pending
-                        {
-                            metrics::counter!("sift_raft_proposals_total", "outcome" => outcome_label(&outcome))
-                                .increment(1);
-                            metrics::histogram!("sift_raft_commit_seconds")
-                                .record(started.elapsed().as_secs_f64());
-                            let _ = reply.send(outcome);
-                        }
-                    }
+                    // Empty data: a new leader's first entry, nothing to apply.
+                    let proposal = (!entry.data.is_empty()).then(|| Proposal::decode(&entry.data));
+                    run.push(Committed {
+                        index,
+                        proposal,
+                        pending,
+                    });
                 }
                 EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => {
+                    self.apply_proposals(std::mem::take(&mut run))?;
                     let result = self.apply_conf_change(&entry);
                     if let Some(Pending {
                         waiter: Waiter::Conf(reply),
@@ -1036,9 +1010,84 @@ impl Driver {
                     } else if let Err(error) = result {
                         warn!(raft_id = self.config.id, index, %error, "conf change not applied");
                     }
+                    self.applied = index;
                 }
             }
-            self.applied = index;
+        }
+        self.apply_proposals(run)
+    }
+
+    /// The waiter of the proposal at `index`, if this node proposed it and it is the entry
+    /// committed there; a waiter whose entry a new leader replaced learns it was dropped.
+    fn take_pending(&mut self, index: u64, term: u64) -> Option<Pending> {
+        match self.pending.remove(&index) {
+            Some(pending) if pending.term == term => Some(pending),
+            Some(pending) => {
+                metrics::counter!("sift_raft_proposals_total", "outcome" => "dropped").increment(1);
+                pending.waiter.fail(ClusterError::Dropped(
+                    "superseded by a new leader's entry; retry with the same op id".into(),
+                ));
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Applies a run of normal entries as one batch and answers their proposers.
+    fn apply_proposals(&mut self, run: Vec<Committed>) -> Result<()> {
+        let batch: Vec<(u64, &Proposal)> = run
+            .iter()
+            .filter_map(|committed| match &committed.proposal {
+                Some(Ok(proposal)) => Some((committed.index, proposal)),
+                _ => None,
+            })
+            .collect();
+        let mut outcomes = if batch.is_empty() {
+            Vec::new()
+        } else {
+            self.state_machine.apply(&batch)?
+        }
+        .into_iter();
+        for committed in run {
+            let outcome = match committed.proposal {
+                None => {
+                    self.applied = committed.index;
+                    continue;
+                }
+                Some(Err(error)) => {
+                    // Only this code writes entries: a bad one is a bug, skipped alike on every
+                    // node.
+                    error!(raft_id = self.config.id, index = committed.index, %error, "undecodable raft entry");
+                    Err(error)
+                }
+                Some(Ok(_)) => match outcomes.next() {
+                    Some(Err(error)) if error.is_transient() => {
+                        // Not applied: stop, and apply it again after a restart.
+                        return Err(ClusterError::Storage(sift_storage::StorageError::Io(
+                            std::io::Error::other(error.to_string()),
+                        )));
+                    }
+                    Some(outcome) => outcome.map_err(ClusterError::Storage),
+                    None => {
+                        return Err(ClusterError::Storage(sift_storage::StorageError::Io(
+                            std::io::Error::other("the state machine returned too few outcomes"),
+                        )));
+                    }
+                },
+            };
+            if let Some(Pending {
+                waiter: Waiter::Op(reply),
+                started,
+                ..
+            }) = committed.pending
+            {
+                metrics::counter!("sift_raft_proposals_total", "outcome" => outcome_label(&outcome))
+                    .increment(1);
+                metrics::histogram!("sift_raft_commit_seconds")
+                    .record(started.elapsed().as_secs_f64());
+                let _ = reply.send(outcome);
+            }
+            self.applied = committed.index;
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! What committed Raft entries are applied to.
 
 use serde::{Deserialize, Serialize};
-use sift_storage::meta::{MetaOp, MetaOutcome, MetaStateMachine, SledMetaStore};
+use sift_storage::meta::{LoggedOp, MetaOp, MetaOutcome, MetaStateMachine, SledMetaStore};
 
 use crate::error::{ClusterError, Result};
 
@@ -38,11 +38,17 @@ impl Proposal {
 /// The replicated state machine: applies committed proposals in log order and moves as a whole
 /// in snapshots. Implemented by the metadata store; tests drive the same implementation.
 pub trait RaftStateMachine: Send + Sync + 'static {
-    /// Applies `proposal` committed at `index`; at or below [`Self::applied_index`] it is a
-    /// replay and changes nothing. Need not be durable on return, but the effects and the
-    /// applied index must persist atomically and in order with the Raft storage's writes (the
-    /// metadata store shares the Raft storage's sled database, so any flush covers both).
-    fn apply(&self, index: u64, proposal: &Proposal) -> sift_storage::Result<MetaOutcome>;
+    /// Applies proposals committed at consecutive indexes, in order, and returns one outcome
+    /// each; an index at or below [`Self::applied_index`] is a replay and changes nothing.
+    /// Need not be durable on return, but the effects and the applied index must persist
+    /// atomically and in order with the Raft storage's writes (the metadata store shares the
+    /// Raft storage's sled database, so any flush covers both). A transient storage error ends
+    /// the batch: it is the last outcome returned, and that proposal and those after it are
+    /// not applied.
+    fn apply(
+        &self,
+        committed: &[(u64, &Proposal)],
+    ) -> sift_storage::Result<Vec<sift_storage::Result<MetaOutcome>>>;
     /// Makes everything applied durable (before the log is compacted past it).
     fn flush(&self) -> sift_storage::Result<()>;
     /// The last index applied (only entries carrying proposals move it).
@@ -54,8 +60,19 @@ pub trait RaftStateMachine: Send + Sync + 'static {
 }
 
 impl RaftStateMachine for SledMetaStore {
-    fn apply(&self, index: u64, proposal: &Proposal) -> sift_storage::Result<MetaOutcome> {
-        self.apply_with_id(index, &proposal.op_id, &proposal.op)
+    fn apply(
+        &self,
+        committed: &[(u64, &Proposal)],
+    ) -> sift_storage::Result<Vec<sift_storage::Result<MetaOutcome>>> {
+        let ops: Vec<LoggedOp<'_>> = committed
+            .iter()
+            .map(|(index, proposal)| LoggedOp {
+                index: *index,
+                op_id: Some(&proposal.op_id),
+                op: &proposal.op,
+            })
+            .collect();
+        self.apply_batch_with_ids(&ops, false)
     }
 
     fn flush(&self) -> sift_storage::Result<()> {

@@ -158,9 +158,8 @@ impl SledMetaStore {
         };
         pending.remove(session_key(id));
         for prefix in [turn_prefix(id), turn_message_prefix(id)] {
-            for item in self.tree.scan_prefix(&prefix) {
-                let (key, _) = item?;
-                pending.remove(key.to_vec());
+            for (key, _) in pending.scan_prefix(&prefix)? {
+                pending.remove(key);
             }
         }
         Ok(Some(session))

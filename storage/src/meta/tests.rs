@@ -813,3 +813,105 @@ fn draining_marks_are_set_and_cleared_once() {
     assert_eq!(log.apply(drain(12, false)).unwrap(), MetaOutcome::Unchanged);
     assert_eq!(store.draining_nodes().unwrap(), [3]);
 }
+
+/// Ops that each depend on the ones before them, with refusals in between.
+fn dependent_ops() -> Vec<MetaOp> {
+    vec![
+        MetaOp::CreateKb(kb("k1", "alpha")),
+        MetaOp::CreateKb(kb("k2", "alpha")), // refused: the name is taken
+        MetaOp::RegisterDocuments {
+            kb_id: "k1".into(),
+            documents: vec![
+                doc("d1", "k1", "h1", Some("e1")),
+                doc("d2", "k1", "h2", None),
+            ],
+        },
+        MetaOp::RegisterDocuments {
+            kb_id: "missing".into(), // refused
+            documents: vec![doc("d9", "missing", "h9", None)],
+        },
+        MetaOp::CreateSession {
+            id: "s1".into(),
+            kbs: vec!["k1".into()],
+            agent: "default".into(),
+            created_at_ms: 3,
+        },
+        MetaOp::AppendTurn {
+            session_id: "s1".into(),
+            turn: turn("m1", "q1"),
+        },
+        MetaOp::DeleteSession { id: "s1".into() },
+        // Sees the documents registered earlier in the same batch.
+        MetaOp::DeleteKb { kb_id: "k1".into() },
+        MetaOp::CreateKb(kb("k3", "alpha")), // the name is free again
+    ]
+}
+
+#[test]
+fn a_batch_applies_exactly_like_its_ops_one_at_a_time() {
+    let ops = dependent_ops();
+    let ids: Vec<String> = (0..ops.len()).map(|i| format!("op-{i}")).collect();
+    let logged: Vec<LoggedOp<'_>> = ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| LoggedOp {
+            index: i as u64 + 1,
+            op_id: Some(&ids[i]),
+            op,
+        })
+        .collect();
+
+    let one_dir = tempfile::tempdir().unwrap();
+    let one = SledMetaStore::open(one_dir.path()).unwrap();
+    let singly: Vec<Result<MetaOutcome>> = logged
+        .iter()
+        .map(|op| one.apply_with_id(op.index, op.op_id.unwrap(), op.op))
+        .collect();
+
+    let batch_dir = tempfile::tempdir().unwrap();
+    let batch = SledMetaStore::open(batch_dir.path()).unwrap();
+    let batched = batch.apply_batch_with_ids(&logged, false).unwrap();
+
+    assert_eq!(batched.len(), ops.len());
+    for (i, (a, b)) in singly.iter().zip(&batched).enumerate() {
+        match (a, b) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "op {i}"),
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "op {i}"),
+            _ => panic!("op {i}: {a:?} one at a time, {b:?} in a batch"),
+        }
+    }
+    assert!(batched[1].is_err() && batched[3].is_err());
+    let MetaOutcome::KbDeleted { documents, .. } = batched[7].as_ref().unwrap() else {
+        panic!("{:?}", batched[7])
+    };
+    assert_eq!(
+        documents.len(),
+        2,
+        "the delete saw the batch's own documents"
+    );
+    assert_eq!(batch.applied_index(), ops.len() as u64);
+    assert_eq!(batch.export_state().unwrap(), one.export_state().unwrap());
+    assert_eq!(batch.find_kb("alpha").unwrap().unwrap().id, "k3");
+    assert!(batch.get_session("s1").unwrap().is_none());
+
+    // A replayed batch changes nothing; a retried op id returns its first outcome.
+    let again = batch.apply_batch_with_ids(&logged, false).unwrap();
+    assert!(
+        again
+            .iter()
+            .all(|outcome| matches!(outcome, Ok(MetaOutcome::Unchanged)))
+    );
+    let retried = MetaOp::CreateKb(kb("k1", "alpha"));
+    let retry = LoggedOp {
+        index: ops.len() as u64 + 1,
+        op_id: Some(&ids[0]),
+        op: &retried,
+    };
+    let outcome = batch.apply_batch_with_ids(&[retry], false).unwrap();
+    assert_eq!(outcome[0].as_ref().unwrap(), singly[0].as_ref().unwrap());
+    assert!(
+        batch.get_kb("k1").unwrap().is_none(),
+        "the retry did not recreate k1"
+    );
+    assert_eq!(batch.applied_index(), ops.len() as u64 + 1);
+}

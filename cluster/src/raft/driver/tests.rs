@@ -36,10 +36,18 @@ struct RecordingStateMachine {
 }
 
 impl RaftStateMachine for RecordingStateMachine {
-    fn apply(&self, index: u64, proposal: &Proposal) -> sift_storage::Result<MetaOutcome> {
-        self.applied.lock().unwrap().push(index);
-        self.store
-            .apply_with_id(index, &proposal.op_id, &proposal.op)
+    fn apply(
+        &self,
+        committed: &[(u64, &Proposal)],
+    ) -> sift_storage::Result<Vec<sift_storage::Result<MetaOutcome>>> {
+        let outcomes = RaftStateMachine::apply(self.store.as_ref(), committed)?;
+        let mut applied = self.applied.lock().unwrap();
+        for ((index, _), outcome) in committed.iter().zip(&outcomes) {
+            if !matches!(outcome, Err(error) if error.is_transient()) {
+                applied.push(*index);
+            }
+        }
+        Ok(outcomes)
     }
     fn flush(&self) -> sift_storage::Result<()> {
         self.store.flush()
