@@ -171,7 +171,7 @@ impl ApiClient {
     }
 
     /// The replicas of every shard of `kb`: shard -> [(node, state, documents)].
-    pub async fn placement(&self, kb: &str) -> BTreeMap<u64, Vec<(u64, String, Option<u64>)>> {
+    pub async fn placement(&self, kb: &str) -> Placement {
         let answer = self.get(&format!("/v1/kbs/{kb}/shards")).await.expect(200);
         answer["shards"]
             .as_array()
@@ -390,6 +390,29 @@ pub fn in_progress(counts: &Value) -> u64 {
 
 /// The `chunk_id`s of a search answer's hits, in order.
 /// Asserts that a search answer lacks no shard.
+/// A KB's replicas by shard: (node, state, documents) each, as `GET /v1/kbs/{kb}/shards`
+/// lists them.
+pub type Placement = BTreeMap<u64, Vec<(u64, String, Option<u64>)>>;
+
+/// Whether every shard of `placed` (as [`ApiClient::placement`] returns it) has `replicas`
+/// active copies, spread over `nodes` within one of each other, with at least one on `node`.
+pub fn balanced_with(placed: &Placement, nodes: &[u64], replicas: usize, node: u64) -> bool {
+    let settled = placed
+        .values()
+        .all(|r| r.len() == replicas && r.iter().all(|(_, state, _)| state == "active"));
+    let mut per_node: BTreeMap<u64, usize> = nodes.iter().map(|id| (*id, 0)).collect();
+    for (holder, _, _) in placed.values().flatten() {
+        match per_node.get_mut(holder) {
+            Some(count) => *count += 1,
+            None => return false,
+        }
+    }
+    let (Some(most), Some(least)) = (per_node.values().max(), per_node.values().min()) else {
+        return false;
+    };
+    settled && most - least <= 1 && per_node.get(&node).is_some_and(|count| *count >= 1)
+}
+
 pub fn assert_complete(answer: &Value) {
     let failed = answer["failed_shards"].as_array().map_or(0, Vec::len);
     assert_eq!(failed, 0, "failed shards: {answer}");

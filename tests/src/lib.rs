@@ -27,8 +27,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use client::{
-    Answer, ApiClient, NON_TERMINAL, assert_complete, chunk_ids, count, document_ids, hits,
-    in_progress,
+    Answer, ApiClient, NON_TERMINAL, assert_complete, balanced_with, chunk_ids, count,
+    document_ids, hits, in_progress,
 };
 pub use in_process::InProcessNode;
 pub use process::NodeProcess;

@@ -6,12 +6,12 @@
 //! it replicas again. (A file of its own: test binaries run one after another, so these
 //! processes do not share the machine with the other replication test's.)
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use serde_json::json;
 use sift_tests::{
-    ApiClient, NodeProcess, assert_complete, bulk_documents, chunk_ids, eventually, free_port,
-    ingest_deadline, short_documents, temp_dir, wait_for_voters,
+    ApiClient, NodeProcess, assert_complete, balanced_with, bulk_documents, chunk_ids, eventually,
+    free_port, ingest_deadline, short_documents, temp_dir, wait_for_voters,
 };
 
 const SECRET: &str = "replacement-process-test-secret";
@@ -120,15 +120,7 @@ async fn replicas_of_a_node_away_too_long_are_re_created_elsewhere() {
     nodes[victim] = Some(restarted);
     let settled = eventually("replicas moved back to the returned node", || async {
         let placed = restarted_client.placement("away").await;
-        let settled = placed
-            .values()
-            .all(|r| r.len() == 2 && r.iter().all(|(_, state, _)| state == "active"));
-        let mut per_node: BTreeMap<u64, usize> = ids.iter().map(|id| (*id, 0)).collect();
-        for (node, _, _) in placed.values().flatten() {
-            *per_node.get_mut(node)? += 1;
-        }
-        let spread = per_node.values().max()? - per_node.values().min()?;
-        (settled && spread <= 1 && per_node[&victim_id] >= 1).then_some(placed)
+        balanced_with(&placed, &ids, 2, victim_id).then_some(placed)
     })
     .await;
     // On disk it keeps exactly the replicas placed on it: the stale copies went.

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sift_tests::{
-    ApiClient, NodeProcess, assert_complete, bulk_documents, chunk_ids, count, eventually,
-    free_port, ingest_deadline, short_documents, temp_dir, wait_for_voters,
+    ApiClient, NodeProcess, assert_complete, balanced_with, bulk_documents, chunk_ids, count,
+    eventually, free_port, ingest_deadline, short_documents, temp_dir, wait_for_voters,
 };
 
 const SECRET: &str = "replication-process-test-secret";
@@ -282,15 +282,7 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
     nodes.push(Some(fourth));
     let balanced = eventually("replicas moved to the fourth node", || async {
         let placed = clients[3].placement("rep").await;
-        let settled = placed
-            .values()
-            .all(|r| r.len() == 2 && r.iter().all(|(_, state, _)| state == "active"));
-        let mut per_node: BTreeMap<u64, usize> = ids.iter().map(|id| (*id, 0)).collect();
-        for (node, _, _) in placed.values().flatten() {
-            *per_node.get_mut(node)? += 1;
-        }
-        let spread = per_node.values().max()? - per_node.values().min()?;
-        (settled && spread <= 1 && per_node[&fourth_id] >= 1).then_some(placed)
+        balanced_with(&placed, &ids, 2, fourth_id).then_some(placed)
     })
     .await;
     for replicas in balanced.values() {

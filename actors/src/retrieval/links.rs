@@ -134,7 +134,7 @@ pub fn follow(hits: &[LinkView<'_>], from: usize, per_hit: usize) -> (Vec<usize>
             continue;
         }
         linkers += 1;
-        let own_key = title_key(hit.title);
+        let own_key = keys[index].as_deref();
         let text = words(hit.text);
         let mut named: Vec<usize> = Vec::new();
         for start in 0..text.len() {
@@ -147,7 +147,7 @@ pub fn follow(hits: &[LinkView<'_>], from: usize, per_hit: usize) -> (Vec<usize>
                 let Some(targets) = by_key.get(key.as_str()) else {
                     continue;
                 };
-                if own_key.as_deref() == Some(key.as_str()) {
+                if own_key == Some(key.as_str()) {
                     continue;
                 }
                 named.extend(targets.iter().copied().filter(|target| {
