@@ -25,6 +25,9 @@ pub struct NodeOptions {
     pub ingest_queue_capacity: usize,
     /// Ingestion workers.
     pub ingest_workers: usize,
+    /// Starts of processing a document may have that never finish (the process died meanwhile)
+    /// before it is failed with `crashed_processing` instead of being tried again.
+    pub ingest_max_attempts: u32,
     /// Longest a shard write may take before the documents fail.
     pub shard_write_timeout: Duration,
     /// Enables fault injection endpoints (tests only).
@@ -57,6 +60,7 @@ impl Default for NodeOptions {
             search_permits_per_shard: 4,
             ingest_queue_capacity: 256,
             ingest_workers: 2,
+            ingest_max_attempts: 3,
             shard_write_timeout: Duration::from_secs(300),
             debug_faults: false,
             rerank: Default::default(),

@@ -47,6 +47,8 @@ pub struct FileConfig {
     pub search_permits_per_shard: Option<usize>,
     pub ingest_queue_capacity: Option<usize>,
     pub ingest_workers: Option<usize>,
+    /// Interrupted starts of processing after which a document fails (`crashed_processing`).
+    pub ingest_max_attempts: Option<u32>,
     /// Fault injection endpoints, for tests.
     pub debug_faults: Option<bool>,
     #[serde(default)]
@@ -207,6 +209,10 @@ impl Config {
         if let Some(v) = parse("SIFT_INGEST_WORKERS")? {
             file.ingest_workers = Some(v as usize);
         }
+        if let Some(v) = parse("SIFT_INGEST_MAX_ATTEMPTS")? {
+            file.ingest_max_attempts =
+                Some(u32::try_from(v).context("SIFT_INGEST_MAX_ATTEMPTS is too large")?);
+        }
         if let Some(v) = get("SIFT_DEBUG_FAULTS") {
             file.debug_faults = Some(matches!(v.as_str(), "1" | "true" | "yes"));
         }
@@ -278,6 +284,9 @@ impl Config {
                 .ingest_queue_capacity
                 .unwrap_or(defaults.ingest_queue_capacity),
             ingest_workers: file.ingest_workers.unwrap_or(defaults.ingest_workers),
+            ingest_max_attempts: file
+                .ingest_max_attempts
+                .unwrap_or(defaults.ingest_max_attempts),
             shard_write_timeout: defaults.shard_write_timeout,
             debug_faults: file.debug_faults.unwrap_or(false),
             rerank: file.rerank.clone(),
@@ -319,10 +328,12 @@ impl Config {
         }
         if options.ingest_queue_capacity == 0
             || options.ingest_workers == 0
+            || options.ingest_max_attempts == 0
             || options.search_permits_per_shard == 0
         {
             bail!(
-                "ingest_queue_capacity, ingest_workers and search_permits_per_shard must be at least 1"
+                "ingest_queue_capacity, ingest_workers, ingest_max_attempts and \
+                 search_permits_per_shard must be at least 1"
             );
         }
         if options.shard_deadline.is_zero() {

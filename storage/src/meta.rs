@@ -433,6 +433,13 @@ pub enum MetaOp {
 pub struct PendingWork {
     pub worker: u64,
     pub shard: u32,
+    /// How often processing of the document started (a `parsing` status was committed). A
+    /// document still pending after a start was interrupted: its node stopped or crashed
+    /// while working on it. Workers fail a document that was interrupted too often instead of
+    /// processing it again, so that a document that crashes the process cannot crash it on
+    /// every restart. Absent in entries written before the count existed.
+    #[serde(default)]
+    pub attempts: u32,
 }
 
 /// One entry of the pending-work index.
@@ -694,6 +701,7 @@ impl SledMetaStore {
                 let work = PendingWork {
                     worker: 0,
                     shard: doc.shard,
+                    attempts: 0,
                 };
                 batch.insert(pending_key(&doc.kb_id, &doc.id), encode(&work)?);
             }
@@ -970,8 +978,15 @@ impl SledMetaStore {
                         doc.chunk_count = count;
                     }
                     doc.updated_at_ms = *at_ms;
+                    let work_key = pending_key(kb_id, &doc.id);
                     if doc.status.is_terminal() {
-                        pending.remove(pending_key(kb_id, &doc.id));
+                        pending.remove(work_key);
+                    } else if update.status == DocStatus::Parsing
+                        && let Some(mut work) = pending.get::<PendingWork>(&work_key)?
+                    {
+                        // A durable mark that processing started, before any work is done.
+                        work.attempts = work.attempts.saturating_add(1);
+                        pending.put(work_key, &work)?;
                     }
                     pending.put(key, &doc)?;
                     records.push(doc);
@@ -1200,6 +1215,7 @@ impl SledMetaStore {
                 let work = PendingWork {
                     worker: workers.get(position).copied().unwrap_or(0),
                     shard: doc.shard,
+                    attempts: 0,
                 };
                 pending.put(pending_key(kb_id, &doc.id), &work)?;
             }

@@ -191,6 +191,11 @@ impl NodeProcess {
         }
     }
 
+    /// The exit status, if the process has ended (reaped), without waiting.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("polling the node")
+    }
+
     /// The last lines of the node's log, for failure messages.
     pub fn log_tail(&self) -> String {
         tail(&self.log_path)

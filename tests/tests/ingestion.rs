@@ -652,3 +652,54 @@ async fn an_event_stream_ends_when_its_document_is_replaced_or_its_kb_deleted() 
     );
     node.shutdown().await;
 }
+
+/// `depth` nested `<div>`s around `center`.
+fn nested_divs(center: &str, depth: usize) -> String {
+    format!(
+        "{}{center}{}",
+        "<div>".repeat(depth),
+        "</div>".repeat(depth)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deeply_nested_html_is_refused_with_a_reason_not_a_crash() {
+    // Issue 14: a 107 KB bulk request of 10,000 nested <div>s aborted the node (and again on
+    // every restart); an upload of 5,000 aborted it during the request.
+    let dir = temp_dir();
+    let node = InProcessNode::start(&dir.path().join("data")).await;
+    let client = node.client();
+    new_kb(&client).await;
+    let bulk = json!({ "text": nested_divs("x", 10_000), "format": "html", "title": "Deep bulk" });
+    let ids = client.bulk_add(KB, &[bulk]).await;
+    let record = client.wait_document(KB, &ids[0], WAIT).await;
+    assert_eq!(record["status"], "failed", "{record}");
+    assert!(
+        record["error"]
+            .as_str()
+            .unwrap()
+            .contains("nests elements more than"),
+        "{record}"
+    );
+    let answer = client
+        .upload(KB, "deep.html", nested_divs("x", 5_000).into_bytes())
+        .await;
+    let message = answer.expect_error(422, "nesting_too_deep");
+    assert!(message.contains("256"), "{message}");
+
+    // Nesting as deep as real pages go is ingested, and the node still serves.
+    let upload = nested_divs("<p>Lighthouse keepers trimmed the wicks at dusk.</p>", 200);
+    let id = upload_ready(&client, "deep.html", upload.into_bytes()).await;
+    let answer = search(&client, "lighthouse keepers wicks", &["bm25"]).await;
+    let found = hits_of(&answer, &id);
+    assert!(!found.is_empty(), "{answer}");
+    assert!(
+        found[0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Lighthouse keepers trimmed the wicks at dusk."),
+        "{answer}"
+    );
+    client.get("/healthz").await.expect(200);
+    node.shutdown().await;
+}

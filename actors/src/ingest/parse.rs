@@ -7,8 +7,11 @@
 //! fenced code, tables, list items) so the chunker's structure awareness works for it too;
 //! JSON and JSON Lines contribute one configured text field per record.
 
+use ego_tree::NodeId;
+use ego_tree::iter::Edge;
 use encoding_rs::{BIG5, Encoding, GBK, UTF_8, UTF_16BE, UTF_16LE};
-use scraper::{ElementRef, Html, Node, Selector};
+use html5ever::tendril::{StrTendril, TendrilSink};
+use scraper::{ElementRef, Html, HtmlTreeSink, Node, Selector};
 use serde_json::Value;
 
 /// The kinds of uploaded files we can turn into text.
@@ -93,6 +96,8 @@ pub enum ParseError {
     InvalidJson(String),
     #[error("no JSON record has a string field \"{0}\"")]
     MissingField(String),
+    #[error("the HTML nests elements more than {MAX_HTML_DEPTH} deep")]
+    TooDeep,
 }
 
 impl ParseError {
@@ -105,6 +110,7 @@ impl ParseError {
             ParseError::UnsupportedType(_) => "unsupported_type",
             ParseError::InvalidJson(_) => "invalid_json",
             ParseError::MissingField(_) => "missing_field",
+            ParseError::TooDeep => "nesting_too_deep",
         }
     }
 
@@ -116,7 +122,8 @@ impl ParseError {
             | ParseError::Undecodable(_)
             | ParseError::UnsupportedType(_)
             | ParseError::InvalidJson(_)
-            | ParseError::MissingField(_) => false,
+            | ParseError::MissingField(_)
+            | ParseError::TooDeep => false,
         }
     }
 }
@@ -277,7 +284,7 @@ pub fn parse_document(
         SourceFormat::Text => (None, trim_blank_lines(&decoded), false),
         SourceFormat::Markdown => (markdown_title(&decoded), trim_blank_lines(&decoded), true),
         SourceFormat::Html => {
-            let (title, text) = html_to_markdown(&decoded);
+            let (title, text) = html_to_markdown(&decoded)?;
             (title, text, true)
         }
         SourceFormat::Json => {
@@ -426,9 +433,49 @@ const BLOCK_ELEMENTS: &[&str] = &[
     "caption",
 ];
 
+/// Deepest element nesting accepted in HTML. Real pages stay far below it (tens of levels);
+/// the HTML tree builder scans its stack of open elements for most start tags, so parsing costs
+/// time proportional to the depth for every tag, and deep nesting is a way to make one small
+/// upload cost minutes of CPU.
+pub const MAX_HTML_DEPTH: usize = 256;
+
+/// Input fed to the HTML parser between two depth checks.
+const HTML_FEED_BYTES: usize = 1024;
+
+/// Parses an HTML document, refusing it once an element is nested deeper than
+/// [`MAX_HTML_DEPTH`]. The input is fed in small pieces and the nodes each piece created are
+/// checked, so the parser never works on much more than the limit's depth.
+fn parse_html(html: &str) -> Result<Html, ParseError> {
+    let sink = HtmlTreeSink::new(Html::new_document());
+    let mut parser = html5ever::driver::parse_document(sink, Default::default());
+    let mut checked = 0;
+    let mut rest = html;
+    while !rest.is_empty() {
+        let mut cut = HTML_FEED_BYTES.min(rest.len());
+        while !rest.is_char_boundary(cut) {
+            cut += 1;
+        }
+        let (piece, tail) = rest.split_at(cut);
+        parser.process(StrTendril::from_slice(piece));
+        rest = tail;
+        let document = parser.tokenizer.sink.sink.0.borrow();
+        let nodes = document.tree.nodes();
+        let total = nodes.len();
+        let too_deep = nodes.rev().take(total - checked).any(|node| {
+            node.value().is_element()
+                && node.ancestors().take(MAX_HTML_DEPTH + 1).count() > MAX_HTML_DEPTH
+        });
+        if too_deep {
+            return Err(ParseError::TooDeep);
+        }
+        checked = total;
+    }
+    Ok(parser.finish())
+}
+
 /// HTML -> (title, Markdown of the main content).
-fn html_to_markdown(html: &str) -> (Option<String>, String) {
-    let document = Html::parse_document(html);
+fn html_to_markdown(html: &str) -> Result<(Option<String>, String), ParseError> {
+    let document = parse_html(html)?;
     let selector = |css: &str| Selector::parse(css).expect("static selector is valid");
     let title = document
         .select(&selector("title"))
@@ -450,15 +497,7 @@ fn html_to_markdown(html: &str) -> (Option<String>, String) {
         writer.keep_headers = true;
         writer.element(main);
     } else {
-        let articles: Vec<ElementRef> = document
-            .select(&selector("article"))
-            .filter(|article| {
-                !article.ancestors().any(|ancestor| {
-                    ElementRef::wrap(ancestor)
-                        .is_some_and(|parent| parent.value().name() == "article")
-                })
-            })
-            .collect();
+        let articles = outermost(document.root_element(), "article");
         if articles.is_empty() {
             let root = document
                 .select(&selector("body"))
@@ -472,7 +511,7 @@ fn html_to_markdown(html: &str) -> (Option<String>, String) {
             }
         }
     }
-    (title, writer.finish())
+    Ok((title, writer.finish()))
 }
 
 /// Collects Markdown blocks while walking the DOM.
@@ -485,12 +524,59 @@ struct MarkdownWriter {
 }
 
 impl MarkdownWriter {
-    fn element(&mut self, element: ElementRef) {
+    /// Writes the Markdown of `root` and everything under it.
+    ///
+    /// The walk is iterative (open and close edges of a pre-order traversal), never recursive:
+    /// nesting depth is chosen by whoever wrote the HTML, and a recursive walk of ten thousand
+    /// nested `<div>`s overflows the stack and aborts the process.
+    fn element(&mut self, root: ElementRef) {
+        // The element whose subtree is skipped (not content, or already written whole).
+        let mut skipping: Option<NodeId> = None;
+        for edge in root.traverse() {
+            match edge {
+                Edge::Open(node) => {
+                    if skipping.is_some() {
+                        continue;
+                    }
+                    match node.value() {
+                        Node::Text(text) => push_collapsed(&mut self.inline, text),
+                        Node::Element(_) => {
+                            let Some(element) = ElementRef::wrap(node) else {
+                                continue;
+                            };
+                            if self.open(element) == Descend::Skip {
+                                skipping = Some(node.id());
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                Edge::Close(node) => {
+                    if skipping == Some(node.id()) {
+                        skipping = None;
+                        continue;
+                    }
+                    if skipping.is_none()
+                        && let Some(element) = ElementRef::wrap(node)
+                    {
+                        let name = element.value().name();
+                        if BLOCK_ELEMENTS.contains(&name) || name == "li" {
+                            self.flush();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles the opening of `element`: blocks written whole (headings, code, tables, lists)
+    /// and non-content elements are not descended into.
+    fn open(&mut self, element: ElementRef) -> Descend {
         let name = element.value().name();
         if SKIPPED_ELEMENTS.contains(&name)
             && !(self.keep_headers && matches!(name, "header" | "footer"))
         {
-            return;
+            return Descend::Skip;
         }
         match name {
             "h1" | "h2" | "h3" | "h4" | "h5" | "h6" => {
@@ -500,48 +586,37 @@ impl MarkdownWriter {
                 if !text.is_empty() {
                     self.blocks.push(format!("{} {text}", "#".repeat(level)));
                 }
+                Descend::Skip
             }
             "pre" => {
                 self.flush();
                 self.code_block(element);
+                Descend::Skip
             }
             "table" => {
                 self.flush();
                 self.table(element);
+                Descend::Skip
             }
             "ul" | "ol" => {
                 self.flush();
-                let mut items = Vec::new();
-                list_items(element, 0, &mut items);
+                let items = list_items(element);
                 if !items.is_empty() {
                     self.blocks.push(items.join("\n"));
                 }
+                Descend::Skip
             }
             "br" => {
                 let kept = self.inline.trim_end_matches(' ').len();
                 self.inline.truncate(kept);
                 self.inline.push('\n');
+                Descend::Into
             }
             _ if BLOCK_ELEMENTS.contains(&name) || name == "li" => {
                 self.flush();
-                self.children(element);
-                self.flush();
+                Descend::Into
             }
-            _ => self.children(element),
-        }
-    }
-
-    fn children(&mut self, element: ElementRef) {
-        for child in element.children() {
-            match child.value() {
-                Node::Text(text) => push_collapsed(&mut self.inline, text),
-                Node::Element(_) => {
-                    if let Some(child) = ElementRef::wrap(child) {
-                        self.element(child);
-                    }
-                }
-                _ => {}
-            }
+            _ => Descend::Into,
         }
     }
 
@@ -571,10 +646,15 @@ impl MarkdownWriter {
     fn table(&mut self, table: ElementRef) {
         let mut rows = Vec::new();
         let mut header_done = false;
-        for row in table
-            .descendent_elements()
-            .filter(|element| element.value().name() == "tr")
-        {
+        // Rows of this table; a nested table is read as part of its cell's text.
+        let rows_of_table = table
+            .child_elements()
+            .flat_map(|child| match child.value().name() {
+                "tr" => vec![child],
+                "table" => Vec::new(),
+                _ => outermost_skipping(child, "tr", "table"),
+            });
+        for row in rows_of_table {
             let cells: Vec<String> = row
                 .child_elements()
                 .filter(|cell| matches!(cell.value().name(), "td" | "th"))
@@ -614,9 +694,60 @@ impl MarkdownWriter {
     }
 }
 
-/// `- item` lines of a list, nested lists indented by two spaces per level.
-fn list_items(list: ElementRef, depth: usize, items: &mut Vec<String>) {
-    for item in list.child_elements() {
+/// The outermost elements named `name` in `root`'s subtree (`root` included).
+fn outermost<'a>(root: ElementRef<'a>, name: &str) -> Vec<ElementRef<'a>> {
+    outermost_skipping(root, name, name)
+}
+
+/// The outermost elements named `name` in `root`'s subtree (`root` included), not looking
+/// into elements named `barrier`. Iterative, linear in the subtree's size.
+fn outermost_skipping<'a>(root: ElementRef<'a>, name: &str, barrier: &str) -> Vec<ElementRef<'a>> {
+    let mut found = Vec::new();
+    let mut skipping: Option<NodeId> = None;
+    for edge in root.traverse() {
+        match edge {
+            Edge::Open(node) if skipping.is_none() => {
+                let Some(element) = ElementRef::wrap(node) else {
+                    continue;
+                };
+                let element_name = element.value().name();
+                if element_name == name {
+                    found.push(element);
+                    skipping = Some(node.id());
+                } else if element_name == barrier {
+                    skipping = Some(node.id());
+                }
+            }
+            Edge::Close(node) if skipping == Some(node.id()) => skipping = None,
+            _ => {}
+        }
+    }
+    found
+}
+
+/// Whether a walk goes on into an element's children.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Descend {
+    Into,
+    Skip,
+}
+
+/// Indentation stops growing past this list depth, so that the output of deeply nested lists
+/// stays linear in the input.
+const MAX_LIST_INDENT: usize = 8;
+
+/// `- item` lines of a list, nested lists indented by two spaces per level (at most
+/// [`MAX_LIST_INDENT`] levels). Iterative, like every walk here: a stack of the lists being
+/// read, each with its depth.
+fn list_items(list: ElementRef) -> Vec<String> {
+    let mut items = Vec::new();
+    let mut stack = vec![(list.child_elements(), 0usize)];
+    while let Some((children, depth)) = stack.last_mut() {
+        let depth = *depth;
+        let Some(item) = children.next() else {
+            stack.pop();
+            continue;
+        };
         if item.value().name() != "li" {
             continue;
         }
@@ -625,31 +756,48 @@ fn list_items(list: ElementRef, depth: usize, items: &mut Vec<String>) {
         collect_inline(item, &mut text, &mut nested);
         let text = collapse_whitespace(&text);
         if !text.is_empty() {
-            items.push(format!("{}- {text}", "  ".repeat(depth)));
+            items.push(format!(
+                "{}- {text}",
+                "  ".repeat(depth.min(MAX_LIST_INDENT))
+            ));
         }
-        for sublist in nested {
-            list_items(sublist, depth + 1, items);
+        // The item's sublists come before its next sibling, the first one first.
+        for sublist in nested.into_iter().rev() {
+            stack.push((sublist.child_elements(), depth + 1));
         }
     }
+    items
 }
 
 /// Inline text of an element, skipping non-content elements; nested lists are set aside.
+/// Iterative (see [`MarkdownWriter::element`]).
 fn collect_inline<'a>(element: ElementRef<'a>, out: &mut String, lists: &mut Vec<ElementRef<'a>>) {
-    for child in element.children() {
-        match child.value() {
+    let mut skipping: Option<NodeId> = None;
+    for edge in element.traverse() {
+        let Edge::Open(node) = edge else {
+            if let Edge::Close(node) = edge
+                && skipping == Some(node.id())
+            {
+                skipping = None;
+            }
+            continue;
+        };
+        if skipping.is_some() || node.id() == element.id() {
+            continue;
+        }
+        match node.value() {
             Node::Text(text) => push_collapsed(out, text),
-            Node::Element(_) => {
-                let Some(child) = ElementRef::wrap(child) else {
-                    continue;
-                };
-                let name = child.value().name();
+            Node::Element(child) => {
+                let name = child.name();
                 if matches!(name, "ul" | "ol") {
-                    lists.push(child);
-                } else if !SKIPPED_ELEMENTS.contains(&name) {
-                    if name == "br" || BLOCK_ELEMENTS.contains(&name) {
-                        out.push(' ');
+                    if let Some(list) = ElementRef::wrap(node) {
+                        lists.push(list);
                     }
-                    collect_inline(child, out, lists);
+                    skipping = Some(node.id());
+                } else if SKIPPED_ELEMENTS.contains(&name) {
+                    skipping = Some(node.id());
+                } else if name == "br" || BLOCK_ELEMENTS.contains(&name) {
+                    out.push(' ');
                 }
             }
             _ => {}
@@ -949,6 +1097,102 @@ mod tests {
         let doc = parse(body.as_bytes(), SourceFormat::Html).unwrap();
         assert_eq!(doc.text, "Hello world\n\nAgain");
         assert_eq!(doc.title, None);
+    }
+
+    /// `depth` levels of `open`/`close` around `center`.
+    fn nested(open: &str, close: &str, center: &str, depth: usize) -> String {
+        let mut html = String::with_capacity((open.len() + close.len()) * depth + center.len());
+        for _ in 0..depth {
+            html.push_str(open);
+        }
+        html.push_str(center);
+        for _ in 0..depth {
+            html.push_str(close);
+        }
+        html
+    }
+
+    #[test]
+    fn nesting_within_the_limit_is_walked_without_recursion() {
+        // Every kind of element the walk treats differently, nested as deep as allowed
+        // (<html> and <body> take two levels): blocks, inline elements, the content roots
+        // (<main>, <article>), headings (inline text) and skipped elements.
+        let depth = MAX_HTML_DEPTH - 4;
+        for (open, close) in [
+            ("<div>", "</div>"),
+            ("<span>", "</span>"),
+            ("<blockquote>", "</blockquote>"),
+            ("<main>", "</main>"),
+            ("<article>", "</article>"),
+        ] {
+            let html = nested(open, close, "deep text", depth);
+            let doc = parse(html.as_bytes(), SourceFormat::Html).unwrap();
+            assert_eq!(doc.text, "deep text", "{open}");
+        }
+        let heading = nested("<h2><em>", "</em></h2>", "deep title", depth / 2);
+        let doc = parse(heading.as_bytes(), SourceFormat::Html).unwrap();
+        assert_eq!(doc.text, "## deep title");
+        let skipped = format!(
+            "<p>kept</p>{}",
+            nested("<nav><div>", "</div></nav>", "menu", depth / 2)
+        );
+        let doc = parse(skipped.as_bytes(), SourceFormat::Html).unwrap();
+        assert_eq!(doc.text, "kept");
+    }
+
+    #[test]
+    fn nesting_beyond_the_limit_is_refused_early() {
+        // The poison document of issue 14: 10,000 nested <div>s in a 107 KB bulk request
+        // overflowed the stack of a recursive walk and aborted the process on every restart.
+        let poison = nested("<div>", "</div>", "x", 10_000);
+        let error = parse(poison.as_bytes(), SourceFormat::Html).unwrap_err();
+        assert_eq!(error.code(), "nesting_too_deep");
+        // A million levels (11 MB) cost no more: parsing stops a piece after the limit.
+        for (open, close) in [
+            ("<div>", "</div>"),
+            ("<span>", "</span>"),
+            ("<ul><li>", "</li></ul>"),
+        ] {
+            let html = nested(open, close, "x", 1_000_000);
+            let error = parse(html.as_bytes(), SourceFormat::Html).unwrap_err();
+            assert!(matches!(error, ParseError::TooDeep), "{open}: {error}");
+        }
+        // Many siblings are not depth.
+        let wide = "<div>side by side</div>".repeat(50_000);
+        let doc = parse(wide.as_bytes(), SourceFormat::Html).unwrap();
+        assert_eq!(
+            doc.text.lines().filter(|line| !line.is_empty()).count(),
+            50_000
+        );
+    }
+
+    #[test]
+    fn deeply_nested_lists_and_tables_stay_linear() {
+        let depth = MAX_HTML_DEPTH / 2 - 4;
+        let lists = nested("<ul><li>item", "</li></ul>", "", depth);
+        let doc = parse(lists.as_bytes(), SourceFormat::Html).unwrap();
+        let lines: Vec<&str> = doc.text.lines().collect();
+        assert_eq!(lines.len(), depth, "one line per nested item");
+        assert_eq!(lines[0], "- item");
+        assert_eq!(lines[1], "  - item");
+        let deepest_indent = "  ".repeat(MAX_LIST_INDENT);
+        assert_eq!(lines[depth - 1], format!("{deepest_indent}- item"));
+
+        // A nested table is read as its cell's text, not once more per enclosing table.
+        let depth = MAX_HTML_DEPTH / 4 - 4;
+        let tables = nested("<table><tr><td>cell ", "</td></tr></table>", "end", depth);
+        let doc = parse(tables.as_bytes(), SourceFormat::Html).unwrap();
+        assert_eq!(doc.text.matches("cell").count(), depth, "{}", doc.text);
+        assert!(doc.text.starts_with("| cell cell"), "{}", doc.text);
+        assert!(doc.text.contains("end |"));
+    }
+
+    #[test]
+    fn nested_lists_keep_document_order() {
+        let html = "<ul><li>a<ul><li>a1<ol><li>a1x</li></ol></li><li>a2</li></ul></li>\
+            <li>b</li></ul><p>after</p>";
+        let doc = parse(html.as_bytes(), SourceFormat::Html).unwrap();
+        assert_eq!(doc.text, "- a\n  - a1\n    - a1x\n  - a2\n- b\n\nafter");
     }
 
     #[test]

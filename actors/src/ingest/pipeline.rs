@@ -29,9 +29,22 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// The code a document's failure reason starts with when processing it was interrupted
+/// [`NodeOptions::ingest_max_attempts`](crate::NodeOptions) times: it is not processed again.
+pub const CRASHED_PROCESSING: &str = "crashed_processing";
+
+/// Fault injection (`debug_faults` only): a document whose raw bytes contain this aborts the
+/// process while it is parsed, like a parser bug would. Tests use it to check that a poison
+/// document cannot crash-loop a node.
+pub const DEBUG_ABORT_MARKER: &str = "SIFT-DEBUG-FAULT:abort-while-parsing";
+
 /// A document moving through the stages.
 struct Work {
     record: DocumentRecord,
+    /// Earlier starts of processing that never finished (see [`PendingWork::attempts`]).
+    ///
+    /// [`PendingWork::attempts`]: sift_storage::meta::PendingWork
+    attempts: u32,
     parsed: Option<ParsedDocument>,
     write: Option<DocumentWrite>,
     /// Texts to embed, one per child chunk.
@@ -98,15 +111,18 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     };
     let mut works: Vec<Work> = Vec::new();
     for id in &job.document_ids {
-        let assigned_here = store
+        let Some(pending) = store
             .pending_work(&kb.id, id)?
-            .is_some_and(|work| work.worker == local || work.worker == 0);
-        if assigned_here
-            && let Some(record) = store.get_document(&kb.id, id)?
+            .filter(|work| work.worker == local || work.worker == 0)
+        else {
+            continue;
+        };
+        if let Some(record) = store.get_document(&kb.id, id)?
             && !record.status.is_terminal()
         {
             works.push(Work {
                 record,
+                attempts: pending.attempts,
                 parsed: None,
                 write: None,
                 embed_texts: Vec::new(),
@@ -118,11 +134,44 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
         return Ok(());
     }
 
+    // Documents whose processing was interrupted too often (the process died while working
+    // on them, every time) are failed rather than tried again: one of them may be what kills
+    // the process, and a node that crashes on every restart serves nothing.
+    let limit = context.options.ingest_max_attempts;
+    let (given_up, works): (Vec<Work>, Vec<Work>) =
+        works.into_iter().partition(|work| work.attempts >= limit);
+    if !given_up.is_empty() {
+        let ids: Vec<String> = given_up.iter().map(|work| work.record.id.clone()).collect();
+        warn!(documents = ?ids, attempts = limit, "documents interrupted too often; failing them");
+        let reason = format!(
+            "{CRASHED_PROCESSING}: processing this document was interrupted {limit} times (the \
+             node stopped or crashed while working on it); it is not tried again"
+        );
+        fail_unfinished_documents(context, &kb.id, &ids, &reason).await;
+    }
+
+    // A document whose earlier attempt was interrupted goes alone, so that if it is what
+    // crashed the node it cannot take the rest of its job down with it again.
+    let (retried, fresh): (Vec<Work>, Vec<Work>) =
+        works.into_iter().partition(|work| work.attempts > 0);
+    for work in retried {
+        run_works(context, &kb, vec![work]).await?;
+    }
+    run_works(context, &kb, fresh).await
+}
+
+/// Runs `works` (documents of `kb`) through the stages together.
+async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) -> Result<()> {
+    if works.is_empty() {
+        return Ok(());
+    }
+    let store = context.meta.store().clone();
+
     // A worker that was handed the document may not hold its raw bytes yet.
     let mut kept = Vec::with_capacity(works.len());
     for mut work in works {
         if !context.raw.has(&work.record) {
-            match handoff::fetch_raw(context, &kb, &work.record).await {
+            match handoff::fetch_raw(context, kb, &work.record).await {
                 Fetched::Stored => {}
                 Fetched::Lost => work.fail("the raw bytes of the document are on no node"),
                 Fetched::Unreachable(reason) => {
@@ -140,17 +189,24 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     }
 
     // Parse and chunk (CPU work, off the async runtime).
-    let mut works = set_stage(context, &kb, works, DocStatus::Parsing).await?;
+    let mut works = set_stage(context, kb, works, DocStatus::Parsing).await?;
     let stage = Instant::now();
     let raw = context.raw.clone();
-    let options = parse_options(&kb);
+    let options = parse_options(kb);
+    let debug_faults = context.options.debug_faults;
     works = blocking(move || {
         for work in &mut works {
             let parsed = raw.load(&work.record).and_then(|bytes| {
                 let format = source_format(&work.record).ok_or_else(|| {
                     SiftError::invalid("unsupported_type", "unknown source format")
                 })?;
-                Ok(parse_document(&bytes, format, &options)?)
+                if debug_faults && contains(&bytes, DEBUG_ABORT_MARKER.as_bytes()) {
+                    tracing::error!(document_id = %work.record.id, "debug fault: aborting");
+                    std::process::abort();
+                }
+                Ok(unpanicked("parsing", || {
+                    parse_document(&bytes, format, &options)
+                })??)
             });
             match parsed {
                 Ok(parsed) => work.parsed = Some(parsed),
@@ -162,15 +218,23 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     .await?;
     record_stage("parse", stage);
 
-    let mut works = set_stage(context, &kb, works, DocStatus::Chunking).await?;
+    let mut works = set_stage(context, kb, works, DocStatus::Chunking).await?;
     let stage = Instant::now();
-    let config = chunker_config(&kb);
+    let config = chunker_config(kb);
     works = blocking(move || {
         for work in &mut works {
             let Some(parsed) = work.parsed.take() else {
                 continue;
             };
-            let chunked = chunk_document(&parsed.text, parsed.markdown, &config);
+            let chunked = match unpanicked("chunking", || {
+                chunk_document(&parsed.text, parsed.markdown, &config)
+            }) {
+                Ok(chunked) => chunked,
+                Err(error) => {
+                    work.fail(error.to_string());
+                    continue;
+                }
+            };
             if chunked.children.is_empty() {
                 work.fail("the document has no text to index");
                 continue;
@@ -226,7 +290,7 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     record_stage("chunk", stage);
 
     // Embed every chunk of the job in one call (the embedder batches).
-    let mut works = set_stage(context, &kb, works, DocStatus::Embedding).await?;
+    let mut works = set_stage(context, kb, works, DocStatus::Embedding).await?;
     let stage = Instant::now();
     let embedder = context.embedders.get(&kb.settings.embedding_model)?;
     if embedder.dimension() != kb.settings.dimension as usize {
@@ -258,7 +322,7 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     metrics::counter!("sift_ingest_chunks_embedded_total").increment(text_count as u64);
 
     // Write each shard's documents to its replica, all shards in parallel.
-    let works = set_stage(context, &kb, works, DocStatus::Indexing).await?;
+    let works = set_stage(context, kb, works, DocStatus::Indexing).await?;
     let stage = Instant::now();
     let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
     for (position, work) in works.iter().enumerate() {
@@ -275,7 +339,6 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
             .iter()
             .filter_map(|&p| works[p].write.clone())
             .collect();
-        let kb = &kb;
         async move { (positions, context.access.write(kb, shard, documents).await) }
     });
     for (positions, outcome) in join_all(writes).await {
@@ -326,7 +389,7 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
             if deleted && work.write.is_some() {
                 context
                     .access
-                    .delete(&kb, work.record.shard, &work.record.id)
+                    .delete(kb, work.record.shard, &work.record.id)
                     .await;
             }
             continue;
@@ -391,12 +454,21 @@ async fn set_stage(
 
 /// Marks every document of `job` that is not terminal as failed with `reason`.
 pub async fn fail_unfinished(context: &NodeContext, job: &IngestJob, reason: &str) {
+    fail_unfinished_documents(context, &job.kb_id, &job.document_ids, reason).await;
+}
+
+/// Marks the documents of `kb_id` among `document_ids` that are not terminal as failed.
+async fn fail_unfinished_documents(
+    context: &NodeContext,
+    kb_id: &str,
+    document_ids: &[String],
+    reason: &str,
+) {
     let store = context.meta.store();
-    let updates: Vec<StatusUpdate> = job
-        .document_ids
+    let updates: Vec<StatusUpdate> = document_ids
         .iter()
         .filter(|id| {
-            matches!(store.get_document(&job.kb_id, id), Ok(Some(record)) if !record.status.is_terminal())
+            matches!(store.get_document(kb_id, id), Ok(Some(record)) if !record.status.is_terminal())
         })
         .map(|id| StatusUpdate {
             document_id: id.clone(),
@@ -413,7 +485,7 @@ pub async fn fail_unfinished(context: &NodeContext, job: &IngestJob, reason: &st
     if let Err(error) = context
         .meta
         .propose(MetaOp::SetDocumentStatus {
-            kb_id: job.kb_id.clone(),
+            kb_id: kb_id.to_string(),
             updates,
             at_ms: now_ms(),
         })
@@ -421,6 +493,26 @@ pub async fn fail_unfinished(context: &NodeContext, job: &IngestJob, reason: &st
     {
         warn!(%error, "could not mark documents failed");
     }
+}
+
+/// Runs one document's CPU stage, turning a panic (a bug) into that document's failure
+/// instead of the whole job's.
+fn unpanicked<T>(stage: &str, work: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|panic| {
+        let detail = panic
+            .downcast_ref::<&str>()
+            .map(|text| text.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".to_string());
+        metrics::counter!("sift_ingest_panics_total").increment(1);
+        SiftError::Internal(format!("{stage} failed unexpectedly: {detail}"))
+    })
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
 }
 
 fn record_stage(stage: &'static str, started: Instant) {

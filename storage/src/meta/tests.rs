@@ -745,6 +745,77 @@ fn pending_work_follows_registration_status_reassignment_and_deletes() {
 }
 
 #[test]
+fn each_committed_start_of_processing_counts_as_an_attempt_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let stage = |document_id: &str, status: DocStatus| MetaOp::SetDocumentStatus {
+        kb_id: "k".into(),
+        updates: vec![StatusUpdate {
+            document_id: document_id.into(),
+            status,
+            error: None,
+            chunk_count: None,
+        }],
+        at_ms: 5,
+    };
+    let attempts = |store: &SledMetaStore, id: &str| {
+        store
+            .pending_work("k", id)
+            .unwrap()
+            .map(|work| work.attempts)
+    };
+    let index;
+    {
+        let store = SledMetaStore::open(dir.path()).unwrap();
+        let mut log = Log {
+            store: &store,
+            index: 0,
+        };
+        log.apply(MetaOp::CreateKb(kb("k", "kb"))).unwrap();
+        log.apply(MetaOp::RegisterDocumentsTo {
+            kb_id: "k".into(),
+            documents: vec![doc("d1", "k", "h1", None), doc("d2", "k", "h2", None)],
+            workers: vec![2, 2],
+        })
+        .unwrap();
+        assert_eq!(attempts(&store, "d1"), Some(0));
+        // Only the start (parsing) counts, not the later stages of the same attempt.
+        for status in [
+            DocStatus::Parsing,
+            DocStatus::Chunking,
+            DocStatus::Embedding,
+        ] {
+            log.apply(stage("d1", status)).unwrap();
+        }
+        log.apply(stage("d1", DocStatus::Parsing)).unwrap();
+        assert_eq!(attempts(&store, "d1"), Some(2));
+        assert_eq!(attempts(&store, "d2"), Some(0));
+        // A reassignment keeps the count: a document that crashes one node counts on the next.
+        log.apply(MetaOp::ReassignDocuments {
+            kb_id: "k".into(),
+            document_ids: vec!["d1".into()],
+            from: 2,
+            to: 3,
+        })
+        .unwrap();
+        assert_eq!(attempts(&store, "d1"), Some(2));
+        store.flush().unwrap();
+        index = log.index;
+    }
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    assert_eq!(attempts(&store, "d1"), Some(2), "the count is durable");
+    let mut log = Log {
+        store: &store,
+        index,
+    };
+    log.apply(stage("d1", DocStatus::Failed)).unwrap();
+    assert_eq!(
+        attempts(&store, "d1"),
+        None,
+        "finished work leaves the index"
+    );
+}
+
+#[test]
 fn a_store_without_the_pending_index_builds_it_when_opened() {
     let dir = tempfile::tempdir().unwrap();
     {
