@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sift_cluster::LocalMeta;
 use sift_cluster::placement::{NodeLoad, place_replicas, shard_for_document};
-use sift_storage::chunk::{ChunkView, Metadata, SearchFilter};
+use sift_storage::chunk::{ChunkView, Metadata};
 use sift_storage::embedding_cache::EmbeddingCache;
 use sift_storage::meta::{
     DocSource, DocStatus, DocumentCounts, DocumentRecord, KbRecord, KbSettings, MetaOp,
@@ -34,9 +34,7 @@ use crate::ingest::worker::{IngestSupervisor, IngestSupervisorArguments};
 use crate::meta::MetaHandle;
 use crate::rebalance;
 use crate::retrieval::settings as retrieval_settings;
-use crate::retrieval::{
-    FusionMethod, Pipeline, RerankServices, RootSearch, SearchRequest, SearchResponse, rewrite,
-};
+use crate::retrieval::{RerankServices, RootSearch, SearchRequest, SearchResponse, query};
 use crate::shards::supervisor::ShardsArguments;
 use crate::shards::{
     AccessOptions, Peers, ShardAccess, ShardMessage, ShardRegistry, ShardReply, ShardRpc,
@@ -44,7 +42,7 @@ use crate::shards::{
 };
 
 /// Largest `top_k` a search may ask for.
-pub const MAX_TOP_K: usize = 100;
+pub use crate::retrieval::query::{ChannelWeights, MAX_TOP_K, SearchFilters, SearchQuery};
 
 /// `POST /v1/kbs`.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -129,59 +127,6 @@ pub struct KbView {
     #[serde(flatten)]
     pub kb: KbRecord,
     pub documents: DocumentCounts,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SearchFilters {
-    pub document_ids: Option<Vec<String>>,
-    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ChannelWeights {
-    pub dense: Option<f64>,
-    pub bm25: Option<f64>,
-}
-
-/// `POST /v1/kbs/{kb}/search`.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SearchQuery {
-    pub query: String,
-    pub top_k: Option<usize>,
-    pub channels: Option<Vec<String>>,
-    pub filters: Option<SearchFilters>,
-    pub weights: Option<ChannelWeights>,
-    pub rrf_k: Option<f64>,
-    /// `dbsf` (default) or `rrf`.
-    pub fusion: Option<String>,
-    /// Hits gathered per channel before fusion (default max(top_k, 50)).
-    pub candidates: Option<usize>,
-    pub explain: Option<bool>,
-    /// Dense channel by exact scan instead of HNSW (slow; for measuring HNSW recall).
-    pub exact: Option<bool>,
-    // Overrides of the KB's retrieval settings (see `RetrievalSettings`).
-    pub min_relative_score: Option<f64>,
-    pub min_results: Option<u32>,
-    pub rerank: Option<bool>,
-    pub rerank_model: Option<String>,
-    pub rerank_depth: Option<u32>,
-    pub mmr: Option<bool>,
-    pub mmr_lambda: Option<f64>,
-    pub duplicate_similarity: Option<f64>,
-    pub expand_parent: Option<bool>,
-    pub expand_neighbours: Option<u32>,
-    pub context_tokens: Option<u32>,
-    /// Add rule-based rewrites of the query (multi-query retrieval).
-    pub multi_query: Option<bool>,
-    /// Move candidates named by title in the top hits up behind them (multi-hop).
-    pub follow_links: Option<bool>,
-    pub link_from: Option<u32>,
-    pub links_per_hit: Option<u32>,
-    /// Sub-queries or rewrites (from a planner) searched alongside `query`, fused with RRF.
-    pub queries: Option<Vec<String>>,
 }
 
 /// One running node: its actors and its shared context.
@@ -1179,168 +1124,12 @@ impl SiftNode {
     pub async fn search(&self, kb: &str, query: SearchQuery) -> Result<SearchResponse> {
         let started = Instant::now();
         let kb = self.find_kb_for_data(kb).await?;
-        let text = query.query.trim().to_string();
-        if text.is_empty() {
-            return Err(SiftError::invalid("empty_query", "query is empty"));
-        }
-        if text.chars().count() > 8192 {
-            return Err(SiftError::invalid(
-                "query_too_long",
-                "query is longer than 8192 characters",
-            ));
-        }
-        let top_k = query.top_k.unwrap_or(10);
-        if top_k == 0 || top_k > MAX_TOP_K {
-            return Err(SiftError::invalid(
-                "invalid_top_k",
-                format!("top_k must be between 1 and {MAX_TOP_K}"),
-            ));
-        }
-        let (mut dense, mut bm25) = (true, true);
-        if let Some(channels) = &query.channels {
-            if channels.is_empty() {
-                return Err(SiftError::invalid("invalid_channels", "channels is empty"));
-            }
-            dense = false;
-            bm25 = false;
-            for channel in channels {
-                match channel.as_str() {
-                    "dense" => dense = true,
-                    "bm25" => bm25 = true,
-                    other => {
-                        return Err(SiftError::invalid(
-                            "invalid_channels",
-                            format!("unknown channel {other:?}; channels are dense and bm25"),
-                        ));
-                    }
-                }
-            }
-        }
-        // The KB's retrieval settings, overridden by the request, checked as a whole.
-        let mut settings = kb.settings.retrieval.clone();
-        let weights = query.weights.clone().unwrap_or_default();
-        if let Some(weight) = weights.dense {
-            settings.dense_weight = weight;
-        }
-        if let Some(weight) = weights.bm25 {
-            settings.bm25_weight = weight;
-        }
-        if let Some(value) = query.rrf_k {
-            settings.rrf_k = value;
-        }
-        if let Some(value) = &query.fusion {
-            settings.fusion = value.clone();
-        }
-        if let Some(value) = query.min_relative_score {
-            settings.min_relative_score = value;
-        }
-        if let Some(value) = query.min_results {
-            settings.min_results = value;
-        }
-        if let Some(value) = query.rerank {
-            settings.rerank = value;
-        }
-        if let Some(value) = &query.rerank_model {
-            settings.rerank_model = value.clone();
-        }
-        if let Some(value) = query.rerank_depth {
-            settings.rerank_depth = value;
-        }
-        if let Some(value) = query.mmr {
-            settings.mmr = value;
-        }
-        if let Some(value) = query.mmr_lambda {
-            settings.mmr_lambda = value;
-        }
-        if let Some(value) = query.duplicate_similarity {
-            settings.duplicate_similarity = value;
-        }
-        if let Some(value) = query.expand_parent {
-            settings.expand_parent = value;
-        }
-        if let Some(value) = query.expand_neighbours {
-            settings.expand_neighbours = value;
-        }
-        if let Some(value) = query.context_tokens {
-            settings.context_tokens = value;
-        }
-        if let Some(value) = query.multi_query {
-            settings.multi_query = value;
-        }
-        if let Some(value) = query.follow_links {
-            settings.follow_links = value;
-        }
-        if let Some(value) = query.link_from {
-            settings.link_from = value;
-        }
-        if let Some(value) = query.links_per_hit {
-            settings.links_per_hit = value;
-        }
-        let (dense_weight, bm25_weight) = (settings.dense_weight, settings.bm25_weight);
-        if !(dense_weight.is_finite() && bm25_weight.is_finite())
-            || dense_weight < 0.0
-            || bm25_weight < 0.0
-        {
-            return Err(SiftError::invalid(
-                "invalid_weights",
-                "channel weights must be finite and >= 0",
-            ));
-        }
-        if !(dense && dense_weight > 0.0 || bm25 && bm25_weight > 0.0) {
-            return Err(SiftError::invalid(
-                "invalid_weights",
-                "every requested channel has weight 0",
-            ));
-        }
-        retrieval_settings::validate(&settings, self.root.rerankers())?;
-        let rrf_k = settings.rrf_k;
-        let fusion = FusionMethod::parse(&settings.fusion).unwrap_or_default();
-        let candidates = query
-            .candidates
-            .unwrap_or(top_k.max(settings.candidates as usize));
-        if candidates < top_k || candidates > 1000 {
-            return Err(SiftError::invalid(
-                "invalid_candidates",
-                "candidates must be between top_k and 1000",
-            ));
-        }
-        let filters = query.filters.clone().unwrap_or_default();
-        let filter = SearchFilter {
-            document_ids: filters.document_ids,
-            metadata: metadata_from_json(filters.metadata.unwrap_or_default())?,
-        };
-        // Sub-queries: the caller's, then rule-based rewrites when asked for.
-        let mut extra: Vec<String> = Vec::new();
-        for sub in query.queries.iter().flatten() {
-            let sub = sub.trim();
-            if sub.is_empty() || sub.chars().count() > 8192 {
-                return Err(SiftError::invalid(
-                    "invalid_queries",
-                    "each of queries must be 1 to 8192 characters",
-                ));
-            }
-            if sub != text && !extra.iter().any(|e| e == sub) {
-                extra.push(sub.to_string());
-            }
-        }
-        if extra.len() > 8 {
-            return Err(SiftError::invalid(
-                "invalid_queries",
-                "at most 8 queries besides the query",
-            ));
-        }
-        if settings.multi_query {
-            for rewrite in rewrite::rewrites(&text) {
-                if !extra.contains(&rewrite) {
-                    extra.push(rewrite);
-                }
-            }
-        }
+        let search = query::resolve(&query, &kb.settings.retrieval, self.root.rerankers())?;
         let embed_started = Instant::now();
-        let mut vectors = if dense {
+        let mut vectors = if search.channels.dense {
             let embedder = self.context.embedders.get(&kb.settings.embedding_model)?;
-            let mut texts = vec![text.clone()];
-            texts.extend(extra.iter().cloned());
+            let mut texts = vec![search.query.clone()];
+            texts.extend(search.extra_queries.iter().cloned());
             self.context
                 .embed_cached(&embedder, texts)
                 .await?
@@ -1348,7 +1137,7 @@ impl SiftNode {
                 .map(Some)
                 .collect()
         } else {
-            vec![None; extra.len() + 1]
+            vec![None; search.extra_queries.len() + 1]
         };
         let embed_ms = embed_started.elapsed().as_secs_f64() * 1e3;
         let vector = if vectors.is_empty() {
@@ -1356,37 +1145,23 @@ impl SiftNode {
         } else {
             vectors.remove(0)
         };
-        let extra_queries = extra.into_iter().zip(vectors).collect();
-        let pipeline = Pipeline {
-            min_relative_score: settings.min_relative_score,
-            min_results: settings.min_results as usize,
-            rerank: settings.rerank.then(|| settings.rerank_model.clone()),
-            rerank_depth: settings.rerank_depth as usize,
-            mmr_lambda: settings.mmr.then_some(settings.mmr_lambda),
-            duplicate_similarity: settings.duplicate_similarity,
-            expand_parent: settings.expand_parent,
-            expand_neighbours: settings.expand_neighbours,
-            context_tokens: settings.context_tokens as usize,
-            links: settings
-                .follow_links
-                .then_some((settings.link_from as usize, settings.links_per_hit as usize)),
-        };
+        let pipeline = search.pipeline();
         let request = SearchRequest {
             kb_id: kb.id.clone(),
             shards: kb.settings.shards,
-            query: text,
             vector,
-            exact: query.exact.unwrap_or(false),
-            bm25,
-            top_k,
-            candidates,
-            filter,
-            dense_weight,
-            bm25_weight,
-            rrf_k,
-            fusion,
-            explain: query.explain.unwrap_or(false),
-            extra_queries,
+            exact: search.exact,
+            bm25: search.channels.bm25,
+            top_k: search.top_k,
+            candidates: search.candidates,
+            dense_weight: search.settings.dense_weight,
+            bm25_weight: search.settings.bm25_weight,
+            rrf_k: search.settings.rrf_k,
+            fusion: search.fusion,
+            explain: search.explain,
+            extra_queries: search.extra_queries.into_iter().zip(vectors).collect(),
+            filter: search.filter,
+            query: search.query,
             pipeline,
         };
         let mut response = self.root.search(&request).await;
@@ -1516,7 +1291,7 @@ fn apply_settings(
     if let Some(value) = parent_tokens {
         settings.parent_tokens = value;
     } else if settings.parent_tokens < settings.chunk_tokens {
-        settings.parent_tokens = settings.chunk_tokens * 4;
+        settings.parent_tokens = settings.chunk_tokens.saturating_mul(4);
     }
     if let Some(value) = language {
         settings.language = value;
@@ -1531,7 +1306,7 @@ fn apply_settings(
     if !(16..=8192).contains(&settings.chunk_tokens) {
         return invalid("chunk_tokens must be between 16 and 8192");
     }
-    if settings.chunk_overlap_tokens * 2 > settings.chunk_tokens {
+    if u64::from(settings.chunk_overlap_tokens) * 2 > u64::from(settings.chunk_tokens) {
         return invalid("chunk_overlap_tokens must be at most half of chunk_tokens");
     }
     if settings.parent_tokens < settings.chunk_tokens || settings.parent_tokens > 32768 {

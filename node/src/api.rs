@@ -35,6 +35,7 @@ pub struct AppState {
     pub prometheus: PrometheusHandle,
     pub max_upload_bytes: u64,
     pub max_json_bytes: u64,
+    pub max_bulk_documents: usize,
     pub temp_dir: PathBuf,
     /// Chat sessions and agent runs (routes in [`crate::chat_api`]).
     pub sessions: Arc<sift_actors::sessions::Sessions>,
@@ -444,6 +445,17 @@ async fn add_documents(
         let bulk: BulkDocuments = serde_json::from_slice(&body).map_err(|error| {
             ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", error.to_string())
         })?;
+        if bulk.documents.len() > state.max_bulk_documents {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_many_documents",
+                format!(
+                    "{} documents in one request; the limit is {} (max_bulk_documents)",
+                    bulk.documents.len(),
+                    state.max_bulk_documents
+                ),
+            ));
+        }
         let added = state.node.add_texts(&kb, bulk.documents).await?;
         Ok((StatusCode::ACCEPTED, Json(json!({ "documents": added }))).into_response())
     } else {
@@ -453,6 +465,41 @@ async fn add_documents(
             "send multipart/form-data with a `file` field, or application/json with `documents`",
         ))
     }
+}
+
+/// Largest text field (`external_id`, `metadata`) of a multipart upload, in bytes.
+pub const MAX_MULTIPART_TEXT_BYTES: usize = 64 * 1024;
+
+/// Reads a multipart text field, refusing it as soon as it passes
+/// [`MAX_MULTIPART_TEXT_BYTES`] (never buffered whole).
+async fn text_field(
+    field: &mut axum::extract::multipart::Field<'_>,
+    name: &str,
+) -> ApiResult<String> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(|error| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_multipart",
+            error.body_text(),
+        )
+    })? {
+        if bytes.len() + chunk.len() > MAX_MULTIPART_TEXT_BYTES {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "field_too_large",
+                format!("the {name} field is longer than {MAX_MULTIPART_TEXT_BYTES} bytes"),
+            ));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_multipart",
+            format!("the {name} field is not UTF-8 text"),
+        )
+    })
 }
 
 /// A file name is used only for its extension and display; anything that looks like a path
@@ -531,9 +578,9 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
                         entry.3 = hex::encode(hasher.finalize());
                     }
                 }
-                "external_id" => external_id = Some(field.text().await.map_err(multipart_error)?),
+                "external_id" => external_id = Some(text_field(&mut field, "external_id").await?),
                 "metadata" => {
-                    let text = field.text().await.map_err(multipart_error)?;
+                    let text = text_field(&mut field, "metadata").await?;
                     let map: serde_json::Map<String, serde_json::Value> =
                         serde_json::from_str(&text).map_err(|e| {
                             ApiError::new(

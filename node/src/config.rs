@@ -29,6 +29,8 @@ pub struct FileConfig {
     pub max_upload_bytes: Option<u64>,
     /// Largest accepted JSON body, in bytes.
     pub max_json_bytes: Option<u64>,
+    /// Most documents in one bulk JSON request.
+    pub max_bulk_documents: Option<usize>,
     pub shard_deadline_ms: Option<u64>,
     /// A leaf search not answered after this many ms goes to a second replica too.
     pub hedge_after_ms: Option<u64>,
@@ -121,6 +123,7 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     pub max_upload_bytes: u64,
     pub max_json_bytes: u64,
+    pub max_bulk_documents: usize,
     pub options: NodeOptions,
     pub embedding: EmbeddingFileConfig,
     pub runs: RunLimits,
@@ -181,6 +184,13 @@ impl Config {
         }
         if let Some(v) = parse("SIFT_MAX_UPLOAD_BYTES")? {
             file.max_upload_bytes = Some(v);
+        }
+        if let Some(v) = parse("SIFT_MAX_JSON_BYTES")? {
+            file.max_json_bytes = Some(v);
+        }
+        if let Some(v) = parse("SIFT_MAX_BULK_DOCUMENTS")? {
+            file.max_bulk_documents =
+                Some(usize::try_from(v).context("SIFT_MAX_BULK_DOCUMENTS is too large")?);
         }
         if let Some(v) = parse("SIFT_SHARD_DEADLINE_MS")? {
             file.shard_deadline_ms = Some(v);
@@ -336,6 +346,10 @@ impl Config {
                  search_permits_per_shard must be at least 1"
             );
         }
+        let max_bulk_documents = file.max_bulk_documents.unwrap_or(10_000);
+        if max_bulk_documents == 0 {
+            bail!("max_bulk_documents must be at least 1");
+        }
         if options.shard_deadline.is_zero() {
             bail!("shard_deadline_ms must be at least 1");
         }
@@ -406,6 +420,7 @@ impl Config {
             cluster,
             max_upload_bytes: file.max_upload_bytes.unwrap_or(64 * 1024 * 1024),
             max_json_bytes: file.max_json_bytes.unwrap_or(256 * 1024 * 1024),
+            max_bulk_documents,
             options,
             embedding: file.embedding,
         })

@@ -168,6 +168,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         prometheus,
         max_upload_bytes: config.max_upload_bytes,
         max_json_bytes: config.max_json_bytes,
+        max_bulk_documents: config.max_bulk_documents,
         temp_dir,
         listen: addr,
         cluster_address: cluster.as_ref().map(|member| member.address.clone()),

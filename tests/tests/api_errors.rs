@@ -252,6 +252,39 @@ async fn bad_requests_get_clear_errors_and_leave_the_kb_intact() {
         "missing_file",
     )
     .await;
+    // Multipart text fields are bounded (64 KiB), not buffered whole.
+    for field in ["metadata", "external_id"] {
+        let oversized = format!("{{\"k\": \"{}\"}}", "v".repeat(200 * 1024));
+        let part = reqwest::multipart::Part::bytes(b"text".to_vec()).file_name("a.txt");
+        let form = reqwest::multipart::Form::new()
+            .text(field, oversized)
+            .part("file", part);
+        base.check(
+            "an oversized multipart text field",
+            c.send(
+                c.request(reqwest::Method::POST, &format!("/v1/kbs/{KB}/documents"))
+                    .multipart(form),
+            )
+            .await,
+            413,
+            "field_too_large",
+        )
+        .await;
+    }
+    let too_many: Vec<Value> = (0..10_001)
+        .map(|i| json!({ "text": format!("document {i}") }))
+        .collect();
+    base.check(
+        "more documents in one bulk request than max_bulk_documents",
+        c.post_json(
+            &format!("/v1/kbs/{KB}/documents"),
+            &json!({ "documents": too_many }),
+        )
+        .await,
+        413,
+        "too_many_documents",
+    )
+    .await;
     base.check(
         "documents as text/plain",
         c.post_raw(&format!("/v1/kbs/{KB}/documents"), "text/plain", "hello")
@@ -384,6 +417,11 @@ async fn bad_requests_get_clear_errors_and_leave_the_kb_intact() {
         json!({ "name": "bad3", "chunk_tokens": 8 }),
         json!({ "name": "bad4", "chunk_tokens": 100, "chunk_overlap_tokens": 60 }),
         json!({ "name": "bad5", "language": "fr" }),
+        // Values whose checks overflowed u32 (a debug build panicked; a release build wrapped
+        // and accepted them).
+        json!({ "name": "bad6", "chunk_tokens": 100, "chunk_overlap_tokens": u32::MAX }),
+        json!({ "name": "bad7", "chunk_tokens": 2_147_483_648u32 }),
+        json!({ "name": "bad8", "chunk_tokens": u32::MAX }),
     ];
     for settings in invalid_settings {
         let name = settings["name"].as_str().unwrap().to_string();

@@ -6,6 +6,7 @@ pub mod fusion;
 pub mod links;
 pub mod mmr;
 pub mod packing;
+pub mod query;
 pub mod rerank;
 pub mod rescore;
 pub mod rewrite;
