@@ -132,8 +132,8 @@ pub struct KbView {
 /// One running node: its actors and its shared context.
 pub struct SiftNode {
     data_dir: PathBuf,
-    context: Arc<NodeContext>,
-    queue: IngestQueue,
+    pub(crate) context: Arc<NodeContext>,
+    pub(crate) queue: IngestQueue,
     root: RootSearch,
     shards: ActorRef<ShardsMessage>,
     ingest: ActorRef<()>,
@@ -278,7 +278,7 @@ impl SiftNode {
     }
 
     /// Opens this node's replicas of `kb` (all its shards when it has no placement).
-    async fn open_shards(&self, kb: &KbRecord) -> Result<()> {
+    pub(crate) async fn open_shards(&self, kb: &KbRecord) -> Result<()> {
         open_local_shards(&self.shards, &self.context.access, kb).await
     }
 
@@ -322,160 +322,9 @@ impl SiftNode {
         });
     }
 
-    /// Serves a shard request from another node: opens the replica if this node holds one
-    /// but has not opened it yet, then asks it.
-    pub async fn handle_shard_rpc(&self, rpc: ShardRpc) -> ShardReply {
-        let failed = |error: SiftError| ShardReply::Failed {
-            code: error.code().to_string(),
-            message: error.to_string(),
-        };
-        // Raw bytes and ingestion work: no replica needs to be open for them, but the
-        // replicas of the KB are opened now so that the ingestion that follows can write.
-        if let ShardRpc::PutRaw { kb_id, .. } | ShardRpc::Ingest { kb_id, .. } = &rpc {
-            match self.known_kb(kb_id).await {
-                Ok(kb) => {
-                    if let Err(error) = self.open_shards(&kb).await {
-                        warn!(kb_id, %error, "opening this node's replicas failed");
-                    }
-                }
-                Err(error) => return failed(error),
-            }
-        }
-        let rpc = match rpc {
-            ShardRpc::PutRaw { documents, .. } => {
-                return match self
-                    .context
-                    .raw
-                    .blocking(move |raw| raw.put_many(&documents))
-                    .await
-                {
-                    Ok(()) => ShardReply::RawStored {
-                        queue_depth: self.queue.depth(),
-                    },
-                    Err(error) => failed(error),
-                };
-            }
-            ShardRpc::GetRaw {
-                document_id,
-                upload,
-                ..
-            } => {
-                let read = self
-                    .context
-                    .raw
-                    .blocking(move |raw| raw.get(&document_id, upload));
-                return read.await.map(ShardReply::Raw).unwrap_or_else(failed);
-            }
-            ShardRpc::Ingest {
-                kb_id,
-                document_ids,
-                ..
-            } => {
-                // The assignment was committed before the request: apply it here first.
-                if let Err(error) = self.context.meta.linearizable_barrier().await {
-                    return failed(error);
-                }
-                handoff::queue_documents(&self.queue, &kb_id, &document_ids, false).await;
-                return ShardReply::Queued;
-            }
-            rpc => rpc,
-        };
-        let kb = match self.known_kb(rpc.kb_id()).await {
-            Ok(kb) => kb,
-            Err(error) => return failed(error),
-        };
-        let shard = rpc.shard();
-        if shard >= kb.settings.shards {
-            return failed(SiftError::invalid("invalid_shard", "no such shard"));
-        }
-        if self.context.registry.actor(&kb.id, shard).is_none() {
-            let _ = self.open_shards(&kb).await;
-            if self.context.registry.actor(&kb.id, shard).is_none() {
-                return failed(SiftError::ShardUnavailable {
-                    kb_id: kb.id.clone(),
-                    shard,
-                    reason: format!("no replica on node {}", self.context.access.local_id()),
-                });
-            }
-        }
-        let access = &self.context.access;
-        let timeout = self.context.options.shard_write_timeout;
-        let deadline = self.context.options.shard_deadline;
-        let outcome: std::result::Result<ShardReply, SiftError> = match rpc {
-            ShardRpc::Search { request, .. } => {
-                let request = Arc::new(request);
-                access
-                    .local_call(&kb.id, shard, deadline, |reply| ShardMessage::Search {
-                        request,
-                        reply,
-                    })
-                    .await
-                    .map(ShardReply::Search)
-                    .map_err(SiftError::Internal)
-            }
-            ShardRpc::Chunks { document_id, .. } => {
-                match self.context.registry.actor(&kb.id, shard) {
-                    None => Err(SiftError::Internal("replica stopped".into())),
-                    Some(actor) => match actor
-                        .call(
-                            |reply| ShardMessage::Chunks { document_id, reply },
-                            Some(deadline),
-                        )
-                        .await
-                    {
-                        Ok(CallResult::Success(outcome)) => outcome.map(ShardReply::Chunks),
-                        _ => Err(SiftError::Internal("the replica did not answer".into())),
-                    },
-                }
-            }
-            ShardRpc::Write { documents, .. } => access
-                .write_local(&kb.id, shard, documents)
-                .await
-                .map(|()| ShardReply::Written)
-                .map_err(SiftError::Internal),
-            ShardRpc::Delete { document_id, .. } => {
-                let _ = self.context.raw.remove(&document_id);
-                access
-                    .local_call(&kb.id, shard, timeout, |reply| ShardMessage::Delete {
-                        document_id,
-                        reply,
-                    })
-                    .await
-                    .map(ShardReply::Deleted)
-                    .map_err(SiftError::Internal)
-            }
-            ShardRpc::DocumentIds { .. } => access
-                .local_call(&kb.id, shard, timeout, |reply| ShardMessage::DocumentIds {
-                    reply,
-                })
-                .await
-                .map(ShardReply::DocumentIds)
-                .map_err(SiftError::Internal),
-            ShardRpc::Export { document_ids, .. } => access
-                .local_call(&kb.id, shard, timeout, |reply| ShardMessage::Export {
-                    document_ids,
-                    reply,
-                })
-                .await
-                .map(ShardReply::Exported)
-                .map_err(SiftError::Internal),
-            ShardRpc::PutRaw { .. } | ShardRpc::GetRaw { .. } | ShardRpc::Ingest { .. } => {
-                Err(SiftError::Internal("served above".into()))
-            }
-            ShardRpc::Stats { .. } => match self.context.registry.get(&crate::shards::ShardKey {
-                kb_id: kb.id.clone(),
-                shard,
-            }) {
-                Some(entry) => Ok(ShardReply::Stats(entry.index.stats())),
-                None => Err(SiftError::Internal("replica stopped".into())),
-            },
-        };
-        outcome.unwrap_or_else(failed)
-    }
-
     /// A KB by id for a request from another node; one created a moment ago there is found
     /// after settling this node's metadata (ReadIndex).
-    async fn known_kb(&self, kb_id: &str) -> Result<KbRecord> {
+    pub(crate) async fn known_kb(&self, kb_id: &str) -> Result<KbRecord> {
         if let Some(kb) = self.store().get_kb(kb_id)? {
             return Ok(kb);
         }

@@ -390,7 +390,10 @@ async fn receive_snapshot_chunk(State(state): State<Arc<ServerState>>, body: Byt
         };
         if assembly.data.len() as u64 != chunk.offset
             || assembly.total_len != chunk.total_len
-            || chunk.offset + chunk.data.len() as u64 > chunk.total_len
+            || chunk
+                .offset
+                .checked_add(chunk.data.len() as u64)
+                .is_none_or(|end| end > chunk.total_len)
         {
             assemblies.remove(&key);
             rejected("out_of_order");

@@ -21,14 +21,16 @@ impl RawStore {
         Ok(RawStore { dir, texts })
     }
 
-    /// Where an upload's bytes live once accepted.
-    pub fn file_path(&self, document_id: &str) -> PathBuf {
-        self.dir.join(document_id)
+    /// Where an upload's bytes live once accepted. Ids come from other nodes too: anything but
+    /// a plain id (a UUID as this node makes them: letters, digits, `-`, `_`) is refused
+    /// before a path is built from it.
+    pub fn file_path(&self, document_id: &str) -> Result<PathBuf> {
+        Ok(self.dir.join(plain_id(document_id)?))
     }
 
     /// Moves an uploaded temp file into place and syncs it.
     pub fn adopt_file(&self, temp: &Path, document_id: &str) -> Result<()> {
-        let target = self.file_path(document_id);
+        let target = self.file_path(document_id)?;
         std::fs::rename(temp, &target).map_err(io)?;
         std::fs::File::open(&self.dir)
             .and_then(|dir| dir.sync_all())
@@ -39,7 +41,7 @@ impl RawStore {
     /// Stores an upload's bytes received from another node; durable on return.
     pub fn put_file(&self, document_id: &str, bytes: &[u8]) -> Result<()> {
         use std::io::Write;
-        let target = self.file_path(document_id);
+        let target = self.file_path(document_id)?;
         let temp = self.dir.join(format!(".{document_id}.part"));
         let mut file = std::fs::File::create(&temp).map_err(io)?;
         file.write_all(bytes).map_err(io)?;
@@ -69,7 +71,7 @@ impl RawStore {
     /// A document's raw bytes by id and kind, if this node holds them.
     pub fn get(&self, document_id: &str, upload: bool) -> Result<Option<Vec<u8>>> {
         if upload {
-            match std::fs::read(self.file_path(document_id)) {
+            match std::fs::read(self.file_path(document_id)?) {
                 Ok(bytes) => Ok(Some(bytes)),
                 Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(error) => Err(io(error)),
@@ -109,7 +111,7 @@ impl RawStore {
 
     pub fn load(&self, record: &DocumentRecord) -> Result<Vec<u8>> {
         match &record.source {
-            DocSource::Upload { .. } => std::fs::read(self.file_path(&record.id)).map_err(io),
+            DocSource::Upload { .. } => std::fs::read(self.file_path(&record.id)?).map_err(io),
             DocSource::Text { .. } => self
                 .texts
                 .get(record.id.as_bytes())
@@ -129,7 +131,7 @@ impl RawStore {
     /// Whether this node holds the document's bytes.
     pub fn has(&self, record: &DocumentRecord) -> bool {
         match &record.source {
-            DocSource::Upload { .. } => self.file_path(&record.id).is_file(),
+            DocSource::Upload { .. } => self.file_path(&record.id).is_ok_and(|path| path.is_file()),
             DocSource::Text { .. } => self
                 .texts
                 .contains_key(record.id.as_bytes())
@@ -179,11 +181,31 @@ impl RawStore {
 
     pub fn remove(&self, document_id: &str) -> Result<()> {
         self.texts.remove(document_id.as_bytes()).map_err(storage)?;
-        match std::fs::remove_file(self.file_path(document_id)) {
+        match std::fs::remove_file(self.file_path(document_id)?) {
             Ok(()) => Ok(()),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(error) => Err(io(error)),
         }
+    }
+}
+
+/// Longest document id accepted (a UUID has 36 characters).
+const MAX_ID_LEN: usize = 64;
+
+/// `document_id` when it is a plain id that is safe as a file name.
+fn plain_id(document_id: &str) -> Result<&str> {
+    let plain = !document_id.is_empty()
+        && document_id.len() <= MAX_ID_LEN
+        && document_id
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_');
+    if plain {
+        Ok(document_id)
+    } else {
+        Err(SiftError::invalid(
+            "invalid_document_id",
+            format!("{document_id:?} is not a document id"),
+        ))
     }
 }
 
@@ -306,6 +328,21 @@ mod tests {
         let age = id_age(&uuid::Uuid::now_v7().to_string()).unwrap();
         assert!(age < Duration::from_secs(60), "{age:?}");
         assert_eq!(id_age("not-a-uuid"), None);
+        // Ids from other nodes never become paths outside the store.
+        for bad in [
+            "../escape",
+            "/etc/passwd",
+            "a/b",
+            "",
+            ".hidden",
+            "x\0y",
+            &"a".repeat(65),
+        ] {
+            assert!(store.put_file(bad, b"x").is_err(), "{bad:?}");
+            assert!(store.get(bad, true).is_err(), "{bad:?}");
+            assert!(store.remove(bad).is_err(), "{bad:?}");
+        }
+        assert!(!dir.path().join("escape").exists());
         assert_eq!(id_age(&uuid::Uuid::new_v4().to_string()), None);
     }
 }

@@ -5,13 +5,15 @@
 
 //!
 //! A KB's shards may have replicas on other nodes: [`access::ShardAccess`] routes reads,
-//! writes and deletes to the replicas the placement names, over [`rpc`] for remote ones.
+//! writes and deletes to the replicas the placement names, over [`rpc`] for remote ones;
+//! [`rpc_server`] serves those requests when they reach this node.
 
 pub mod access;
 pub mod messages;
 pub mod registry;
 pub mod replica;
 pub mod rpc;
+pub mod rpc_server;
 pub mod supervisor;
 
 pub use access::{AccessOptions, ShardAccess};

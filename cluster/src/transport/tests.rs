@@ -348,6 +348,25 @@ async fn internal_port_rejects_unauthenticated_and_malformed_bytes() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::CONFLICT);
+    // a chunk that holds more than its transfer's length
+    let chunk = encode_frame(&SnapshotChunk {
+        from: 2,
+        from_address: String::new(),
+        transfer_id: 10,
+        offset: 0,
+        total_len: 5,
+        message: Vec::new(),
+        data: vec![0; 10],
+    })
+    .unwrap();
+    let response = client
+        .post(url(SNAPSHOT_PATH))
+        .bearer_auth(SECRET)
+        .body(chunk)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
 
     // authenticated and well formed: accepted; the node still serves
     let response = client
