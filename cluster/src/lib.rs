@@ -7,10 +7,13 @@
 //!   [`raft::RaftHandle`]), the sled log ([`raft::SledRaftStorage`]), the state machine trait,
 //!   an in-memory network for tests, and [`raft::ReplicatedMeta`], the clustered door with
 //!   `LocalMeta::propose`'s contract (not wired into the node yet).
+//! - [`http_server`]: the accept loop of both HTTP servers (connection caps, header-read
+//!   timeout, graceful shutdown).
 //! - [`transport`]: the internal HTTP/2 transport between nodes (authenticated server,
 //!   per-peer queues, chunked snapshots, forwarded proposals, joins).
 
 pub mod error;
+pub mod http_server;
 pub mod meta_log;
 pub mod placement;
 pub mod raft;

@@ -211,14 +211,15 @@ impl InternalServer {
                 authenticate,
             ));
         let (shutdown, shutdown_signal) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let server = axum::serve(nodelay(listener), app).with_graceful_shutdown(async move {
+        let task = tokio::spawn(crate::http_server::serve(
+            listener,
+            app,
+            crate::http_server::ConnectionLimits::default(),
+            "internal",
+            async move {
                 let _ = shutdown_signal.await;
-            });
-            if let Err(error) = server.await {
-                warn!(%error, "internal server failed");
-            }
-        });
+            },
+        ));
         info!(%local_addr, "internal server listening");
         Ok(InternalServer {
             local_addr,
@@ -1036,21 +1037,6 @@ async fn send_snapshot(inner: &Inner, mut message: Message) -> bool {
             return true;
         }
     }
-}
-
-/// Sets `TCP_NODELAY` on every accepted connection. `axum::serve` leaves Nagle's algorithm on:
-/// an HTTP/2 response written as a HEADERS frame then a small DATA frame then waits for the
-/// peer's delayed ACK (up to 40 ms on Linux) before its second segment leaves.
-pub fn nodelay(
-    listener: tokio::net::TcpListener,
-) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
-    use axum::serve::ListenerExt;
-    fn set(stream: &mut tokio::net::TcpStream) {
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::debug!(%error, "could not set TCP_NODELAY");
-        }
-    }
-    listener.tap_io(set as fn(&mut tokio::net::TcpStream))
 }
 
 #[cfg(test)]

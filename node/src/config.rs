@@ -31,6 +31,12 @@ pub struct FileConfig {
     pub max_json_bytes: Option<u64>,
     /// Most documents in one bulk JSON request.
     pub max_bulk_documents: Option<usize>,
+    /// Open connections to the public port, all clients together.
+    pub max_connections: Option<usize>,
+    /// Open connections to the public port from one IP address.
+    pub max_connections_per_ip: Option<usize>,
+    /// Longest wait for a connection's first byte and for each request's headers (ms).
+    pub header_read_timeout_ms: Option<u64>,
     pub shard_deadline_ms: Option<u64>,
     /// A leaf search not answered after this many ms goes to a second replica too.
     pub hedge_after_ms: Option<u64>,
@@ -124,6 +130,8 @@ pub struct Config {
     pub max_upload_bytes: u64,
     pub max_json_bytes: u64,
     pub max_bulk_documents: usize,
+    /// Caps and timeouts of the public server's connections.
+    pub connections: sift_cluster::http_server::ConnectionLimits,
     pub options: NodeOptions,
     pub embedding: EmbeddingFileConfig,
     pub runs: RunLimits,
@@ -187,6 +195,17 @@ impl Config {
         }
         if let Some(v) = parse("SIFT_MAX_JSON_BYTES")? {
             file.max_json_bytes = Some(v);
+        }
+        if let Some(v) = parse("SIFT_MAX_CONNECTIONS")? {
+            file.max_connections =
+                Some(usize::try_from(v).context("SIFT_MAX_CONNECTIONS is too large")?);
+        }
+        if let Some(v) = parse("SIFT_MAX_CONNECTIONS_PER_IP")? {
+            file.max_connections_per_ip =
+                Some(usize::try_from(v).context("SIFT_MAX_CONNECTIONS_PER_IP is too large")?);
+        }
+        if let Some(v) = parse("SIFT_HEADER_READ_TIMEOUT_MS")? {
+            file.header_read_timeout_ms = Some(v);
         }
         if let Some(v) = parse("SIFT_MAX_BULK_DOCUMENTS")? {
             file.max_bulk_documents =
@@ -346,6 +365,27 @@ impl Config {
                  search_permits_per_shard must be at least 1"
             );
         }
+        let default_limits = sift_cluster::http_server::ConnectionLimits::default();
+        let connections = sift_cluster::http_server::ConnectionLimits {
+            max_connections: file
+                .max_connections
+                .unwrap_or(default_limits.max_connections),
+            max_connections_per_ip: file
+                .max_connections_per_ip
+                .unwrap_or(default_limits.max_connections_per_ip),
+            header_read_timeout: file
+                .header_read_timeout_ms
+                .map(Duration::from_millis)
+                .unwrap_or(default_limits.header_read_timeout),
+        };
+        if connections.max_connections == 0
+            || connections.max_connections_per_ip == 0
+            || connections.header_read_timeout.is_zero()
+        {
+            bail!(
+                "max_connections, max_connections_per_ip and header_read_timeout_ms must be at least 1"
+            );
+        }
         let max_bulk_documents = file.max_bulk_documents.unwrap_or(10_000);
         if max_bulk_documents == 0 {
             bail!("max_bulk_documents must be at least 1");
@@ -421,6 +461,7 @@ impl Config {
             max_upload_bytes: file.max_upload_bytes.unwrap_or(64 * 1024 * 1024),
             max_json_bytes: file.max_json_bytes.unwrap_or(256 * 1024 * 1024),
             max_bulk_documents,
+            connections,
             options,
             embedding: file.embedding,
         })

@@ -175,15 +175,15 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let app = router(state);
-    let server = tokio::spawn(async move {
-        let serving = axum::serve(sift_cluster::transport::nodelay(listener), app)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            });
-        if let Err(error) = serving.await {
-            tracing::error!(%error, "http server failed");
-        }
-    });
+    let server = tokio::spawn(sift_cluster::http_server::serve(
+        listener,
+        app,
+        config.connections,
+        "public",
+        async {
+            let _ = stopped.await;
+        },
+    ));
     info!(%addr, data_dir = %config.data_dir.display(), "sift node listening");
     Ok(RunningNode {
         addr,

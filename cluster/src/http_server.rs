@@ -1,0 +1,345 @@
+//! The accept loop of both HTTP servers (the public API and the internal port).
+//!
+//! `axum::serve` sets no header-read timeout and no cap on connections, so idle or slow
+//! sockets pile up until the process runs out of file descriptors and every request fails
+//! (issue 14: about 1,020 idle sockets from one client took `/healthz` down). Here every
+//! connection:
+//! - counts against [`ConnectionLimits::max_connections`] and, per client IP address, against
+//!   [`ConnectionLimits::max_connections_per_ip`]; one over a cap is closed at once;
+//! - must send its first byte, and then each request's headers, within
+//!   [`ConnectionLimits::header_read_timeout`] (hyper's HTTP/1 header timer also covers the
+//!   wait for the next request on a kept-alive connection);
+//! - has `TCP_NODELAY` set (Nagle's algorithm delays small HTTP/2 frames by up to 40 ms).
+//!
+//! HTTP/1 and HTTP/2 are both served (hyper-util's auto builder), with upgrades; a shutdown
+//! signal stops accepting and lets open connections finish their requests.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+/// Bounds on the connections one server holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Open connections at once, all clients together.
+    pub max_connections: usize,
+    /// Open connections at once from one IP address.
+    pub max_connections_per_ip: usize,
+    /// Longest wait for a connection's first byte, and for each request's headers.
+    pub header_read_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max_connections: 4096,
+            max_connections_per_ip: 512,
+            header_read_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Open connections by client address; a [`Slot`] gives its place back when dropped.
+#[derive(Default)]
+struct Occupancy {
+    total: usize,
+    by_ip: HashMap<IpAddr, usize>,
+}
+
+struct Slot {
+    occupancy: Arc<Mutex<Occupancy>>,
+    ip: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut occupancy = self.occupancy.lock().unwrap_or_else(|p| p.into_inner());
+        occupancy.total -= 1;
+        if let Some(count) = occupancy.by_ip.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                occupancy.by_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Takes a slot for a connection from `ip`, or says which cap is full.
+fn take_slot(
+    occupancy: &Arc<Mutex<Occupancy>>,
+    limits: &ConnectionLimits,
+    ip: IpAddr,
+) -> Result<Slot, &'static str> {
+    let mut guard = occupancy.lock().unwrap_or_else(|p| p.into_inner());
+    if guard.total >= limits.max_connections {
+        return Err("max_connections");
+    }
+    let from_ip = guard.by_ip.get(&ip).copied().unwrap_or(0);
+    if from_ip >= limits.max_connections_per_ip {
+        return Err("max_connections_per_ip");
+    }
+    guard.total += 1;
+    *guard.by_ip.entry(ip).or_default() += 1;
+    Ok(Slot {
+        occupancy: occupancy.clone(),
+        ip,
+    })
+}
+
+/// Serves `app` on `listener` within `limits` until `shutdown` completes, then waits for the
+/// open connections to finish (each is told to close after its current request).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    server: &'static str,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let occupancy = Arc::new(Mutex::new(Occupancy::default()));
+    // Dropping `stop` tells connections to shut down; each holds a `tracked` receiver, so
+    // `tracker.closed()` returns once the last one is gone.
+    let (stop, stopped) = watch::channel(());
+    let (tracker, tracked) = watch::channel(());
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of descriptors (EMFILE) and the like: back off, keep serving.
+                    warn!(server, %error, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let slot = match take_slot(&occupancy, &limits, peer.ip()) {
+            Ok(slot) => slot,
+            Err(cap) => {
+                metrics::counter!("sift_http_connections_refused_total", "server" => server, "cap" => cap)
+                    .increment(1);
+                debug!(server, %peer, cap, "connection refused: at the cap");
+                drop(stream);
+                continue;
+            }
+        };
+        let connection = Connection {
+            stream,
+            peer,
+            app: app.clone(),
+            limits,
+            stopped: stopped.clone(),
+            _tracked: tracked.clone(),
+            _slot: slot,
+        };
+        tokio::spawn(connection.run(server));
+    }
+    drop(listener);
+    drop(stop);
+    drop(tracked);
+    tracker.closed().await;
+}
+
+struct Connection {
+    stream: TcpStream,
+    peer: SocketAddr,
+    app: Router,
+    limits: ConnectionLimits,
+    stopped: watch::Receiver<()>,
+    _tracked: watch::Receiver<()>,
+    _slot: Slot,
+}
+
+impl Connection {
+    async fn run(self, server: &'static str) {
+        if let Err(error) = self.stream.set_nodelay(true) {
+            debug!(%error, "could not set TCP_NODELAY");
+        }
+        // The HTTP/1-or-2 detection reads the first bytes with no timer of its own.
+        let mut first = [0u8; 1];
+        let wait = self.limits.header_read_timeout;
+        match tokio::time::timeout(wait, self.stream.peek(&mut first)).await {
+            Ok(Ok(read)) if read > 0 => {}
+            Ok(_) => return, // closed by the client, or broken
+            Err(_) => {
+                metrics::counter!("sift_http_connections_timed_out_total", "server" => server)
+                    .increment(1);
+                debug!(server, peer = %self.peer, "connection closed: nothing sent");
+                return;
+            }
+        }
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.limits.header_read_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .enable_connect_protocol();
+        let service = TowerToHyperService::new(self.app);
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(self.stream), service);
+        tokio::pin!(connection);
+        let mut stopped = self.stopped;
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    debug!(server, peer = %self.peer, %error, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stopped.changed() => {}
+        }
+        connection.as_mut().graceful_shutdown();
+        if let Err(error) = connection.await {
+            debug!(server, peer = %self.peer, %error, "connection ended with an error");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn start(limits: ConnectionLimits) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(listener, app, limits, "test", async move {
+            let _ = stopped.await;
+        }));
+        (addr, stop)
+    }
+
+    /// One HTTP/1.1 request on a fresh connection; the status line, or None if refused.
+    async fn get(addr: SocketAddr) -> Option<String> {
+        let mut stream = TcpStream::connect(addr).await.ok()?;
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.ok()?;
+        response.lines().next().map(str::to_string)
+    }
+
+    /// Reads until the server closes the connection; true if it did within `wait`.
+    async fn closed_by_server(stream: &mut TcpStream, wait: Duration) -> bool {
+        let mut buffer = [0u8; 256];
+        loop {
+            match tokio::time::timeout(wait, stream.read(&mut buffer)).await {
+                Err(_) => return false,
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_per_address_cap_are_closed_and_others_still_served() {
+        let limits = ConnectionLimits {
+            max_connections: 1000,
+            max_connections_per_ip: 8,
+            header_read_timeout: Duration::from_secs(60),
+        };
+        let (addr, _stop) = start(limits).await;
+        let mut idle = Vec::new();
+        for _ in 0..8 {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            stream.write_all(b"G").await.unwrap(); // a request that never finishes
+            idle.push(stream);
+        }
+        // The ninth from the same address is closed without an answer.
+        let mut ninth = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_by_server(&mut ninth, Duration::from_secs(10)).await);
+        // Once one idle socket goes, a new connection is served again.
+        drop(idle.pop());
+        let mut served = None;
+        for _ in 0..100 {
+            served = get(addr).await;
+            if served.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(served.as_deref(), Some("HTTP/1.1 200 OK"));
+    }
+
+    #[tokio::test]
+    async fn the_total_cap_holds_across_addresses() {
+        let limits = ConnectionLimits {
+            max_connections: 4,
+            max_connections_per_ip: 100,
+            header_read_timeout: Duration::from_secs(60),
+        };
+        let (addr, _stop) = start(limits).await;
+        let mut idle = Vec::new();
+        for _ in 0..4 {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            stream.write_all(b"G").await.unwrap();
+            idle.push(stream);
+        }
+        let mut fifth = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_by_server(&mut fifth, Duration::from_secs(10)).await);
+    }
+
+    #[tokio::test]
+    async fn silent_and_slow_header_sockets_are_closed_after_the_timeout() {
+        let limits = ConnectionLimits {
+            max_connections: 100,
+            max_connections_per_ip: 100,
+            header_read_timeout: Duration::from_millis(300),
+        };
+        let (addr, _stop) = start(limits).await;
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /healthz HTTP/1.1\r\nhost")
+            .await
+            .unwrap();
+        assert!(closed_by_server(&mut silent, Duration::from_secs(20)).await);
+        assert!(closed_by_server(&mut slow, Duration::from_secs(20)).await);
+        // A kept-alive connection that goes quiet after a request is closed too.
+        let mut kept = TcpStream::connect(addr).await.unwrap();
+        kept.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(closed_by_server(&mut kept, Duration::from_secs(20)).await);
+        assert_eq!(get(addr).await.as_deref(), Some("HTTP/1.1 200 OK"));
+    }
+
+    #[tokio::test]
+    async fn shutdown_stops_accepting_and_returns() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            listener,
+            Router::new().route("/healthz", axum::routing::get(|| async { "ok" })),
+            ConnectionLimits::default(),
+            "test",
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        assert_eq!(get(addr).await.as_deref(), Some("HTTP/1.1 200 OK"));
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(20), server)
+            .await
+            .expect("the server returns after shutdown")
+            .unwrap();
+        assert_eq!(get(addr).await, None, "nothing listens any more");
+    }
+}
