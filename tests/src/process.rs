@@ -30,6 +30,28 @@ impl NodeProcess {
 
     /// [`NodeProcess::start`] with an explicit binary, e.g. `env!("CARGO_BIN_EXE_sift-under-test")`.
     pub fn start_binary(binary: &Path, data_dir: &Path, extra_env: &[(&str, &str)]) -> NodeProcess {
+        NodeProcess::try_start_binary(binary, data_dir, extra_env).unwrap_or_else(|status| {
+            panic!(
+                "the node exited before listening ({status:?}); its log:\n{}",
+                tail(&log_path_for(data_dir))
+            )
+        })
+    }
+
+    /// [`NodeProcess::start`], or the exit status of a node that ended before it listened
+    /// (for tests of nodes that crash while starting).
+    pub fn try_start(
+        data_dir: &Path,
+        extra_env: &[(&str, &str)],
+    ) -> Result<NodeProcess, ExitStatus> {
+        NodeProcess::try_start_binary(&binary(), data_dir, extra_env)
+    }
+
+    fn try_start_binary(
+        binary: &Path,
+        data_dir: &Path,
+        extra_env: &[(&str, &str)],
+    ) -> Result<NodeProcess, ExitStatus> {
         let model = require_model();
         assert!(
             binary.is_file(),
@@ -93,11 +115,7 @@ impl NodeProcess {
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let status = child.wait().ok();
-                    panic!(
-                        "the node exited before listening ({status:?}); its log:\n{}",
-                        tail(&log_path)
-                    );
+                    return Err(child.wait().expect("waiting for the node"));
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     let _ = child.kill();
@@ -109,12 +127,12 @@ impl NodeProcess {
                 }
             }
         };
-        NodeProcess {
+        Ok(NodeProcess {
             url,
             child,
             data_dir: data_dir.to_path_buf(),
             log_path,
-        }
+        })
     }
 
     /// A cluster member on `data_dir` with internal address `internal`, joining `join` when

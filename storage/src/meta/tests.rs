@@ -744,6 +744,22 @@ fn pending_work_follows_registration_status_reassignment_and_deletes() {
     assert!(store.shard_bytes().unwrap().is_empty());
 }
 
+/// Opens a store that was just dropped. sled's background flusher can hold the directory's
+/// lock for a moment after the drop, so a failed lock is retried (bounded).
+fn open_again(dir: &std::path::Path) -> SledMetaStore {
+    let started = std::time::Instant::now();
+    loop {
+        match SledMetaStore::open(dir) {
+            Ok(store) => return store,
+            Err(error) if started.elapsed() < std::time::Duration::from_secs(10) => {
+                assert!(error.to_string().contains("lock"), "{error}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(error) => panic!("reopening the store: {error}"),
+        }
+    }
+}
+
 #[test]
 fn each_committed_start_of_processing_counts_as_an_attempt_and_survives_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
@@ -801,7 +817,7 @@ fn each_committed_start_of_processing_counts_as_an_attempt_and_survives_a_reopen
         store.flush().unwrap();
         index = log.index;
     }
-    let store = SledMetaStore::open(dir.path()).unwrap();
+    let store = open_again(dir.path());
     assert_eq!(attempts(&store, "d1"), Some(2), "the count is durable");
     let mut log = Log {
         store: &store,
