@@ -7,8 +7,13 @@ address, so the per-address cap does not apply to it) while they are held, and a
 they are gone. Reports how many sockets the node kept open and how many it closed.
 Traffic goes to loopback only.
 
-Usage: scripts/connection-flood.py [--port 7700] [--idle 1500] [--slow 200] [--hold 5]
+With --pid, also counts the node's open file descriptors (sockets the client thinks open may
+still sit in the kernel's accept queue; the node's descriptors are what it holds).
+
+Usage: scripts/connection-flood.py [--port 7700] [--pid PID] [--idle 1500] [--slow 200] [--hold 5]
 """
+
+import os
 
 import argparse
 import asyncio
@@ -84,7 +89,13 @@ async def main():
     parser.add_argument("--slow", type=int, default=200)
     parser.add_argument("--hold", type=float, default=5.0)
     parser.add_argument("--probes", type=int, default=200)
+    parser.add_argument("--pid", type=int)
     args = parser.parse_args()
+
+    def descriptors():
+        return len(os.listdir(f"/proc/{args.pid}/fd")) if args.pid else None
+
+    print(f"node file descriptors before: {descriptors()}")
 
     baseline, baseline_failures = await healthz(args.port, args.probes)
     print(f"/healthz with no flood: {summary(baseline)}, {baseline_failures} failed")
@@ -105,6 +116,7 @@ async def main():
             kept += 1
     print(f"idle sockets opened {len(idle)}, still open after {args.hold:.0f} s: {kept}")
     print(f"/healthz during the flood: {summary(during)}, {during_failures} failed")
+    print(f"node file descriptors during the flood: {descriptors()}")
     stop.set()
     await asyncio.gather(*slow)
     print(
