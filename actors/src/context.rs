@@ -28,6 +28,10 @@ pub struct NodeOptions {
     /// Starts of processing a document may have that never finish (the process died meanwhile)
     /// before it is failed with `crashed_processing` instead of being tried again.
     pub ingest_max_attempts: u32,
+    /// Knowledge bases the cluster may hold.
+    pub max_kbs: usize,
+    /// Shard replicas one node may hold; a KB create that would pass it is refused.
+    pub max_shards_per_node: usize,
     /// Longest a shard write may take before the documents fail.
     pub shard_write_timeout: Duration,
     /// Enables fault injection endpoints (tests only).
@@ -61,6 +65,8 @@ impl Default for NodeOptions {
             ingest_queue_capacity: 256,
             ingest_workers: 2,
             ingest_max_attempts: 3,
+            max_kbs: 1000,
+            max_shards_per_node: 512,
             shard_write_timeout: Duration::from_secs(300),
             debug_faults: false,
             rerank: Default::default(),

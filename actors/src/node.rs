@@ -499,9 +499,36 @@ impl SiftNode {
             settings.retrieval =
                 retrieval_settings::merge_patch(&settings.retrieval, patch, self.root.rerankers())?;
         }
+        let kbs = self.store().list_kbs()?;
+        let limits = &self.context.options;
+        if kbs.len() >= limits.max_kbs {
+            return Err(SiftError::Conflict {
+                code: "too_many_kbs",
+                message: format!(
+                    "the cluster holds {} knowledge bases, the limit (max_kbs); delete one first",
+                    limits.max_kbs
+                ),
+            });
+        }
         let now = now_ms();
-        let load = node_loads(self.store(), &self.store().list_kbs()?, &members);
-        let placement = place_replicas(shards, replication_factor, &members, &load)
+        let load = node_loads(self.store(), &kbs, &members);
+        let placed = place_replicas(shards, replication_factor, &members, &load);
+        // Every shard replica costs its node memory, threads and files: none goes over its cap.
+        for &node in &members {
+            let new = placed.iter().filter(|nodes| nodes.contains(&node)).count();
+            let held = replicas_on(&kbs, node);
+            if new > 0 && held + new > limits.max_shards_per_node {
+                return Err(SiftError::Conflict {
+                    code: "too_many_shards",
+                    message: format!(
+                        "node {node} holds {held} shard replicas; {new} more would pass the \
+                         limit of {} (max_shards_per_node)",
+                        limits.max_shards_per_node
+                    ),
+                });
+            }
+        }
+        let placement = placed
             .into_iter()
             .map(|nodes| ShardPlacement {
                 replicas: nodes

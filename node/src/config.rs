@@ -57,6 +57,10 @@ pub struct FileConfig {
     pub ingest_workers: Option<usize>,
     /// Interrupted starts of processing after which a document fails (`crashed_processing`).
     pub ingest_max_attempts: Option<u32>,
+    /// Knowledge bases the cluster may hold.
+    pub max_kbs: Option<usize>,
+    /// Shard replicas one node may hold.
+    pub max_shards_per_node: Option<usize>,
     /// Fault injection endpoints, for tests.
     pub debug_faults: Option<bool>,
     #[serde(default)]
@@ -238,6 +242,13 @@ impl Config {
         if let Some(v) = parse("SIFT_INGEST_WORKERS")? {
             file.ingest_workers = Some(v as usize);
         }
+        if let Some(v) = parse("SIFT_MAX_KBS")? {
+            file.max_kbs = Some(usize::try_from(v).context("SIFT_MAX_KBS is too large")?);
+        }
+        if let Some(v) = parse("SIFT_MAX_SHARDS_PER_NODE")? {
+            file.max_shards_per_node =
+                Some(usize::try_from(v).context("SIFT_MAX_SHARDS_PER_NODE is too large")?);
+        }
         if let Some(v) = parse("SIFT_INGEST_MAX_ATTEMPTS")? {
             file.ingest_max_attempts =
                 Some(u32::try_from(v).context("SIFT_INGEST_MAX_ATTEMPTS is too large")?);
@@ -316,6 +327,10 @@ impl Config {
             ingest_max_attempts: file
                 .ingest_max_attempts
                 .unwrap_or(defaults.ingest_max_attempts),
+            max_kbs: file.max_kbs.unwrap_or(defaults.max_kbs),
+            max_shards_per_node: file
+                .max_shards_per_node
+                .unwrap_or(defaults.max_shards_per_node),
             shard_write_timeout: defaults.shard_write_timeout,
             debug_faults: file.debug_faults.unwrap_or(false),
             rerank: file.rerank.clone(),
@@ -358,11 +373,13 @@ impl Config {
         if options.ingest_queue_capacity == 0
             || options.ingest_workers == 0
             || options.ingest_max_attempts == 0
+            || options.max_kbs == 0
+            || options.max_shards_per_node == 0
             || options.search_permits_per_shard == 0
         {
             bail!(
-                "ingest_queue_capacity, ingest_workers, ingest_max_attempts and \
-                 search_permits_per_shard must be at least 1"
+                "ingest_queue_capacity, ingest_workers, ingest_max_attempts, max_kbs, \
+                 max_shards_per_node and search_permits_per_shard must be at least 1"
             );
         }
         let default_limits = sift_cluster::http_server::ConnectionLimits::default();
