@@ -6,8 +6,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Path, Query, Request, State};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{
+    DefaultBodyLimit, FromRequest, FromRequestParts, Multipart, Path, Query, Request, State,
+};
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -154,6 +157,25 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     }
 }
 
+/// `Path` whose rejections (a non-numeric id, a segment that is not UTF-8) are our JSON
+/// errors.
+pub struct ApiPath<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ApiPath(value)),
+            Err(rejection) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_path",
+                rejection.body_text(),
+            )),
+        }
+    }
+}
+
 fn json_rejection(rejection: JsonRejection) -> ApiError {
     match rejection {
         JsonRejection::MissingJsonContentType(_) => ApiError::new(
@@ -222,7 +244,7 @@ struct RemoveNode {
 /// address once.
 async fn remove_cluster_node(
     State(state): State<AppState>,
-    Path(id): Path<u64>,
+    ApiPath(id): ApiPath<u64>,
     query: Result<Query<RemoveNode>, QueryRejection>,
     headers: axum::http::HeaderMap,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
@@ -366,14 +388,14 @@ async fn list_kbs(State(state): State<AppState>) -> ApiResult<impl IntoResponse>
 
 async fn get_kb(
     State(state): State<AppState>,
-    Path(kb): Path<String>,
+    ApiPath(kb): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
     Ok(Json(state.node.get_kb(&kb)?))
 }
 
 async fn kb_shards(
     State(state): State<AppState>,
-    Path(kb): Path<String>,
+    ApiPath(kb): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
     let shards = state.node.kb_shards(&kb).await?;
     Ok(Json(serde_json::json!({ "shards": shards })))
@@ -381,7 +403,7 @@ async fn kb_shards(
 
 async fn update_kb(
     State(state): State<AppState>,
-    Path(kb): Path<String>,
+    ApiPath(kb): ApiPath<String>,
     ApiJson(request): ApiJson<UpdateKb>,
 ) -> ApiResult<impl IntoResponse> {
     Ok(Json(state.node.update_kb(&kb, request).await?))
@@ -389,7 +411,7 @@ async fn update_kb(
 
 async fn delete_kb(
     State(state): State<AppState>,
-    Path(kb): Path<String>,
+    ApiPath(kb): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
     state.node.delete_kb(&kb).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -405,7 +427,7 @@ struct BulkDocuments {
 /// bulk texts, by content type.
 async fn add_documents(
     State(state): State<AppState>,
-    Path(kb): Path<String>,
+    ApiPath(kb): ApiPath<String>,
     request: Request,
 ) -> ApiResult<Response> {
     let content_type = request
@@ -643,7 +665,7 @@ struct Page {
 
 async fn list_documents(
     State(state): State<AppState>,
-    Path(kb): Path<String>,
+    ApiPath(kb): ApiPath<String>,
     page: Result<Query<Page>, QueryRejection>,
 ) -> ApiResult<impl IntoResponse> {
     let Query(page) = page.map_err(|rejection| {
@@ -667,14 +689,14 @@ async fn list_documents(
 
 async fn get_document(
     State(state): State<AppState>,
-    Path((kb, doc)): Path<(String, String)>,
+    ApiPath((kb, doc)): ApiPath<(String, String)>,
 ) -> ApiResult<impl IntoResponse> {
     Ok(Json(state.node.get_document(&kb, &doc)?))
 }
 
 async fn delete_document(
     State(state): State<AppState>,
-    Path((kb, doc)): Path<(String, String)>,
+    ApiPath((kb, doc)): ApiPath<(String, String)>,
 ) -> ApiResult<impl IntoResponse> {
     state.node.delete_document(&kb, &doc).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -682,7 +704,7 @@ async fn delete_document(
 
 async fn document_chunks(
     State(state): State<AppState>,
-    Path((kb, doc)): Path<(String, String)>,
+    ApiPath((kb, doc)): ApiPath<(String, String)>,
 ) -> ApiResult<impl IntoResponse> {
     Ok(Json(
         json!({ "chunks": state.node.document_chunks(&kb, &doc).await? }),
@@ -693,7 +715,7 @@ async fn document_chunks(
 /// change, ending after `ready`, `failed` or deletion. Event name = status.
 async fn document_events(
     State(state): State<AppState>,
-    Path((kb, doc)): Path<(String, String)>,
+    ApiPath((kb, doc)): ApiPath<(String, String)>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     // Subscribe before reading the current status so no change falls between the two.
     let receiver = state.node.subscribe_events();
@@ -756,7 +778,7 @@ async fn document_events(
 
 async fn search(
     State(state): State<AppState>,
-    Path(kb): Path<String>,
+    ApiPath(kb): ApiPath<String>,
     ApiJson(query): ApiJson<SearchQuery>,
 ) -> ApiResult<impl IntoResponse> {
     Ok(Json(state.node.search(&kb, query).await?))
@@ -764,15 +786,8 @@ async fn search(
 
 async fn crash_shard(
     State(state): State<AppState>,
-    path: Result<Path<(String, u32)>, PathRejection>,
+    ApiPath((kb, shard)): ApiPath<(String, u32)>,
 ) -> ApiResult<impl IntoResponse> {
-    let Path((kb, shard)) = path.map_err(|rejection| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_path",
-            rejection.body_text(),
-        )
-    })?;
     state.node.crash_shard(&kb, shard)?;
     Ok(StatusCode::ACCEPTED)
 }

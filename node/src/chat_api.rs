@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use sift_actors::agent::{AgentEvent, Citation, PastTurn, RunFinish};
 use sift_actors::sessions::{EphemeralRun, NewSession, RunEvent, RunEventKind, RunLog};
 
-use crate::api::{ApiError, ApiJson, AppState};
+use crate::api::{ApiError, ApiJson, ApiPath, AppState};
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -53,14 +53,14 @@ async fn list_sessions(State(state): State<AppState>) -> ApiResult<impl IntoResp
 
 async fn get_session(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
     Ok(Json(state.sessions.get_session(&id)?))
 }
 
 async fn delete_session(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
     state.sessions.delete_session(&id).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -68,7 +68,7 @@ async fn delete_session(
 
 async fn list_messages(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
     Ok(Json(json!({ "messages": state.sessions.turns(&id)? })))
 }
@@ -82,7 +82,7 @@ struct NewMessage {
 /// Starts a run and streams its events (`meta` first, `done` last).
 async fn post_message(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(message): ApiJson<NewMessage>,
 ) -> ApiResult<Response> {
     let log = state.sessions.ask(&id, &message.content)?;
@@ -93,7 +93,7 @@ async fn post_message(
 
 async fn run_status(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
     Ok(Json(state.sessions.run(&id)?.status()))
 }
@@ -102,7 +102,7 @@ async fn run_status(
 /// until `done`.
 async fn run_events(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let after = match headers.get("last-event-id") {
@@ -125,7 +125,7 @@ async fn run_events(
 
 async fn stop_run(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
     Ok((StatusCode::ACCEPTED, Json(state.sessions.stop(&id)?)))
 }

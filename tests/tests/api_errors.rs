@@ -776,6 +776,14 @@ async fn malformed_query_strings_and_path_parameters_get_json_errors() {
                 .await,
         ),
         (
+            "a path segment that is not UTF-8",
+            client.get("/v1/kbs/%FF%FE/documents").await,
+        ),
+        (
+            "non-numeric node id",
+            client.delete("/v1/cluster/nodes/first").await,
+        ),
+        (
             "non-numeric shard",
             client
                 .post_json(
