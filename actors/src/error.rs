@@ -146,6 +146,14 @@ impl SiftError {
     }
 }
 
+/// The message of a caught panic's payload, when it carried one (`panic!` with a string).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| text.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

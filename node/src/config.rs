@@ -179,6 +179,11 @@ impl Config {
                 })
                 .transpose()
         };
+        let parse_count = |name: &str| -> anyhow::Result<Option<usize>> {
+            parse(name)?
+                .map(|v| usize::try_from(v).with_context(|| format!("{name} is too large")))
+                .transpose()
+        };
         if let Some(v) = get("SIFT_DATA_DIR") {
             file.data_dir = Some(v.into());
         }
@@ -200,20 +205,17 @@ impl Config {
         if let Some(v) = parse("SIFT_MAX_JSON_BYTES")? {
             file.max_json_bytes = Some(v);
         }
-        if let Some(v) = parse("SIFT_MAX_CONNECTIONS")? {
-            file.max_connections =
-                Some(usize::try_from(v).context("SIFT_MAX_CONNECTIONS is too large")?);
+        if let Some(v) = parse_count("SIFT_MAX_CONNECTIONS")? {
+            file.max_connections = Some(v);
         }
-        if let Some(v) = parse("SIFT_MAX_CONNECTIONS_PER_IP")? {
-            file.max_connections_per_ip =
-                Some(usize::try_from(v).context("SIFT_MAX_CONNECTIONS_PER_IP is too large")?);
+        if let Some(v) = parse_count("SIFT_MAX_CONNECTIONS_PER_IP")? {
+            file.max_connections_per_ip = Some(v);
         }
         if let Some(v) = parse("SIFT_HEADER_READ_TIMEOUT_MS")? {
             file.header_read_timeout_ms = Some(v);
         }
-        if let Some(v) = parse("SIFT_MAX_BULK_DOCUMENTS")? {
-            file.max_bulk_documents =
-                Some(usize::try_from(v).context("SIFT_MAX_BULK_DOCUMENTS is too large")?);
+        if let Some(v) = parse_count("SIFT_MAX_BULK_DOCUMENTS")? {
+            file.max_bulk_documents = Some(v);
         }
         if let Some(v) = parse("SIFT_SHARD_DEADLINE_MS")? {
             file.shard_deadline_ms = Some(v);
@@ -242,12 +244,11 @@ impl Config {
         if let Some(v) = parse("SIFT_INGEST_WORKERS")? {
             file.ingest_workers = Some(v as usize);
         }
-        if let Some(v) = parse("SIFT_MAX_KBS")? {
-            file.max_kbs = Some(usize::try_from(v).context("SIFT_MAX_KBS is too large")?);
+        if let Some(v) = parse_count("SIFT_MAX_KBS")? {
+            file.max_kbs = Some(v);
         }
-        if let Some(v) = parse("SIFT_MAX_SHARDS_PER_NODE")? {
-            file.max_shards_per_node =
-                Some(usize::try_from(v).context("SIFT_MAX_SHARDS_PER_NODE is too large")?);
+        if let Some(v) = parse_count("SIFT_MAX_SHARDS_PER_NODE")? {
+            file.max_shards_per_node = Some(v);
         }
         if let Some(v) = parse("SIFT_INGEST_MAX_ATTEMPTS")? {
             file.ingest_max_attempts =

@@ -499,11 +499,8 @@ async fn fail_unfinished_documents(
 /// instead of the whole job's.
 fn unpanicked<T>(stage: &str, work: impl FnOnce() -> T) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|panic| {
-        let detail = panic
-            .downcast_ref::<&str>()
-            .map(|text| text.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "no message".to_string());
+        let detail =
+            crate::error::panic_message(panic.as_ref()).unwrap_or_else(|| "no message".into());
         metrics::counter!("sift_ingest_panics_total").increment(1);
         SiftError::Internal(format!("{stage} failed unexpectedly: {detail}"))
     })

@@ -20,8 +20,6 @@ pub const MAX_TOP_K: usize = 100;
 pub const MAX_QUERY_CHARS: usize = 8192;
 /// Most sub-queries besides the query.
 pub const MAX_SUB_QUERIES: usize = 8;
-/// Most candidates per channel a request may ask for.
-pub const MAX_REQUEST_CANDIDATES: usize = 1000;
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -221,10 +219,13 @@ pub fn resolve(
     let candidates = query
         .candidates
         .unwrap_or(top_k.max(settings.candidates as usize));
-    if candidates < top_k || candidates > MAX_REQUEST_CANDIDATES {
+    if candidates < top_k || candidates > settings::MAX_CANDIDATES as usize {
         return Err(SiftError::invalid(
             "invalid_candidates",
-            format!("candidates must be between top_k and {MAX_REQUEST_CANDIDATES}"),
+            format!(
+                "candidates must be between top_k and {}",
+                settings::MAX_CANDIDATES
+            ),
         ));
     }
     let filters = query.filters.clone().unwrap_or_default();

@@ -201,10 +201,7 @@ pub async fn supervise_run(
             drain(forwarder).await;
             let message = if join_error.is_panic() {
                 let panic = join_error.into_panic();
-                let text = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                let text = crate::error::panic_message(panic.as_ref())
                     .unwrap_or_else(|| "unknown panic".into());
                 error!(run_id = %log.run_id, panic = %text, "agent run panicked");
                 "the run failed unexpectedly".to_string()

@@ -10,7 +10,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::rpc::CallResult;
 use sift_storage::chunk::DocumentWrite;
 use sift_storage::meta::KbRecord;
 use tracing::warn;
@@ -136,7 +135,8 @@ impl SiftNode {
         Ok(kb)
     }
 
-    /// Asks the local replica of a shard and waits at most `deadline` for its answer.
+    /// Asks the local replica of a shard (opened first if need be) and waits at most
+    /// `deadline` for its answer.
     async fn ask_replica<T: Send + 'static>(
         &self,
         kb_id: &str,
@@ -145,6 +145,17 @@ impl SiftNode {
         message: impl FnOnce(ractor::RpcReplyPort<Result<T>>) -> ShardMessage,
     ) -> Result<T> {
         let kb = self.local_replica(kb_id, shard).await?;
+        self.ask_open_replica(&kb, shard, deadline, message).await
+    }
+
+    /// [`Self::ask_replica`] for a replica [`Self::local_replica`] already found.
+    async fn ask_open_replica<T: Send + 'static>(
+        &self,
+        kb: &KbRecord,
+        shard: u32,
+        deadline: Duration,
+        message: impl FnOnce(ractor::RpcReplyPort<Result<T>>) -> ShardMessage,
+    ) -> Result<T> {
         self.context
             .access
             .local_call(&kb.id, shard, deadline, message)
@@ -171,21 +182,13 @@ impl SiftNode {
 
     /// `Chunks`: a document's chunks from the local replica.
     async fn chunks(&self, kb_id: &str, shard: u32, document_id: String) -> Result<ShardReply> {
-        let kb = self.local_replica(kb_id, shard).await?;
         let deadline = self.context.options.shard_deadline;
-        let Some(actor) = self.context.registry.actor(&kb.id, shard) else {
-            return Err(SiftError::Internal("replica stopped".into()));
-        };
-        match actor
-            .call(
-                |reply| ShardMessage::Chunks { document_id, reply },
-                Some(deadline),
-            )
-            .await
-        {
-            Ok(CallResult::Success(outcome)) => outcome.map(ShardReply::Chunks),
-            _ => Err(SiftError::Internal("the replica did not answer".into())),
-        }
+        self.ask_replica(kb_id, shard, deadline, |reply| ShardMessage::Chunks {
+            document_id,
+            reply,
+        })
+        .await
+        .map(ShardReply::Chunks)
     }
 
     /// `Write`: documents written to the local replica.
@@ -209,15 +212,12 @@ impl SiftNode {
         let kb = self.local_replica(kb_id, shard).await?;
         let _ = self.context.raw.remove(&document_id);
         let timeout = self.context.options.shard_write_timeout;
-        self.context
-            .access
-            .local_call(&kb.id, shard, timeout, |reply| ShardMessage::Delete {
-                document_id,
-                reply,
-            })
-            .await
-            .map(ShardReply::Deleted)
-            .map_err(SiftError::Internal)
+        self.ask_open_replica(&kb, shard, timeout, |reply| ShardMessage::Delete {
+            document_id,
+            reply,
+        })
+        .await
+        .map(ShardReply::Deleted)
     }
 
     /// `DocumentIds`: every document id of the local replica.

@@ -329,44 +329,32 @@ async fn internal_port_rejects_unauthenticated_and_malformed_bytes() {
             .unwrap();
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{path}");
     }
-    // a snapshot chunk for a transfer that never started
-    let chunk = encode_frame(&SnapshotChunk {
-        from: 2,
-        from_address: String::new(),
-        transfer_id: 9,
-        offset: 10,
-        total_len: 20,
-        message: Vec::new(),
-        data: vec![0; 10],
-    })
-    .unwrap();
-    let response = client
-        .post(url(SNAPSHOT_PATH))
-        .bearer_auth(SECRET)
-        .body(chunk)
-        .send()
-        .await
+    // a snapshot chunk for a transfer that never started, and one that holds more than its
+    // transfer's length
+    for (transfer_id, offset, total_len) in [(9, 10, 20), (10, 0, 5)] {
+        let chunk = encode_frame(&SnapshotChunk {
+            from: 2,
+            from_address: String::new(),
+            transfer_id,
+            offset,
+            total_len,
+            message: Vec::new(),
+            data: vec![0; 10],
+        })
         .unwrap();
-    assert_eq!(response.status(), StatusCode::CONFLICT);
-    // a chunk that holds more than its transfer's length
-    let chunk = encode_frame(&SnapshotChunk {
-        from: 2,
-        from_address: String::new(),
-        transfer_id: 10,
-        offset: 0,
-        total_len: 5,
-        message: Vec::new(),
-        data: vec![0; 10],
-    })
-    .unwrap();
-    let response = client
-        .post(url(SNAPSHOT_PATH))
-        .bearer_auth(SECRET)
-        .body(chunk)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::CONFLICT);
+        let response = client
+            .post(url(SNAPSHOT_PATH))
+            .bearer_auth(SECRET)
+            .body(chunk)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::CONFLICT,
+            "transfer {transfer_id}"
+        );
+    }
 
     // authenticated and well formed: accepted; the node still serves
     let response = client
