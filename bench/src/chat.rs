@@ -219,53 +219,17 @@ struct TurnOutcome {
     citations: usize,
 }
 
-/// Reads `event: NAME` blocks of a server-sent event stream.
-#[derive(Default)]
-struct SseParser {
-    buffer: String,
-}
-
-impl SseParser {
-    /// Adds bytes; returns the complete events as (name, data) pairs.
-    fn push(&mut self, bytes: &[u8]) -> Vec<(String, String)> {
-        self.buffer
-            .push_str(&String::from_utf8_lossy(bytes).replace("\r\n", "\n"));
-        let mut events = Vec::new();
-        while let Some(at) = self.buffer.find("\n\n") {
-            let block: String = self.buffer.drain(..at + 2).collect();
-            let mut name = String::new();
-            let mut data = String::new();
-            let mut any = false;
-            for line in block.lines() {
-                if let Some(value) = line.strip_prefix("event:") {
-                    name = value.trim().to_string();
-                    any = true;
-                } else if let Some(value) = line.strip_prefix("data:") {
-                    if !data.is_empty() {
-                        data.push('\n');
-                    }
-                    data.push_str(value.strip_prefix(' ').unwrap_or(value));
-                    any = true;
-                }
-            }
-            // Comment-only blocks (keep-alives) are not events.
-            if any {
-                if name.is_empty() {
-                    name = "message".into();
-                }
-                events.push((name, data));
-            }
+/// The kind of a failed request at `stage`, for the error tally: `stage: HTTP 404 code`,
+/// `stage: connect failed`, `stage: timed out`, ...
+fn error_kind(stage: &str, error: &sift_client::Error) -> String {
+    match error {
+        sift_client::Error::Api { error, .. } => {
+            format!("{stage}: HTTP {} {}", error.status.as_u16(), error.code)
         }
-        events
+        sift_client::Error::Transport { cause, .. } => transport_kind(stage, cause),
+        sift_client::Error::Decode { .. } => format!("{stage}: unexpected body"),
+        sift_client::Error::Stream { .. } => format!("{stage}: invalid event stream"),
     }
-}
-
-fn http_error_kind(stage: &str, status: reqwest::StatusCode, body: &str) -> String {
-    let code = serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
-        .unwrap_or_else(|| "-".into());
-    format!("{stage}: HTTP {} {code}", status.as_u16())
 }
 
 fn transport_kind(stage: &str, error: &reqwest::Error) -> String {
@@ -282,8 +246,7 @@ fn transport_kind(stage: &str, error: &reqwest::Error) -> String {
 }
 
 async fn run_turn(
-    http: &reqwest::Client,
-    base: &str,
+    api: &sift_client::Client,
     session: &str,
     question: &str,
     timeout: Duration,
@@ -299,57 +262,44 @@ async fn run_turn(
     };
     let started = Instant::now();
     let work = async {
-        let response = http
-            .post(format!("{base}/v1/sessions/{session}/messages"))
-            .json(&json!({ "content": question }))
-            .send()
+        let mut events = api
+            .ask(session, question)
             .await
-            .map_err(|e| transport_kind("post message", &e))?;
-        let status = response.status();
-        if !status.is_success() {
-            let body = response.text().await.unwrap_or_default();
-            return Err(http_error_kind("post message", status, &body));
-        }
+            .map_err(|e| error_kind("post message", &e))?;
         outcome.opened = true;
         let _open = open_streams.enter();
-        let mut response = response;
-        let mut parser = SseParser::default();
         let mut last_error: Option<String> = None;
         loop {
-            let chunk = response
-                .chunk()
-                .await
-                .map_err(|e| transport_kind("stream", &e))?;
-            let Some(bytes) = chunk else {
+            let Some(event) = events.next_event().await else {
                 return Err("stream: ended before done".to_string());
             };
-            for (name, data) in parser.push(&bytes) {
-                if outcome.first_event.is_none() {
-                    outcome.first_event = Some(started.elapsed());
+            let event = event.map_err(|e| error_kind("stream", &e))?;
+            let (name, data) = (event.event, event.data);
+            if outcome.first_event.is_none() {
+                outcome.first_event = Some(started.elapsed());
+            }
+            match name.as_str() {
+                "citation" => outcome.citations += 1,
+                "delta" if outcome.first_delta.is_none() => {
+                    outcome.first_delta = Some(started.elapsed());
                 }
-                match name.as_str() {
-                    "citation" => outcome.citations += 1,
-                    "delta" if outcome.first_delta.is_none() => {
-                        outcome.first_delta = Some(started.elapsed());
-                    }
-                    "error" => {
-                        let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
-                        last_error = data["code"].as_str().map(str::to_string);
-                    }
-                    "done" => {
-                        outcome.done = Some(started.elapsed());
-                        let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
-                        let finish = data["finish_reason"].as_str().unwrap_or("?");
-                        if finish != "stop" {
-                            return Err(match &last_error {
-                                Some(code) => format!("done: finish_reason {finish} ({code})"),
-                                None => format!("done: finish_reason {finish}"),
-                            });
-                        }
-                        return Ok(());
-                    }
-                    _ => {}
+                "error" => {
+                    let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                    last_error = data["code"].as_str().map(str::to_string);
                 }
+                "done" => {
+                    outcome.done = Some(started.elapsed());
+                    let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                    let finish = data["finish_reason"].as_str().unwrap_or("?");
+                    if finish != "stop" {
+                        return Err(match &last_error {
+                            Some(code) => format!("done: finish_reason {finish} ({code})"),
+                            None => format!("done: finish_reason {finish}"),
+                        });
+                    }
+                    return Ok(());
+                }
+                _ => {}
             }
         }
     };
@@ -456,8 +406,7 @@ impl Tally {
 }
 
 struct Shared {
-    http: reqwest::Client,
-    base: String,
+    api: sift_client::Client,
     kb: String,
     turns: u32,
     turn_timeout: Duration,
@@ -471,25 +420,18 @@ struct Shared {
 }
 
 async fn create_session(shared: &Shared) -> Result<String, String> {
-    let response = shared
-        .http
-        .post(format!("{}/v1/sessions", shared.base))
+    let request = shared
+        .api
+        .request(reqwest::Method::POST, "/v1/sessions")
         .json(&json!({ "kbs": [shared.kb] }))
-        .timeout(shared.turn_timeout)
-        .send()
-        .await
-        .map_err(|e| transport_kind("create session", &e))?;
-    let status = response.status();
-    let body = response
-        .text()
-        .await
-        .map_err(|e| transport_kind("create session", &e))?;
-    if !status.is_success() {
-        return Err(http_error_kind("create session", status, &body));
-    }
-    serde_json::from_str::<Value>(&body)
-        .ok()
-        .and_then(|v| v["id"].as_str().map(str::to_string))
+        .timeout(shared.turn_timeout);
+    let session: Value = shared.api.json(request).await.map_err(|e| match e {
+        sift_client::Error::Decode { .. } => "create session: no id in the answer".to_string(),
+        e => error_kind("create session", &e),
+    })?;
+    session["id"]
+        .as_str()
+        .map(str::to_string)
         .ok_or_else(|| "create session: no id in the answer".to_string())
 }
 
@@ -517,8 +459,7 @@ async fn session_task(shared: Arc<Shared>, index: usize) -> Tally {
             QUESTIONS[(index + turn as usize) % QUESTIONS.len()]
         );
         let outcome = run_turn(
-            &shared.http,
-            &shared.base,
+            &shared.api,
             &session,
             &question,
             shared.turn_timeout,
@@ -688,8 +629,7 @@ pub async fn measure(args: &ChatArgs) -> Result<ChatReport> {
         .build()
         .context("building the HTTP client")?;
     let shared = Arc::new(Shared {
-        http,
-        base,
+        api: sift_client::Client::with_http(&base, None, http),
         kb: args.kb.clone(),
         turns: args.turns,
         turn_timeout: Duration::from_secs(args.turn_timeout),
@@ -704,8 +644,7 @@ pub async fn measure(args: &ChatArgs) -> Result<ChatReport> {
     let mut probe_tally = Tally::new();
     {
         let warm = Arc::new(Shared {
-            http: shared.http.clone(),
-            base: shared.base.clone(),
+            api: shared.api.clone(),
             kb: shared.kb.clone(),
             turns: 1,
             turn_timeout: shared.turn_timeout,
@@ -849,21 +788,6 @@ mod tests {
         );
         assert_eq!(split_tag("no tag here"), (None, "no tag here"));
         assert_eq!(split_tag("broken [bench 1.2"), (None, "broken [bench 1.2"));
-    }
-
-    #[test]
-    fn sse_parser_splits_events_across_chunks() {
-        let mut parser = SseParser::default();
-        assert!(parser.push(b"id: 1\nevent: meta\ndata: {\"a\"").is_empty());
-        let events =
-            parser.push(b":1}\n\n: keep-alive\n\nid: 2\r\nevent: done\r\ndata: {}\r\n\r\n");
-        assert_eq!(
-            events,
-            vec![
-                ("meta".to_string(), "{\"a\":1}".to_string()),
-                ("done".to_string(), "{}".to_string()),
-            ]
-        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! A small typed client for the node's HTTP API (`/v1/kbs/...`), loopback only.
+//! The bench's view of the node's HTTP API (`/v1/kbs/...`), loopback only, over
+//! [`sift_client::Client`].
 //!
 //! Only the fields the benchmark reads are modelled; unknown fields are ignored so the node
 //! may add more without breaking the bench.
@@ -7,12 +8,10 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use reqwest::header::RETRY_AFTER;
-use reqwest::{Method, RequestBuilder, StatusCode, Url};
-use serde::de::DeserializeOwned;
+use reqwest::{Method, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ClientError, Result};
+use crate::error::Result;
 
 /// Default address of a node started with its default config.
 pub const DEFAULT_NODE: &str = "http://127.0.0.1:7700";
@@ -178,23 +177,10 @@ pub struct Timings {
     pub total_ms: Option<f64>,
 }
 
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(Deserialize)]
-struct ErrorDetail {
-    #[serde(default)]
-    code: String,
-    #[serde(default)]
-    message: String,
-}
-
 /// Cheap to clone: clones share one connection pool.
 #[derive(Debug, Clone)]
 pub struct SiftClient {
-    http: reqwest::Client,
+    api: sift_client::Client,
     base: Url,
 }
 
@@ -218,20 +204,12 @@ impl SiftClient {
             .connect_timeout(Duration::from_secs(5))
             .build()
             .context("failed to build the HTTP client")?;
-        Ok(Self { http, base })
+        let api = sift_client::Client::with_http(base.as_str(), None, http);
+        Ok(Self { api, base })
     }
 
     pub fn base_url(&self) -> &Url {
         &self.base
-    }
-
-    fn url(&self, segments: &[&str]) -> Url {
-        let mut url = self.base.clone();
-        url.path_segments_mut()
-            .expect("http URLs have a path")
-            .pop_if_empty()
-            .extend(segments);
-        url
     }
 
     /// `POST /v1/kbs`. `shards: None` leaves the choice to the node.
@@ -248,15 +226,12 @@ impl SiftClient {
         if let Some(chunk_tokens) = chunk_tokens {
             body["chunk_tokens"] = chunk_tokens.into();
         }
-        let url = self.url(&["v1", "kbs"]);
-        self.call(Method::POST, url, |request| request.json(&body))
-            .await
+        self.api.create_kb(&body).await
     }
 
     /// `GET /v1/kbs/{kb}`; `None` when the node answers 404.
     pub async fn get_kb(&self, kb: &str) -> Result<Option<KbInfo>> {
-        let url = self.url(&["v1", "kbs", kb]);
-        match self.call(Method::GET, url, |request| request).await {
+        match self.api.get_kb(kb).await {
             Ok(info) => Ok(Some(info)),
             Err(error) if error.status() == Some(StatusCode::NOT_FOUND) => Ok(None),
             Err(error) => Err(error),
@@ -265,10 +240,7 @@ impl SiftClient {
 
     /// `DELETE /v1/kbs/{kb}`.
     pub async fn delete_kb(&self, kb: &str) -> Result<()> {
-        let url = self.url(&["v1", "kbs", kb]);
-        self.call::<serde_json::Value>(Method::DELETE, url, |request| request)
-            .await
-            .map(drop)
+        self.api.delete_kb(kb).await
     }
 
     /// `POST /v1/kbs/{kb}/documents` with a batch of documents.
@@ -277,98 +249,18 @@ impl SiftClient {
         kb: &str,
         documents: &[NewDocument<'_>],
     ) -> Result<Vec<AddedDocument>> {
-        let url = self.url(&["v1", "kbs", kb, "documents"]);
-        let body = AddDocumentsRequest { documents };
-        let response: AddDocumentsResponse = self
-            .call(Method::POST, url, |request| {
-                request.json(&body).timeout(INGEST_TIMEOUT)
-            })
-            .await?;
+        let request = self
+            .api
+            .request_to(Method::POST, &["v1", "kbs", kb, "documents"])
+            .json(&AddDocumentsRequest { documents })
+            .timeout(INGEST_TIMEOUT);
+        let response: AddDocumentsResponse = self.api.json(request).await?;
         Ok(response.documents)
     }
 
     /// `POST /v1/kbs/{kb}/search`.
     pub async fn search(&self, kb: &str, request: &SearchRequest<'_>) -> Result<SearchResponse> {
-        let url = self.url(&["v1", "kbs", kb, "search"]);
-        self.call(Method::POST, url, |builder| builder.json(request))
-            .await
-    }
-
-    /// Sends one request and decodes a 2xx JSON body (an empty body decodes as `null`), or
-    /// turns a 4xx/5xx into [`ClientError::Api`].
-    async fn call<T: DeserializeOwned>(
-        &self,
-        method: Method,
-        url: Url,
-        build: impl FnOnce(RequestBuilder) -> RequestBuilder,
-    ) -> Result<T> {
-        let method_name = method_name(&method);
-        let url_text = url.to_string();
-        let transport = |cause| ClientError::Transport {
-            method: method_name,
-            url: url_text.clone(),
-            cause,
-        };
-        let response = build(self.http.request(method, url))
-            .send()
-            .await
-            .map_err(transport)?;
-        let status = response.status();
-        let retry_after = response
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|value| value.to_str().ok())
-            .and_then(parse_retry_after);
-        let body = response.bytes().await.map_err(transport)?;
-        if !status.is_success() {
-            let (code, message) = match serde_json::from_slice::<ErrorBody>(&body) {
-                Ok(ErrorBody { error }) => (error.code, error.message),
-                Err(_) => ("-".to_owned(), body_excerpt(&body)),
-            };
-            return Err(ClientError::Api {
-                method: method_name,
-                url: url_text,
-                status,
-                code,
-                message,
-                retry_after,
-            });
-        }
-        let body: &[u8] = if body.is_empty() { b"null" } else { &body };
-        serde_json::from_slice(body).map_err(|cause| ClientError::Decode {
-            method: method_name,
-            url: url_text,
-            cause,
-        })
-    }
-}
-
-fn method_name(method: &Method) -> &'static str {
-    match *method {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::DELETE => "DELETE",
-        Method::PUT => "PUT",
-        _ => "HTTP",
-    }
-}
-
-/// `Retry-After` in seconds (`"2"` or `"0.5"`); the HTTP-date form is not supported.
-fn parse_retry_after(value: &str) -> Option<Duration> {
-    let seconds: f64 = value.trim().parse().ok()?;
-    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds.min(3600.0)))
-}
-
-fn body_excerpt(body: &[u8]) -> String {
-    const LIMIT: usize = 300;
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    if text.is_empty() {
-        return "(empty body)".to_owned();
-    }
-    match text.char_indices().nth(LIMIT) {
-        Some((cut, _)) => format!("{}...", &text[..cut]),
-        None => text.to_owned(),
+        self.api.search(kb, request).await
     }
 }
 
@@ -395,23 +287,6 @@ mod tests {
         assert!(SiftClient::new("http://10.0.0.1:7700", timeout).is_err());
         assert!(SiftClient::new("http://example.com", timeout).is_err());
         assert!(SiftClient::new("ftp://127.0.0.1", timeout).is_err());
-    }
-
-    #[test]
-    fn urls_encode_kb_names_and_tolerate_trailing_slashes() {
-        let client = SiftClient::new("http://127.0.0.1:7700/", Duration::from_secs(1)).unwrap();
-        assert_eq!(
-            client.url(&["v1", "kbs", "sci fact", "search"]).as_str(),
-            "http://127.0.0.1:7700/v1/kbs/sci%20fact/search"
-        );
-    }
-
-    #[test]
-    fn retry_after_parses_seconds() {
-        assert_eq!(parse_retry_after("2"), Some(Duration::from_secs(2)));
-        assert_eq!(parse_retry_after(" 0.5 "), Some(Duration::from_millis(500)));
-        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
-        assert_eq!(parse_retry_after("-1"), None);
     }
 
     #[test]

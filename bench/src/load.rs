@@ -239,7 +239,7 @@ impl LoadPlan {
                 }
                 Err(error) => {
                     if recorded {
-                        *stats.errors.entry(error.label()).or_default() += 1;
+                        *stats.errors.entry(crate::error::label(&error)).or_default() += 1;
                         stats.first_error.get_or_insert_with(|| error.to_string());
                     }
                     let pause = error
@@ -259,7 +259,7 @@ impl LoadPlan {
 struct WorkerStats {
     /// Successful, recorded requests, in microseconds.
     latencies: Histogram<u64>,
-    /// Failed recorded requests by [`crate::error::ClientError::label`].
+    /// Failed recorded requests by [`crate::error::label`].
     errors: BTreeMap<String, u64>,
     /// Successful answers that listed failed shards.
     partial: u64,

@@ -28,16 +28,11 @@ pub async fn ask(
             if let Some(agent) = agent {
                 body["agent"] = json!(agent);
             }
-            let session = client.post_json("/v1/sessions", &body).await?;
+            let session: Value = client.create_session(&body).await?;
             session["id"].as_str().unwrap_or_default().to_string()
         }
     };
-    let response = client
-        .post_stream(
-            &format!("/v1/sessions/{session_id}/messages"),
-            &json!({ "content": question }),
-        )
-        .await?;
+    let mut events = client.ask(&session_id, question).await?;
     let styled = std::io::stdout().is_terminal();
     let mut renderer = Renderer {
         styled,
@@ -48,21 +43,9 @@ pub async fn ask(
         errors: Vec::new(),
         finish: None,
     };
-    let mut response = response;
-    let mut buffer = String::new();
-    loop {
-        while let Some(at) = buffer.find("\n\n") {
-            let block: String = buffer[..at].to_string();
-            buffer.drain(..at + 2);
-            if let Some((name, data)) = parse_block(&block) {
-                renderer.event(&name, &data);
-            }
-        }
-        match response.chunk().await {
-            Ok(Some(bytes)) => {
-                buffer.push_str(&String::from_utf8_lossy(&bytes).replace("\r\n", "\n"))
-            }
-            Ok(None) => break,
+    while let Some(event) = events.next_event().await {
+        match event {
+            Ok(event) => renderer.event(&event.event, &event.json()),
             Err(error) => return Err(CliError::Unreachable(format!("the stream broke: {error}"))),
         }
     }
@@ -71,25 +54,6 @@ pub async fn ask(
         eprintln!("session {session_id} (ask a follow-up with --session {session_id})");
     }
     outcome
-}
-
-fn parse_block(block: &str) -> Option<(String, Value)> {
-    let mut name = "message".to_string();
-    let mut data = String::new();
-    for line in block.lines() {
-        if let Some(value) = line.strip_prefix("event:") {
-            name = value.trim().to_string();
-        } else if let Some(value) = line.strip_prefix("data:") {
-            data.push_str(value.strip_prefix(' ').unwrap_or(value));
-        }
-    }
-    if data.is_empty() {
-        return None;
-    }
-    Some((
-        name,
-        serde_json::from_str(&data).unwrap_or(Value::String(data)),
-    ))
 }
 
 struct Renderer {

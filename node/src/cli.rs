@@ -13,6 +13,8 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
+pub use sift_client::Client;
+
 use crate::config::Config;
 
 #[derive(Parser, Debug)]
@@ -186,6 +188,26 @@ impl From<anyhow::Error> for CliError {
     }
 }
 
+impl From<sift_client::Error> for CliError {
+    fn from(error: sift_client::Error) -> Self {
+        match error {
+            sift_client::Error::Api { error, .. } => CliError::Refused {
+                status: error.status.as_u16(),
+                code: if error.code == sift_client::NO_CODE {
+                    "unknown".to_string()
+                } else {
+                    error.code
+                },
+                message: error.message,
+            },
+            error @ sift_client::Error::Transport { .. } => {
+                CliError::Unreachable(error.to_string())
+            }
+            error => CliError::Other(error.into()),
+        }
+    }
+}
+
 impl std::fmt::Display for CliError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -236,17 +258,12 @@ pub fn run() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> Result<(), CliError> {
-    let client = Client::new(&cli.node);
+    let client = client(&cli.node);
     match cli.command {
         Command::Serve(args) => serve(args).await.map_err(CliError::Other),
         Command::Kb(command) => kb(&client, command).await,
         Command::Node(NodeCommand::Remove { id, force, no_wait }) => {
-            let path = if force {
-                format!("/v1/cluster/nodes/{id}?force=true")
-            } else {
-                format!("/v1/cluster/nodes/{id}")
-            };
-            let answer = client.delete(&path).await?;
+            let answer: Value = client.remove_node(id, force).await?;
             if answer.get("draining").is_none() {
                 println!("removed node {id}; voters now {}", answer["voters"]);
                 return Ok(());
@@ -258,7 +275,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
             let started = std::time::Instant::now();
             loop {
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                let view = client.get("/v1/cluster").await?;
+                let view: Value = client.cluster().await?;
                 let present = view["nodes"]
                     .as_array()
                     .is_some_and(|nodes| nodes.iter().any(|n| n["id"] == id));
@@ -269,7 +286,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Cluster => {
-            let answer = client.get("/v1/cluster").await?;
+            let answer: Value = client.cluster().await?;
             println!(
                 "{}",
                 serde_json::to_string_pretty(&answer).unwrap_or_default()
@@ -293,7 +310,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
                     .filter(|s| !s.is_empty())
                     .collect()
             });
-            let answer = client.search(&kb, &query, top_k, channels).await?;
+            let answer = search(&client, &kb, &query, top_k, channels).await?;
             if json {
                 println!(
                     "{}",
@@ -417,7 +434,7 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
                     body[key] = value;
                 }
             }
-            let kb = client.post_json("/v1/kbs", &body).await?;
+            let kb: Value = client.create_kb(&body).await?;
             println!(
                 "created knowledge base {} ({})",
                 kb["name"].as_str().unwrap_or(""),
@@ -425,7 +442,7 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
             );
         }
         KbCommand::List => {
-            let answer = client.get("/v1/kbs").await?;
+            let answer: Value = client.list_kbs().await?;
             println!(
                 "{:<24} {:<38} {:>6} {:>8} {:>8} {:>8}",
                 "NAME", "ID", "SHARDS", "DOCS", "READY", "FAILED"
@@ -443,14 +460,14 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
             }
         }
         KbCommand::Get { kb } => {
-            let answer = client.get(&format!("/v1/kbs/{kb}")).await?;
+            let answer: Value = client.get_kb(&kb).await?;
             println!(
                 "{}",
                 serde_json::to_string_pretty(&answer).unwrap_or_default()
             );
         }
         KbCommand::Shards { kb } => {
-            let answer = client.get(&format!("/v1/kbs/{kb}/shards")).await?;
+            let answer: Value = client.kb_shards(&kb).await?;
             println!(
                 "{:>5} {:>5} {:<12} {:>9} {:>9}",
                 "SHARD", "NODE", "STATE", "DOCS", "CHUNKS"
@@ -474,7 +491,7 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
             }
         }
         KbCommand::Delete { kb } => {
-            client.delete(&format!("/v1/kbs/{kb}")).await?;
+            client.delete_kb(&kb).await?;
             println!("deleted knowledge base {kb}");
         }
     }
@@ -537,7 +554,7 @@ pub async fn ingest(
     let mut ids = Vec::new();
     let mut refused = 0;
     for file in &files {
-        match client.upload(kb, file).await {
+        match upload(client, kb, file).await {
             Ok(answer) => {
                 let doc = &answer["documents"][0];
                 if let Some(id) = doc["id"].as_str() {
@@ -570,7 +587,7 @@ pub async fn ingest(
     while !pending.is_empty() {
         let mut still = Vec::new();
         for id in pending {
-            let doc = client.get(&format!("/v1/kbs/{kb}/documents/{id}")).await;
+            let doc: Result<Value, CliError> = client.document(kb, &id).await.map_err(Into::into);
             match doc {
                 Ok(doc) => match doc["status"].as_str() {
                     Some("ready") => bar.inc(1),
@@ -667,136 +684,39 @@ pub fn print_hits(query: &str, answer: &Value) {
     }
 }
 
-/// A small HTTP client of the node API.
-pub struct Client {
-    base: String,
-    http: reqwest::Client,
+/// The client of the node at `base` for the CLI's commands.
+pub fn client(base: &str) -> Client {
+    let http = reqwest::Client::builder()
+        // Bounds a whole request, event streams of `ask` included (runs have their own
+        // deadline, 300 s by default).
+        .timeout(Duration::from_secs(900))
+        .build()
+        .unwrap_or_default();
+    Client::with_http(base, None, http)
 }
 
-impl Client {
-    pub fn new(base: &str) -> Client {
-        Client {
-            base: base.trim_end_matches('/').to_string(),
-            http: reqwest::Client::builder()
-                // Bounds a whole request, event streams of `ask` included (runs have their own
-                // deadline, 300 s by default).
-                .timeout(Duration::from_secs(900))
-                .build()
-                .unwrap_or_default(),
-        }
-    }
-
-    async fn answer(&self, request: reqwest::RequestBuilder) -> Result<Value, CliError> {
-        let response = request
-            .send()
-            .await
-            .map_err(|e| CliError::Unreachable(format!("{} ({e})", self.base)))?;
-        let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| CliError::Unreachable(e.to_string()))?;
-        let value: Value = if body.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&body)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()))
-        };
-        if status.is_success() {
-            Ok(value)
-        } else {
-            Err(CliError::Refused {
-                status: status.as_u16(),
-                code: value["error"]["code"]
-                    .as_str()
-                    .unwrap_or("unknown")
-                    .to_string(),
-                message: value["error"]["message"]
-                    .as_str()
-                    .map(String::from)
-                    .unwrap_or_else(|| value.to_string()),
-            })
-        }
-    }
-
-    pub async fn get(&self, path: &str) -> Result<Value, CliError> {
-        self.answer(self.http.get(format!("{}{path}", self.base)))
-            .await
-    }
-
-    pub async fn delete(&self, path: &str) -> Result<Value, CliError> {
-        self.answer(self.http.delete(format!("{}{path}", self.base)))
-            .await
-    }
-
-    pub async fn post_json(&self, path: &str, body: &Value) -> Result<Value, CliError> {
-        self.answer(self.http.post(format!("{}{path}", self.base)).json(body))
-            .await
-    }
-
-    /// A POST answered with an event stream: the open response, or the node's JSON error.
-    pub async fn post_stream(
-        &self,
-        path: &str,
-        body: &Value,
-    ) -> Result<reqwest::Response, CliError> {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(body)
-            .send()
-            .await
-            .map_err(|e| CliError::Unreachable(format!("{} ({e})", self.base)))?;
-        if response.status().is_success() {
-            return Ok(response);
-        }
-        let status = response.status().as_u16();
-        let value: Value = response.json().await.unwrap_or(Value::Null);
-        Err(CliError::Refused {
-            status,
-            code: value["error"]["code"]
-                .as_str()
-                .unwrap_or("unknown")
-                .to_string(),
-            message: value["error"]["message"]
-                .as_str()
-                .map(String::from)
-                .unwrap_or_else(|| value.to_string()),
-        })
-    }
-
-    pub async fn upload(&self, kb: &str, file: &Path) -> Result<Value, CliError> {
-        let bytes = tokio::fs::read(file)
-            .await
-            .with_context(|| format!("reading {}", file.display()))?;
-        let name = file
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("upload")
-            .to_string();
-        let form = reqwest::multipart::Form::new().part(
-            "file",
-            reqwest::multipart::Part::bytes(bytes).file_name(name),
-        );
-        self.answer(
-            self.http
-                .post(format!("{}/v1/kbs/{kb}/documents", self.base))
-                .multipart(form),
-        )
+/// Uploads one file (its name as the document's file name).
+async fn upload(client: &Client, kb: &str, file: &Path) -> Result<Value, CliError> {
+    let bytes = tokio::fs::read(file)
         .await
-    }
+        .with_context(|| format!("reading {}", file.display()))?;
+    let name = file
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("upload");
+    Ok(client.upload(kb, name, bytes).await?)
+}
 
-    pub async fn search(
-        &self,
-        kb: &str,
-        query: &str,
-        top_k: usize,
-        channels: Option<Vec<String>>,
-    ) -> Result<Value, CliError> {
-        let mut body = json!({ "query": query, "top_k": top_k });
-        if let Some(channels) = channels {
-            body["channels"] = json!(channels);
-        }
-        self.post_json(&format!("/v1/kbs/{kb}/search"), &body).await
+pub async fn search(
+    client: &Client,
+    kb: &str,
+    query: &str,
+    top_k: usize,
+    channels: Option<Vec<String>>,
+) -> Result<Value, CliError> {
+    let mut body = json!({ "query": query, "top_k": top_k });
+    if let Some(channels) = channels {
+        body["channels"] = json!(channels);
     }
+    Ok(client.search(kb, &body).await?)
 }

@@ -5,9 +5,9 @@
 use std::path::Path;
 
 use anyhow::Context;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::cli::{CliError, Client, ingest, print_hits};
+use crate::cli::{CliError, Client, ingest, print_hits, search};
 use crate::config::{Config, FileConfig};
 
 /// Questions asked of the sample corpus (English and Chinese).
@@ -44,13 +44,13 @@ pub async fn run(data_dir: &Path, samples: &Path) -> Result<(), CliError> {
         running.url(),
         data_dir.display()
     );
-    let outcome = demo(&Client::new(&running.url()), samples).await;
+    let outcome = demo(&crate::cli::client(&running.url()), samples).await;
     running.shutdown().await;
     outcome
 }
 
 async fn demo(client: &Client, samples: &Path) -> Result<(), CliError> {
-    let ready = client.get("/readyz").await?;
+    let ready: Value = client.readyz().await?;
     if ready["embedded_model"].is_null() {
         return Err(CliError::Other(anyhow::anyhow!(
             "the embedded model is not available: {}",
@@ -58,14 +58,14 @@ async fn demo(client: &Client, samples: &Path) -> Result<(), CliError> {
         )));
     }
     client
-        .post_json("/v1/kbs", &json!({ "name": "demo", "shards": 2 }))
+        .create_kb::<Value>(&json!({ "name": "demo", "shards": 2 }))
         .await?;
     println!(
         "created knowledge base demo (2 shards); ingesting {}",
         samples.display()
     );
     let ids = ingest(client, "demo", &[samples.to_path_buf()], true).await?;
-    let kb = client.get("/v1/kbs/demo").await?;
+    let kb: Value = client.get_kb("demo").await?;
     println!(
         "{} documents: {} ready, {} failed",
         ids.len(),
@@ -73,7 +73,7 @@ async fn demo(client: &Client, samples: &Path) -> Result<(), CliError> {
         kb["documents"]["failed"]
     );
     for query in QUERIES {
-        let answer = client.search("demo", query, 3, None).await?;
+        let answer = search(client, "demo", query, 3, None).await?;
         print_hits(query, &answer);
     }
     println!("\n== an agent run (no LLM configured: the answer is extractive, with sources) ==");

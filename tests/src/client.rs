@@ -1,5 +1,7 @@
-//! A thin client of the public HTTP API. Helpers that expect success panic with the node's
-//! answer otherwise; `*_answer` variants return the raw [`Answer`] for error tests.
+//! The tests' layer over [`sift_client::Client`]: every request reads the whole answer
+//! whatever its status ([`Answer`], with the assertions `expect` and `expect_error`); helpers
+//! that expect success panic with the node's answer otherwise; `*_answer` variants return the
+//! raw [`Answer`] for error tests.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -18,6 +20,16 @@ pub struct Answer {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Value,
+}
+
+impl From<sift_client::Answer> for Answer {
+    fn from(answer: sift_client::Answer) -> Answer {
+        Answer {
+            status: answer.status,
+            headers: answer.headers,
+            body: answer.body,
+        }
+    }
 }
 
 impl Answer {
@@ -74,57 +86,45 @@ impl Answer {
 
 #[derive(Clone)]
 pub struct ApiClient {
-    base: String,
-    http: reqwest::Client,
+    api: sift_client::Client,
 }
 
 impl ApiClient {
     pub fn new(base: &str) -> ApiClient {
+        // A bound on every request, so a hung node fails the test instead of hanging it.
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .build()
+            .expect("building the HTTP client");
         ApiClient {
-            base: base.trim_end_matches('/').to_string(),
-            // A bound on every request, so a hung node fails the test instead of hanging it.
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(300))
-                .build()
-                .expect("building the HTTP client"),
+            api: sift_client::Client::with_http(base, None, http),
         }
+    }
+
+    /// The client of the API underneath (typed routes, event streams).
+    pub fn api(&self) -> &sift_client::Client {
+        &self.api
     }
 
     pub fn url(&self) -> &str {
-        &self.base
+        self.api.base_url()
     }
 
     pub fn http(&self) -> &reqwest::Client {
-        &self.http
+        self.api.http()
     }
 
-    /// Sends a request built on `http()` and reads the whole answer.
+    /// Sends a request built on `request()` (or `http()`) and reads the whole answer.
     pub async fn send(&self, request: reqwest::RequestBuilder) -> Answer {
-        let response = request
-            .send()
+        self.api
+            .answer(request)
             .await
-            .unwrap_or_else(|error| panic!("request to {} failed: {error}", self.base));
-        let status = response.status();
-        let headers = response.headers().clone();
-        let bytes = response
-            .bytes()
-            .await
-            .unwrap_or_else(|error| panic!("reading an answer from {} failed: {error}", self.base));
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
-        };
-        Answer {
-            status,
-            headers,
-            body,
-        }
+            .unwrap_or_else(|error| panic!("request to {} failed: {error}", self.url()))
+            .into()
     }
 
     pub fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
-        self.http.request(method, format!("{}{path}", self.base))
+        self.api.request(method, path)
     }
 
     pub async fn get(&self, path: &str) -> Answer {
@@ -232,13 +232,8 @@ impl ApiClient {
 
     /// Uploads one file as multipart field `file`.
     pub async fn upload(&self, kb: &str, file_name: &str, bytes: Vec<u8>) -> Answer {
-        let part = reqwest::multipart::Part::bytes(bytes).file_name(file_name.to_string());
-        let form = reqwest::multipart::Form::new().part("file", part);
-        self.send(
-            self.request(Method::POST, &format!("/v1/kbs/{kb}/documents"))
-                .multipart(form),
-        )
-        .await
+        self.send(self.api.upload_request(kb, file_name, bytes))
+            .await
     }
 
     /// Uploads one file and returns its `documents[0]` entry (`id`, `duplicate`, ...).
