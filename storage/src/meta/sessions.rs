@@ -1,21 +1,21 @@
 //! Chat sessions in the metadata state machine: sessions, their stored turns and the history
 //! summary. Kept in the same sled tree as the rest of the metadata so that a turn and the
-//! applied index are written in one atomic batch, and a snapshot of the tree carries sessions.
-//!
-//! | key | value |
-//! |---|---|
-//! | `sess/{session_id}` | [`SessionRecord`] |
-//! | `turn/{session_id}/{seq:010}` | [`StoredTurn`] |
-//! | `turnmsg/{session_id}/{message_id}` | seq of the turn (idempotent appends) |
+//! applied index are written in one atomic batch, and a snapshot of the tree carries sessions
+//! (keys `sess/`, `turn/`, `turnmsg/`: see `keys.rs`).
 //!
 //! Every type here is bincode-safe (no `serde_json::Value`, no internally tagged enums): ops
 //! travel between nodes as bincode.
 
 use serde::{Deserialize, Serialize};
 
-use super::{Pending, SledMetaStore, decode};
+use super::keys::{
+    SESSION_PREFIX, session_key, turn_key, turn_message_key, turn_message_prefix, turn_prefix,
+};
+use super::pending::Pending;
+use super::{SledMetaStore, decode};
 use crate::error::{Result, StorageError};
 
+/// A chat session: the KBs and agent its runs use, and its turns so far.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SessionRecord {
     pub id: String,
@@ -83,22 +83,6 @@ pub struct StoredTurn {
     pub created_at_ms: u64,
 }
 
-pub(super) fn session_key(id: &str) -> Vec<u8> {
-    format!("sess/{id}").into_bytes()
-}
-fn turn_prefix(session_id: &str) -> Vec<u8> {
-    format!("turn/{session_id}/").into_bytes()
-}
-fn turn_key(session_id: &str, seq: u32) -> Vec<u8> {
-    format!("turn/{session_id}/{seq:010}").into_bytes()
-}
-fn turn_message_prefix(session_id: &str) -> Vec<u8> {
-    format!("turnmsg/{session_id}/").into_bytes()
-}
-fn turn_message_key(session_id: &str, message_id: &str) -> Vec<u8> {
-    format!("turnmsg/{session_id}/{message_id}").into_bytes()
-}
-
 impl SledMetaStore {
     pub fn get_session(&self, id: &str) -> Result<Option<SessionRecord>> {
         self.tree
@@ -110,7 +94,7 @@ impl SledMetaStore {
     /// Every session, newest first.
     pub fn list_sessions(&self) -> Result<Vec<SessionRecord>> {
         let mut sessions = Vec::new();
-        for item in self.tree.scan_prefix(b"sess/") {
+        for item in self.tree.scan_prefix(SESSION_PREFIX) {
             let (_, value) = item?;
             sessions.push(decode::<SessionRecord>(&value)?);
         }

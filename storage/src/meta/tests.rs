@@ -1,3 +1,5 @@
+use super::keys::{op_id_key, op_index_key};
+use super::snapshot::EXPORT_MAGIC;
 use super::*;
 
 fn settings() -> KbSettings {
@@ -380,7 +382,7 @@ fn export_import_round_trip_is_deterministic() {
     assert!(c.get_kb("k1").unwrap().is_some());
 }
 
-fn turn(message_id: &str, question: &str) -> StoredTurn {
+pub(super) fn turn(message_id: &str, question: &str) -> StoredTurn {
     StoredTurn {
         message_id: message_id.into(),
         session_id: String::new(),
