@@ -25,7 +25,7 @@ pub mod ingest;
 pub mod meta;
 pub mod models;
 pub mod node;
-pub mod rebalance;
+pub mod reconcile;
 pub mod retrieval;
 pub mod sessions;
 pub mod shards;

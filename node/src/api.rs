@@ -78,6 +78,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/kbs/{kb}/search", post(search))
         .route("/v1/kbs/{kb}/shards", get(kb_shards))
         .route("/v1/debug/kbs/{kb}/shards/{shard}/crash", post(crash_shard))
+        .route("/v1/debug/reconciler/crash", post(crash_reconciler))
         .merge(crate::chat_api::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -789,5 +790,10 @@ async fn crash_shard(
     ApiPath((kb, shard)): ApiPath<(String, u32)>,
 ) -> ApiResult<impl IntoResponse> {
     state.node.crash_shard(&kb, shard)?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+async fn crash_reconciler(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
+    state.node.crash_reconciler()?;
     Ok(StatusCode::ACCEPTED)
 }

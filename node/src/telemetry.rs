@@ -84,7 +84,11 @@ fn describe() {
     );
     describe_counter!(
         "sift_actor_restarts_total",
-        "actors restarted by their supervisor, by kind"
+        "actors restarted by their supervisor, by actor (shard, ingest_worker, reconciler)"
+    );
+    describe_counter!(
+        "sift_reconcile_rounds_total",
+        "rounds of this node's reconciler (cluster mode)"
     );
     describe_counter!("sift_meta_proposals_total", "metadata ops by outcome");
     describe_histogram!(

@@ -302,6 +302,21 @@ impl ApiClient {
             .unwrap_or_else(|| answer.body.to_string())
     }
 
+    /// The sum of the samples of metric `name` whose labels include `label` (such as
+    /// `actor="shard"`; every sample when `None`); 0 when there is none yet.
+    pub async fn metric_sum(&self, name: &str, label: Option<&str>) -> f64 {
+        let text = self.metrics_text().await;
+        text.lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter(|line| {
+                let series = line.split(' ').next().unwrap_or("");
+                let metric = series.split('{').next().unwrap_or("");
+                metric == name && label.is_none_or(|label| series.contains(label))
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     // ---- bounded waits ----
 
     /// Waits until at least `n` documents of the KB are `ready`; fails at once when nothing is

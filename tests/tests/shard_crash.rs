@@ -11,12 +11,12 @@ use sift_tests::{
 
 const KB: &str = "crashy";
 
-/// `sift_actor_restarts_total{kind="shard"}` from the Prometheus text (0 before the first).
+/// `sift_actor_restarts_total{actor="shard"}` from the Prometheus text (0 before the first).
 async fn shard_restarts(client: &ApiClient) -> f64 {
     let text = client.metrics_text().await;
     text.lines()
         .filter(|line| {
-            line.starts_with("sift_actor_restarts_total{") && line.contains("kind=\"shard\"")
+            line.starts_with("sift_actor_restarts_total{") && line.contains("actor=\"shard\"")
         })
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
@@ -136,7 +136,7 @@ async fn crashed_shard_restarts_and_searches_keep_answering() {
     let restarts_after = shard_restarts(&client).await;
     assert!(
         restarts_after >= restarts_before + 1.0,
-        "sift_actor_restarts_total{{kind=\"shard\"}} went from {restarts_before} to {restarts_after}"
+        "sift_actor_restarts_total{{actor=\"shard\"}} went from {restarts_before} to {restarts_after}"
     );
     // The restarted replica also takes writes.
     let extra = short_documents(25).pop().unwrap();

@@ -5,16 +5,15 @@
 //! replicas, chosen by ingestion queue depth, and is recorded in Raft with the document (the
 //! pending-work index). Every node queues the pending documents assigned to it
 //! ([`queue_assigned`]), so a lost notification or a restart only delays work. The leader's
-//! [`Reconciler`] hands the documents of a worker that stopped answering to another replica
-//! of the shard; a worker without the bytes fetches them from a node that has them
-//! ([`fetch_raw`]).
+//! reconciler (`crate::reconcile`) hands the documents of a worker that stopped answering to
+//! another replica of the shard ([`notify_workers`] tells the new one); a worker without the
+//! bytes fetches them from a node that has them ([`fetch_raw`]).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use futures::future::join_all;
-use sift_storage::meta::{DocumentRecord, KbRecord, MetaOp, MetaOutcome, ReplicaState};
+use sift_storage::meta::{DocumentRecord, KbRecord, ReplicaState};
 use tracing::{info, warn};
 
 use super::queue::{IngestJob, IngestQueue};
@@ -329,115 +328,5 @@ pub async fn fetch_raw(context: &NodeContext, kb: &KbRecord, record: &DocumentRe
         Fetched::Lost
     } else {
         Fetched::Unreachable(unreachable.join("; "))
-    }
-}
-
-/// The leader's hand-over of work from workers that stopped answering: a worker that has not
-/// been heard from for `reassign_after` (or left the cluster) loses its unfinished documents
-/// to a live active replica of their shard (the one with the least pending work).
-#[derive(Default)]
-pub struct Reconciler {
-    /// Since when each peer has looked unhealthy to this (leader) node.
-    suspects: Mutex<HashMap<u64, Instant>>,
-}
-
-impl Reconciler {
-    /// The peers that have looked unhealthy to this leader for at least `at_least`, as of its
-    /// last [`Reconciler::round`] (a new leader starts counting afresh).
-    pub fn away_for(&self, at_least: Duration) -> Vec<u64> {
-        let suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
-        suspects
-            .iter()
-            .filter(|(_, since)| since.elapsed() >= at_least)
-            .map(|(node, _)| *node)
-            .collect()
-    }
-
-    pub async fn round(&self, context: &std::sync::Arc<NodeContext>, kbs: &[KbRecord]) {
-        let Some(raft) = context.meta.raft() else {
-            return;
-        };
-        let status = raft.status();
-        let local = context.access.local_id();
-        let members = context.access.peers().members();
-        let reassign_after = context.options.reassign_after;
-        let healthy: Vec<u64> = std::iter::once(local)
-            .chain(status.peers.iter().filter(|p| p.healthy).map(|p| p.id))
-            .collect();
-        let dead: Vec<u64> = {
-            let mut suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
-            suspects.retain(|node, _| !healthy.contains(node));
-            for peer in status.peers.iter().filter(|p| !p.healthy) {
-                suspects.entry(peer.id).or_insert_with(Instant::now);
-            }
-            suspects
-                .iter()
-                .filter(|(_, since)| since.elapsed() >= reassign_after)
-                .map(|(node, _)| *node)
-                .collect()
-        };
-        let Ok(pending) = context.meta.store().pending_documents() else {
-            return;
-        };
-        let mut load: HashMap<u64, usize> = HashMap::new();
-        let mut stranded: BTreeMap<(String, u32, u64), Vec<String>> = BTreeMap::new();
-        for entry in pending {
-            let worker = entry.work.worker;
-            *load.entry(worker).or_default() += 1;
-            let gone = worker != 0 && worker != local && !members.contains(&worker);
-            if gone || dead.contains(&worker) {
-                stranded
-                    .entry((entry.kb_id, entry.work.shard, worker))
-                    .or_default()
-                    .push(entry.document_id);
-            }
-        }
-        for ((kb_id, shard, from), document_ids) in stranded {
-            let Some(kb) = kbs.iter().find(|kb| kb.id == kb_id) else {
-                continue;
-            };
-            let live = |node: &u64| *node != from && healthy.contains(node);
-            let target = kb
-                .replicas(shard)
-                .iter()
-                .filter(|r| r.state == ReplicaState::Active && live(&r.node))
-                .map(|r| r.node)
-                .min_by_key(|node| (load.get(node).copied().unwrap_or(0), *node != local, *node))
-                .or_else(|| healthy.iter().copied().find(|node| live(node)));
-            let Some(to) = target else {
-                continue;
-            };
-            let count = document_ids.len();
-            let outcome = context
-                .meta
-                .propose(MetaOp::ReassignDocuments {
-                    kb_id: kb_id.clone(),
-                    document_ids,
-                    from,
-                    to,
-                })
-                .await;
-            match outcome {
-                Ok(MetaOutcome::Reassigned(moved)) if !moved.is_empty() => {
-                    info!(
-                        kb_id,
-                        shard,
-                        from,
-                        to,
-                        documents = moved.len(),
-                        "reassigned the unfinished documents of an unresponsive worker"
-                    );
-                    metrics::counter!("sift_ingest_reassigned_total").increment(moved.len() as u64);
-                    *load.entry(to).or_default() += moved.len();
-                    let mut assignments = BTreeMap::new();
-                    assignments.insert((to, shard), moved);
-                    notify_workers(context, &kb_id, assignments);
-                }
-                Ok(_) => {}
-                Err(error) => {
-                    warn!(kb_id, shard, from, to, count, %error, "reassigning documents failed; will retry")
-                }
-            }
-        }
     }
 }

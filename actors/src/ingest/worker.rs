@@ -132,7 +132,7 @@ impl Actor for IngestSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match event {
             SupervisionEvent::ActorFailed(cell, failure) => {
-                metrics::counter!("sift_actor_restarts_total", "kind" => "ingest_worker")
+                metrics::counter!("sift_actor_restarts_total", "actor" => "ingest_worker")
                     .increment(1);
                 let job = lock(&state.in_flight).remove(&cell.get_id());
                 warn!(%failure, "ingestion worker failed; restarting it");

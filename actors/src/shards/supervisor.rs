@@ -5,11 +5,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ractor::rpc::CallResult;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use sift_storage::meta::KbRecord;
 use sift_storage::shard::{ShardConfig, ShardIndex};
 use tokio::sync::Semaphore;
 use tracing::{error, info, warn};
 
+use super::access::ShardAccess;
 use super::registry::{ShardEntry, ShardKey, ShardRegistry};
 use super::replica::{ReplicaArguments, ShardReplica};
 use crate::error::{Result, SiftError};
@@ -201,7 +204,7 @@ impl Actor for ShardsSupervisor {
                 let Some(key) = state.children.remove(&cell.get_id()) else {
                     return Ok(());
                 };
-                metrics::counter!("sift_actor_restarts_total", "kind" => "shard").increment(1);
+                metrics::counter!("sift_actor_restarts_total", "actor" => "shard").increment(1);
                 let Some(entry) = state.registry.remove(&key) else {
                     return Ok(());
                 };
@@ -228,6 +231,71 @@ impl Actor for ShardsSupervisor {
         }
         Ok(())
     }
+}
+
+/// Opens this node's replicas of `kb` (all its shards when it has no placement).
+pub(crate) async fn open_local_shards(
+    shards: &ActorRef<ShardsMessage>,
+    access: &ShardAccess,
+    kb: &KbRecord,
+) -> Result<()> {
+    let kb_id = kb.id.clone();
+    let list = access.local_shards(kb);
+    if list.is_empty() {
+        return Ok(());
+    }
+    let dimension = kb.settings.dimension as usize;
+    let call = shards
+        .call(
+            |reply| ShardsMessage::Open {
+                kb_id,
+                shards: list,
+                dimension,
+                reply,
+            },
+            None,
+        )
+        .await;
+    match call {
+        Ok(CallResult::Success(outcome)) => outcome,
+        _ => Err(SiftError::Internal(
+            "the shard supervisor did not answer".into(),
+        )),
+    }
+}
+
+/// Stops a KB's replicas on this node and deletes their data; a failure is logged.
+pub(crate) async fn drop_kb_shards(shards: &ActorRef<ShardsMessage>, kb_id: String) {
+    let call = shards
+        .call(
+            |reply| ShardsMessage::DropKb {
+                kb_id: kb_id.clone(),
+                reply,
+            },
+            None,
+        )
+        .await;
+    if !matches!(call, Ok(CallResult::Success(Ok(())))) {
+        warn!(
+            kb_id,
+            "dropping the shards of a deleted knowledge base failed"
+        );
+    }
+}
+
+/// Stops one replica on this node and deletes its data. Whether it went.
+pub(crate) async fn drop_shard(shards: &ActorRef<ShardsMessage>, kb_id: &str, shard: u32) -> bool {
+    let call = shards
+        .call(
+            |reply| ShardsMessage::DropShard {
+                kb_id: kb_id.to_string(),
+                shard,
+                reply,
+            },
+            None,
+        )
+        .await;
+    matches!(call, Ok(CallResult::Success(Ok(()))))
 }
 
 /// Deletes a replica's (or a KB's) directory off the runtime; one already gone is fine.

@@ -1,5 +1,5 @@
 //! The leader's rebalancing decisions, as a pure function of the placement (tested without a
-//! cluster; the caretaker proposes the ops it returns, every round).
+//! cluster; the leader's reconciler proposes the ops it returns, every round).
 //!
 //! Every shard gets at most one step per round, taken in this order of priority:
 //! 1. A shard with more replicas than its factor (a move or a replacement in progress) whose
@@ -15,7 +15,7 @@
 //!    new one is active. Several moves are planned at once, each on the load the previous
 //!    ones will leave.
 //!
-//! A node fills at most [`MAX_FILLS_PER_NODE`] replicas at a time (its caretaker fills them
+//! A node fills at most [`MAX_FILLS_PER_NODE`] replicas at a time (its reconciler fills them
 //! one after another), so rules 2 and 3 skip nodes that already have that many filling.
 //! Load is (replica count, bytes of those replicas' shards): counts decide, bytes break ties;
 //! the steps of one round update the counts as they go.
@@ -23,7 +23,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use sift_cluster::placement::NodeLoad;
-use sift_storage::meta::{KbRecord, MetaOp, Replica, ReplicaState};
+use sift_storage::meta::{KbRecord, MetaOp, Replica, ReplicaState, SledMetaStore};
+use tracing::{debug, info, warn};
+
+use super::Reconciliation;
+use crate::ingest::pipeline::now_ms;
 
 /// Why a step was taken (for logs and metrics).
 pub const REMOVE_EXTRA: &str = "remove_extra_replica";
@@ -193,6 +197,101 @@ pub fn plan(
         });
     }
     steps
+}
+
+/// What each of `members` holds: replicas, and the bytes of their shards' documents.
+pub(crate) fn node_loads(
+    store: &SledMetaStore,
+    kbs: &[KbRecord],
+    members: &[u64],
+) -> BTreeMap<u64, NodeLoad> {
+    let bytes = store.shard_bytes().unwrap_or_default();
+    let mut load: BTreeMap<u64, NodeLoad> =
+        members.iter().map(|m| (*m, NodeLoad::default())).collect();
+    for kb in kbs {
+        for (shard, placement) in kb.placement.iter().enumerate() {
+            let shard_bytes = bytes
+                .get(&(kb.id.clone(), shard as u32))
+                .copied()
+                .unwrap_or(0);
+            for replica in &placement.replicas {
+                if let Some(node) = load.get_mut(&replica.node) {
+                    node.replicas += 1;
+                    node.bytes += shard_bytes;
+                }
+            }
+        }
+    }
+    load
+}
+
+/// Replicas placed on `node`, over every KB.
+pub(crate) fn replicas_on(kbs: &[KbRecord], node: u64) -> usize {
+    kbs.iter()
+        .flat_map(|kb| &kb.placement)
+        .flat_map(|placement| &placement.replicas)
+        .filter(|replica| replica.node == node)
+        .count()
+}
+
+impl Reconciliation {
+    /// Proposes this round's rebalancing ops; see [`plan`].
+    pub(super) async fn rebalance(&self, kbs: &[KbRecord]) -> Result<(), String> {
+        // Draining nodes, and members away for longer than `replace_after`, count as gone:
+        // their replicas are re-created elsewhere first.
+        let away = self.suspects.away_for(self.context.options.replace_after);
+        if !away.is_empty() {
+            debug!(nodes = ?away, "members away too long: their replicas are replaced");
+        }
+        let mut members = self.context.access.placement_members();
+        members.retain(|node| !away.contains(node));
+        let load = node_loads(self.context.meta.store(), kbs, &members);
+        let mut failure = None;
+        for step in plan(kbs, &members, &load, now_ms()) {
+            info!(step = step.reason, op = ?step.op, "rebalance");
+            if step.reason == MOVE {
+                metrics::counter!("sift_rebalance_moves_total").increment(1);
+            }
+            if let Err(reason) = self.propose(step.op).await {
+                failure.get_or_insert(reason);
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Removes from the cluster the draining nodes that no longer hold a replica, and clears
+    /// the mark of nodes that are gone.
+    pub(super) async fn finish_drains(&self, kbs: &[KbRecord]) {
+        let Some(raft) = self.context.meta.raft() else {
+            return;
+        };
+        let Ok(draining) = self.context.meta.store().draining_nodes() else {
+            return;
+        };
+        let status = raft.status();
+        for node in draining {
+            let member = status.voters.contains(&node) || status.learners.contains(&node);
+            if member && replicas_on(kbs, node) > 0 {
+                continue;
+            }
+            if member {
+                info!(node, "node drained: removing it from the cluster");
+                if let Err(error) = raft.remove_node(node).await {
+                    warn!(node, %error, "removing a drained node failed; will retry");
+                    continue;
+                }
+            }
+            if let Err(reason) = self
+                .propose(MetaOp::SetNodeDraining {
+                    node,
+                    draining: false,
+                })
+                .await
+            {
+                warn!(node, %reason, "clearing the draining mark failed; will retry");
+            }
+        }
+    }
 }
 
 #[cfg(test)]

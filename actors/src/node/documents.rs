@@ -1,0 +1,412 @@
+//! Documents: bulk texts and uploads are checked, stored raw (durable) and registered in one
+//! metadata op, then queued for ingestion; reads, chunk listing and deletes.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sift_cluster::placement::shard_for_document;
+use sift_storage::chunk::{ChunkView, Metadata};
+use sift_storage::meta::{DocSource, DocStatus, DocumentRecord, KbRecord, MetaOp, MetaOutcome};
+
+use super::SiftNode;
+use crate::error::{Result, SiftError};
+use crate::ingest::handoff::{self, JOB_DOCUMENTS};
+use crate::ingest::parse::{SourceFormat, parse_document};
+use crate::ingest::pipeline::{self, now_ms};
+use crate::ingest::queue::IngestJob;
+
+/// One document of a bulk text request.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewTextDocument {
+    pub external_id: Option<String>,
+    #[serde(default)]
+    pub title: Option<String>,
+    pub text: String,
+    /// `text` (default), `markdown` or `html`.
+    #[serde(default)]
+    pub format: Option<String>,
+    #[serde(default)]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// An upload already streamed to a temp file by the HTTP layer.
+#[derive(Clone, Debug)]
+pub struct Upload {
+    pub temp_path: PathBuf,
+    pub file_name: String,
+    pub external_id: Option<String>,
+    pub size_bytes: u64,
+    /// sha256 of the bytes, hex.
+    pub content_hash: String,
+    pub metadata: Metadata,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AddedDocument {
+    pub id: String,
+    pub external_id: Option<String>,
+    pub status: DocStatus,
+    /// The same bytes were already in the KB: `id` is the existing document.
+    pub duplicate: bool,
+    /// The older version this document replaced (same external id).
+    pub replaced: Option<String>,
+}
+
+impl SiftNode {
+    /// Registers bulk texts and queues them. All-or-nothing validation: one bad document
+    /// rejects the request and stores nothing.
+    pub async fn add_texts(
+        &self,
+        kb: &str,
+        documents: Vec<NewTextDocument>,
+    ) -> Result<Vec<AddedDocument>> {
+        let kb = self.find_kb_for_data(kb).await?;
+        if documents.is_empty() {
+            return Err(SiftError::invalid("empty_request", "documents is empty"));
+        }
+        let mut records = Vec::with_capacity(documents.len());
+        let mut texts = Vec::with_capacity(documents.len());
+        let now = now_ms();
+        for (position, document) in documents.into_iter().enumerate() {
+            if document.text.trim().is_empty() {
+                return Err(SiftError::Unprocessable {
+                    code: "empty_document",
+                    message: format!("documents[{position}] has no text"),
+                });
+            }
+            let format = document.format.unwrap_or_else(|| "text".into());
+            if !matches!(format.as_str(), "text" | "markdown" | "md" | "html") {
+                return Err(SiftError::invalid(
+                    "unsupported_type",
+                    format!("documents[{position}].format must be text, markdown or html"),
+                ));
+            }
+            validate_external_id(document.external_id.as_deref())?;
+            let metadata = metadata_from_json(document.metadata.unwrap_or_default())?;
+            let id = uuid::Uuid::now_v7().to_string();
+            let mut hasher = Sha256::new();
+            hasher.update(format.as_bytes());
+            hasher.update([0]);
+            hasher.update(document.title.as_deref().unwrap_or("").as_bytes());
+            hasher.update([0]);
+            hasher.update(document.text.as_bytes());
+            records.push(DocumentRecord {
+                shard: shard_for_document(
+                    routing_key(document.external_id.as_deref(), &id),
+                    kb.settings.shards,
+                ),
+                id,
+                kb_id: kb.id.clone(),
+                title: document
+                    .title
+                    .or_else(|| document.external_id.clone())
+                    .unwrap_or_default(),
+                external_id: document.external_id,
+                source: DocSource::Text { format },
+                content_hash: hex::encode(hasher.finalize()),
+                size_bytes: document.text.len() as u64,
+                status: DocStatus::Queued,
+                error: None,
+                chunk_count: 0,
+                metadata,
+                created_at_ms: now,
+                updated_at_ms: now,
+            });
+            texts.push(document.text);
+        }
+        // Raw texts first (durable), then the metadata op that makes them documents.
+        let raw = self.context.raw.clone();
+        let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            for (id, text) in ids.iter().zip(&texts) {
+                raw.put_text(id, text)?;
+            }
+            raw.flush()
+        })
+        .await
+        .map_err(|e| SiftError::Internal(e.to_string()))??;
+        self.register(&kb, records).await
+    }
+
+    /// Validates an uploaded file (type, size, decodable text), then registers and queues it.
+    /// Invalid files are refused before anything is stored.
+    pub async fn add_upload(&self, kb: &str, upload: Upload) -> Result<AddedDocument> {
+        let kb = self.find_kb_for_data(kb).await?;
+        let format = SourceFormat::from_file_name(&upload.file_name).ok_or_else(|| {
+            crate::ingest::parse::ParseError::UnsupportedType(format!(
+                "{:?}: supported types are .txt, .md, .html, .json, .jsonl",
+                upload.file_name
+            ))
+        })?;
+        validate_external_id(upload.external_id.as_deref())?;
+        let options = pipeline::parse_options(&kb);
+        let temp = upload.temp_path.clone();
+        let parsed = tokio::task::spawn_blocking(move || -> Result<Option<String>> {
+            let bytes = std::fs::read(&temp).map_err(|e| SiftError::Storage(e.into()))?;
+            let parsed = parse_document(&bytes, format, &options)?;
+            Ok(parsed.title)
+        })
+        .await
+        .map_err(|e| SiftError::Internal(e.to_string()))??;
+        let id = uuid::Uuid::now_v7().to_string();
+        let now = now_ms();
+        let record = DocumentRecord {
+            shard: shard_for_document(
+                routing_key(upload.external_id.as_deref(), &id),
+                kb.settings.shards,
+            ),
+            id: id.clone(),
+            kb_id: kb.id.clone(),
+            external_id: upload.external_id.clone(),
+            title: parsed.unwrap_or_else(|| upload.file_name.clone()),
+            source: DocSource::Upload {
+                file_name: upload.file_name.clone(),
+                format: format!("{format:?}").to_lowercase(),
+            },
+            content_hash: upload.content_hash.clone(),
+            size_bytes: upload.size_bytes,
+            status: DocStatus::Queued,
+            error: None,
+            chunk_count: 0,
+            metadata: upload.metadata.clone(),
+            created_at_ms: now,
+            updated_at_ms: now,
+        };
+        // Bytes in place (durable) before the metadata op that makes them a document.
+        let raw = self.context.raw.clone();
+        let temp = upload.temp_path.clone();
+        let adopt_id = id.clone();
+        tokio::task::spawn_blocking(move || raw.adopt_file(&temp, &adopt_id))
+            .await
+            .map_err(|e| SiftError::Internal(e.to_string()))??;
+        let mut added = self.register(&kb, vec![record]).await?;
+        added
+            .pop()
+            .ok_or_else(|| SiftError::Internal("registration returned nothing".into()))
+    }
+
+    async fn register(
+        &self,
+        kb: &KbRecord,
+        records: Vec<DocumentRecord>,
+    ) -> Result<Vec<AddedDocument>> {
+        let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
+        let local = self.context.access.local_id();
+        // The raw bytes with the shards' replicas (cluster mode), and a worker per document.
+        let workers =
+            match handoff::store_with_replicas(&self.context, &self.queue, kb, &records).await {
+                Ok(workers) => workers,
+                Err(error) => {
+                    for id in &ids {
+                        let _ = self.context.raw.remove(id);
+                    }
+                    return Err(error);
+                }
+            };
+        // Admission: room for every local job is reserved before anything is registered; if
+        // the queue is full nothing is registered and the raw data goes.
+        let local_ids: Vec<String> = ids
+            .iter()
+            .zip(&workers)
+            .filter(|(_, worker)| **worker == local)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let jobs: Vec<IngestJob> = local_ids
+            .chunks(JOB_DOCUMENTS)
+            .map(|batch| IngestJob {
+                kb_id: kb.id.clone(),
+                document_ids: batch.to_vec(),
+            })
+            .collect();
+        let permits = match self.queue.try_reserve(jobs.len()) {
+            Ok(permits) => permits,
+            Err(error) => {
+                for id in &ids {
+                    let _ = self.context.raw.remove(id);
+                }
+                return Err(error);
+            }
+        };
+        let assignments: Vec<(u64, u32, String)> = records
+            .iter()
+            .zip(&workers)
+            .map(|(record, worker)| (*worker, record.shard, record.id.clone()))
+            .collect();
+        let proposed = self
+            .context
+            .meta
+            .propose(MetaOp::RegisterDocumentsTo {
+                kb_id: kb.id.clone(),
+                documents: records,
+                workers,
+            })
+            .await;
+        let outcome = match proposed {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                for id in &ids {
+                    let _ = self.context.raw.remove(id);
+                }
+                return Err(error);
+            }
+        };
+        let MetaOutcome::Registered(registered) = outcome else {
+            return Err(SiftError::Internal(format!(
+                "unexpected outcome {outcome:?}"
+            )));
+        };
+        let mut added = Vec::with_capacity(registered.len());
+        for (entry, submitted_id) in registered.into_iter().zip(&ids) {
+            if entry.duplicate {
+                let _ = self.context.raw.remove(submitted_id);
+            }
+            if let Some(old) = &entry.replaced {
+                self.context
+                    .access
+                    .delete(kb, old.shard, &old.document_id)
+                    .await;
+                let _ = self.context.raw.remove(&old.document_id);
+            }
+            added.push(AddedDocument {
+                id: entry.record.id.clone(),
+                external_id: entry.record.external_id.clone(),
+                status: entry.record.status,
+                duplicate: entry.duplicate,
+                replaced: entry.replaced.map(|t| t.document_id),
+            });
+        }
+        for (permit, job) in permits.zip(jobs) {
+            self.queue.claim(&job.document_ids);
+            permit.send(job);
+        }
+        self.queue.report_depth();
+        // Remote workers are told now; a node that is not a replica of a shard keeps no copy
+        // of its raw bytes once the replicas hold them.
+        let mut remote: BTreeMap<(u64, u32), Vec<String>> = BTreeMap::new();
+        for (worker, shard, id) in assignments {
+            let placed_here = kb.replicas(shard).iter().any(|r| r.node == local);
+            if !kb.placement.is_empty() && !placed_here {
+                let _ = self.context.raw.remove(&id);
+            }
+            if worker != local {
+                remote.entry((worker, shard)).or_default().push(id);
+            }
+        }
+        handoff::notify_workers(&self.context, &kb.id, remote);
+        Ok(added)
+    }
+
+    pub fn get_document(&self, kb: &str, document: &str) -> Result<DocumentRecord> {
+        let kb = self.find_kb(kb)?;
+        self.store()
+            .find_document(&kb.id, document)?
+            .ok_or_else(|| SiftError::document_not_found(document))
+    }
+
+    pub fn list_documents(
+        &self,
+        kb: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DocumentRecord>> {
+        let kb = self.find_kb(kb)?;
+        Ok(self
+            .store()
+            .list_documents(&kb.id, after, limit.clamp(1, 1000))?)
+    }
+
+    /// Deletes a document: a tombstone in metadata first (from then on no search returns it),
+    /// then the shard delete, then the raw bytes.
+    pub async fn delete_document(&self, kb: &str, document: &str) -> Result<()> {
+        let kb = self.find_kb(kb)?;
+        let record = self
+            .store()
+            .find_document(&kb.id, document)?
+            .ok_or_else(|| SiftError::document_not_found(document))?;
+        self.context
+            .meta
+            .propose(MetaOp::DeleteDocument {
+                kb_id: kb.id.clone(),
+                document_id: record.id.clone(),
+                at_ms: now_ms(),
+            })
+            .await?;
+        self.context
+            .access
+            .delete(&kb, record.shard, &record.id)
+            .await;
+        let _ = self.context.raw.remove(&record.id);
+        Ok(())
+    }
+
+    /// The chunks of a document, in order (from an active replica of its shard).
+    pub async fn document_chunks(&self, kb: &str, document: &str) -> Result<Vec<ChunkView>> {
+        let kb = self.find_kb_for_data(kb).await?;
+        let record = self
+            .store()
+            .find_document(&kb.id, document)?
+            .ok_or_else(|| SiftError::document_not_found(document))?;
+        match self
+            .context
+            .access
+            .chunks(&kb, record.shard, &record.id)
+            .await
+        {
+            Ok(Some(chunks)) => Ok(chunks),
+            Ok(None) => Err(SiftError::Storage(sift_storage::StorageError::NotFound(
+                format!("document {}", record.id),
+            ))),
+            Err(reason) => Err(SiftError::ShardUnavailable {
+                kb_id: record.kb_id.clone(),
+                shard: record.shard,
+                reason,
+            }),
+        }
+    }
+}
+
+/// What places a document on a shard: its external id when it has one (so the same corpus
+/// loaded twice, or on two clusters, shards alike and ranks alike: BM25 statistics are per
+/// shard), else its id.
+fn routing_key<'a>(external_id: Option<&'a str>, id: &'a str) -> &'a str {
+    external_id.unwrap_or(id)
+}
+
+fn validate_external_id(external_id: Option<&str>) -> Result<()> {
+    match external_id {
+        Some(id) if id.is_empty() || id.len() > 512 || id.contains('/') => Err(SiftError::invalid(
+            "invalid_external_id",
+            "external_id must be 1 to 512 characters and contain no '/'",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// JSON metadata values become strings (scalars only) so filters are plain equality.
+pub fn metadata_from_json(map: serde_json::Map<String, serde_json::Value>) -> Result<Metadata> {
+    let mut metadata = Metadata::new();
+    for (key, value) in map {
+        let value = match value {
+            serde_json::Value::String(s) => s,
+            serde_json::Value::Number(n) => n.to_string(),
+            serde_json::Value::Bool(b) => b.to_string(),
+            _ => {
+                return Err(SiftError::invalid(
+                    "invalid_metadata",
+                    format!("metadata value of {key:?} must be a string, number or boolean"),
+                ));
+            }
+        };
+        if key.is_empty() || key.contains('=') {
+            return Err(SiftError::invalid(
+                "invalid_metadata",
+                "metadata keys must be non-empty without '='",
+            ));
+        }
+        metadata.insert(key, value);
+    }
+    Ok(metadata)
+}

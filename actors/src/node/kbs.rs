@@ -1,0 +1,379 @@
+//! Knowledge bases: create (placing every shard's replicas), read, update the settings that
+//! can change without re-indexing, delete.
+
+use serde::{Deserialize, Serialize};
+use sift_cluster::placement::place_replicas;
+use sift_storage::meta::{
+    DocumentCounts, KbRecord, KbSettings, MetaOp, MetaOutcome, Replica, ReplicaState,
+    ShardPlacement,
+};
+
+use super::SiftNode;
+use crate::context::EMBEDDED_MODEL;
+use crate::error::{Result, SiftError};
+use crate::ingest::pipeline::now_ms;
+use crate::reconcile::rebalance::{node_loads, replicas_on};
+use crate::retrieval::settings as retrieval_settings;
+use crate::shards::supervisor::drop_kb_shards;
+
+/// `POST /v1/kbs`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateKb {
+    pub name: String,
+    pub shards: Option<u32>,
+    /// Copies of each shard on distinct nodes (default: min(3, nodes)).
+    pub replication_factor: Option<u32>,
+    pub chunk_tokens: Option<u32>,
+    pub chunk_overlap_tokens: Option<u32>,
+    pub parent_tokens: Option<u32>,
+    pub embedding_model: Option<String>,
+    pub language: Option<String>,
+    pub json_text_field: Option<String>,
+    pub json_title_field: Option<String>,
+    /// Retrieval settings (fields of `RetrievalSettings`; the others keep their defaults).
+    pub retrieval: Option<serde_json::Value>,
+}
+
+/// `PATCH /v1/kbs/{kb}`: settings that can change without re-indexing.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateKb {
+    pub chunk_tokens: Option<u32>,
+    pub chunk_overlap_tokens: Option<u32>,
+    pub parent_tokens: Option<u32>,
+    pub language: Option<String>,
+    pub json_text_field: Option<String>,
+    pub json_title_field: Option<String>,
+    /// Refused: fixed at creation.
+    pub shards: Option<u32>,
+    /// Refused: fixed at creation.
+    pub replication_factor: Option<u32>,
+    /// Refused: fixed at creation.
+    pub embedding_model: Option<String>,
+    /// Retrieval settings to change (the others are kept).
+    pub retrieval: Option<serde_json::Value>,
+}
+
+/// A KB with its document counts, as the API shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct KbView {
+    #[serde(flatten)]
+    pub kb: KbRecord,
+    pub documents: DocumentCounts,
+}
+
+impl SiftNode {
+    pub async fn create_kb(&self, request: CreateKb) -> Result<KbView> {
+        validate_kb_name(&request.name)?;
+        if self.store().find_kb(&request.name)?.is_some() {
+            return Err(SiftError::Conflict {
+                code: "kb_exists",
+                message: format!("a knowledge base named {:?} already exists", request.name),
+            });
+        }
+        let embedding_model = request
+            .embedding_model
+            .clone()
+            .unwrap_or_else(|| EMBEDDED_MODEL.to_string());
+        let embedder = self.context.embedders.get(&embedding_model)?;
+        let shards = request.shards.unwrap_or(2);
+        if !(1..=64).contains(&shards) {
+            return Err(SiftError::invalid(
+                "invalid_settings",
+                "shards must be between 1 and 64",
+            ));
+        }
+        let members = self.context.access.placement_members();
+        let replication_factor = request
+            .replication_factor
+            .unwrap_or_else(|| (members.len() as u32).min(3));
+        if replication_factor == 0 || replication_factor as usize > members.len() {
+            return Err(SiftError::invalid(
+                "invalid_settings",
+                format!(
+                    "replication_factor must be between 1 and the number of nodes ({})",
+                    members.len()
+                ),
+            ));
+        }
+        let mut settings = KbSettings::new(
+            shards,
+            replication_factor,
+            embedding_model,
+            embedder.dimension() as u32,
+        );
+        apply_settings(
+            &mut settings,
+            request.chunk_tokens,
+            request.chunk_overlap_tokens,
+            request.parent_tokens,
+            request.language,
+            request.json_text_field,
+            request.json_title_field,
+        )?;
+        if let Some(patch) = &request.retrieval {
+            settings.retrieval =
+                retrieval_settings::merge_patch(&settings.retrieval, patch, self.root.rerankers())?;
+        }
+        let kbs = self.store().list_kbs()?;
+        let limits = &self.context.options;
+        if kbs.len() >= limits.max_kbs {
+            return Err(SiftError::Conflict {
+                code: "too_many_kbs",
+                message: format!(
+                    "the cluster holds {} knowledge bases, the limit (max_kbs); delete one first",
+                    limits.max_kbs
+                ),
+            });
+        }
+        let now = now_ms();
+        let load = node_loads(self.store(), &kbs, &members);
+        let placed = place_replicas(shards, replication_factor, &members, &load);
+        // Every shard replica costs its node memory, threads and files: none goes over its cap.
+        for &node in &members {
+            let new = placed.iter().filter(|nodes| nodes.contains(&node)).count();
+            let held = replicas_on(&kbs, node);
+            if new > 0 && held + new > limits.max_shards_per_node {
+                return Err(SiftError::Conflict {
+                    code: "too_many_shards",
+                    message: format!(
+                        "node {node} holds {held} shard replicas; {new} more would pass the \
+                         limit of {} (max_shards_per_node)",
+                        limits.max_shards_per_node
+                    ),
+                });
+            }
+        }
+        let placement = placed
+            .into_iter()
+            .map(|nodes| ShardPlacement {
+                replicas: nodes
+                    .into_iter()
+                    .map(|node| Replica {
+                        node,
+                        // Nothing to fill: a new KB's replicas serve at once.
+                        state: ReplicaState::Active,
+                        since_ms: now,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let kb = KbRecord {
+            id: uuid::Uuid::now_v7().to_string(),
+            name: request.name,
+            settings,
+            created_at_ms: now,
+            updated_at_ms: now,
+            placement,
+        };
+        let outcome = self
+            .context
+            .meta
+            .propose(MetaOp::CreateKb(kb))
+            .await
+            .map_err(conflict_as_kb_exists)?;
+        let MetaOutcome::Kb(kb) = outcome else {
+            return Err(SiftError::Internal(format!(
+                "unexpected outcome {outcome:?}"
+            )));
+        };
+        self.open_shards(&kb).await?;
+        self.kb_view(kb)
+    }
+
+    pub fn find_kb(&self, kb: &str) -> Result<KbRecord> {
+        self.store()
+            .find_kb(kb)?
+            .ok_or_else(|| SiftError::kb_not_found(kb))
+    }
+
+    /// The KB about to take documents or queries on this node. In cluster mode a KB created
+    /// elsewhere may not be applied here yet (a linearizable read settles it) and this node's
+    /// replicas of it not open yet (the caretaker opens them within a round; so does this).
+    pub(super) async fn find_kb_for_data(&self, kb: &str) -> Result<KbRecord> {
+        if !self.context.meta.is_replicated() {
+            return self.find_kb(kb);
+        }
+        let record = match self.store().find_kb(kb)? {
+            Some(record) => record,
+            None => {
+                self.context.meta.linearizable_barrier().await?;
+                self.find_kb(kb)?
+            }
+        };
+        self.open_shards(&record).await?;
+        Ok(record)
+    }
+
+    pub fn get_kb(&self, kb: &str) -> Result<KbView> {
+        let kb = self.find_kb(kb)?;
+        self.kb_view(kb)
+    }
+
+    fn kb_view(&self, kb: KbRecord) -> Result<KbView> {
+        let documents = self.store().document_counts(&kb.id)?;
+        Ok(KbView { kb, documents })
+    }
+
+    pub fn list_kbs(&self) -> Result<Vec<KbView>> {
+        self.store()
+            .list_kbs()?
+            .into_iter()
+            .map(|kb| self.kb_view(kb))
+            .collect()
+    }
+
+    pub async fn update_kb(&self, kb: &str, request: UpdateKb) -> Result<KbView> {
+        let kb = self.find_kb(kb)?;
+        if request.shards.is_some_and(|s| s != kb.settings.shards) {
+            return Err(SiftError::invalid(
+                "immutable_setting",
+                "shards is fixed when the knowledge base is created",
+            ));
+        }
+        if request
+            .replication_factor
+            .is_some_and(|r| r != kb.settings.replication_factor)
+        {
+            return Err(SiftError::invalid(
+                "immutable_setting",
+                "replication_factor is fixed when the knowledge base is created",
+            ));
+        }
+        if request
+            .embedding_model
+            .as_ref()
+            .is_some_and(|m| *m != kb.settings.embedding_model)
+        {
+            return Err(SiftError::invalid(
+                "immutable_setting",
+                "embedding_model is fixed when the knowledge base is created",
+            ));
+        }
+        let mut settings = kb.settings.clone();
+        apply_settings(
+            &mut settings,
+            request.chunk_tokens,
+            request.chunk_overlap_tokens,
+            request.parent_tokens,
+            request.language,
+            request.json_text_field,
+            request.json_title_field,
+        )?;
+        if let Some(patch) = &request.retrieval {
+            settings.retrieval =
+                retrieval_settings::merge_patch(&settings.retrieval, patch, self.root.rerankers())?;
+        }
+        let outcome = self
+            .context
+            .meta
+            .propose(MetaOp::UpdateKb {
+                kb_id: kb.id.clone(),
+                settings,
+                at_ms: now_ms(),
+            })
+            .await?;
+        let MetaOutcome::Kb(kb) = outcome else {
+            return Err(SiftError::kb_not_found(&kb.id));
+        };
+        self.kb_view(kb)
+    }
+
+    pub async fn delete_kb(&self, kb: &str) -> Result<()> {
+        let kb = self.find_kb(kb)?;
+        let outcome = self
+            .context
+            .meta
+            .propose(MetaOp::DeleteKb {
+                kb_id: kb.id.clone(),
+            })
+            .await?;
+        let kb_id = kb.id.clone();
+        drop_kb_shards(&self.shards, kb_id).await;
+        if let MetaOutcome::KbDeleted { documents, .. } = outcome {
+            for tombstone in documents {
+                let _ = self.context.raw.remove(&tombstone.document_id);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn conflict_as_kb_exists(error: SiftError) -> SiftError {
+    if error.code() == "conflict" {
+        SiftError::Conflict {
+            code: "kb_exists",
+            message: error.to_string(),
+        }
+    } else {
+        error
+    }
+}
+
+fn validate_kb_name(name: &str) -> Result<()> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && !name.starts_with('.')
+        && uuid::Uuid::parse_str(name).is_err();
+    if valid {
+        Ok(())
+    } else {
+        Err(SiftError::invalid(
+            "invalid_name",
+            "a knowledge base name is 1 to 64 characters of letters, digits, '-', '_' or '.', not starting with '.'",
+        ))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn apply_settings(
+    settings: &mut KbSettings,
+    chunk_tokens: Option<u32>,
+    chunk_overlap_tokens: Option<u32>,
+    parent_tokens: Option<u32>,
+    language: Option<String>,
+    json_text_field: Option<String>,
+    json_title_field: Option<String>,
+) -> Result<()> {
+    if let Some(value) = chunk_tokens {
+        settings.chunk_tokens = value;
+    }
+    if let Some(value) = chunk_overlap_tokens {
+        settings.chunk_overlap_tokens = value;
+    }
+    if let Some(value) = parent_tokens {
+        settings.parent_tokens = value;
+    } else if settings.parent_tokens < settings.chunk_tokens {
+        settings.parent_tokens = settings.chunk_tokens.saturating_mul(4);
+    }
+    if let Some(value) = language {
+        settings.language = value;
+    }
+    if let Some(value) = json_text_field {
+        settings.json_text_field = value;
+    }
+    if let Some(value) = json_title_field {
+        settings.json_title_field = value;
+    }
+    let invalid = |message: &str| Err(SiftError::invalid("invalid_settings", message));
+    if !(16..=8192).contains(&settings.chunk_tokens) {
+        return invalid("chunk_tokens must be between 16 and 8192");
+    }
+    if u64::from(settings.chunk_overlap_tokens) * 2 > u64::from(settings.chunk_tokens) {
+        return invalid("chunk_overlap_tokens must be at most half of chunk_tokens");
+    }
+    if settings.parent_tokens < settings.chunk_tokens || settings.parent_tokens > 32768 {
+        return invalid("parent_tokens must be between chunk_tokens and 32768");
+    }
+    if !matches!(settings.language.as_str(), "auto" | "en" | "zh") {
+        return invalid("language must be auto, en or zh");
+    }
+    if settings.json_text_field.is_empty() || settings.json_title_field.is_empty() {
+        return invalid("json_text_field and json_title_field must not be empty");
+    }
+    Ok(())
+}

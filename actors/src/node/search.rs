@@ -1,0 +1,61 @@
+//! Search: the query resolved against the KB's settings ([`query::resolve`]), embedded, and
+//! scattered over the shards by the root search.
+
+use std::time::Instant;
+
+use super::SiftNode;
+use crate::error::Result;
+use crate::retrieval::query::{self, SearchQuery};
+use crate::retrieval::{SearchRequest, SearchResponse};
+
+impl SiftNode {
+    pub async fn search(&self, kb: &str, query: SearchQuery) -> Result<SearchResponse> {
+        let started = Instant::now();
+        let kb = self.find_kb_for_data(kb).await?;
+        let search = query::resolve(&query, &kb.settings.retrieval, self.root.rerankers())?;
+        let embed_started = Instant::now();
+        let mut vectors = if search.channels.dense {
+            let embedder = self.context.embedders.get(&kb.settings.embedding_model)?;
+            let mut texts = vec![search.query.clone()];
+            texts.extend(search.extra_queries.iter().cloned());
+            self.context
+                .embed_cached(&embedder, texts)
+                .await?
+                .into_iter()
+                .map(Some)
+                .collect()
+        } else {
+            vec![None; search.extra_queries.len() + 1]
+        };
+        let embed_ms = embed_started.elapsed().as_secs_f64() * 1e3;
+        let vector = if vectors.is_empty() {
+            None
+        } else {
+            vectors.remove(0)
+        };
+        let pipeline = search.pipeline();
+        let request = SearchRequest {
+            kb_id: kb.id.clone(),
+            shards: kb.settings.shards,
+            vector,
+            exact: search.exact,
+            bm25: search.channels.bm25,
+            top_k: search.top_k,
+            candidates: search.candidates,
+            dense_weight: search.settings.dense_weight,
+            bm25_weight: search.settings.bm25_weight,
+            rrf_k: search.settings.rrf_k,
+            fusion: search.fusion,
+            explain: search.explain,
+            extra_queries: search.extra_queries.into_iter().zip(vectors).collect(),
+            filter: search.filter,
+            query: search.query,
+            pipeline,
+        };
+        let mut response = self.root.search(&request).await;
+        response.timings.embed_ms = embed_ms;
+        response.timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
+        metrics::histogram!("sift_search_seconds").record(started.elapsed().as_secs_f64());
+        Ok(response)
+    }
+}
