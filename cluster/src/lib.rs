@@ -6,7 +6,7 @@
 //! - [`raft`]: metadata consensus on raft-rs: the driver thread ([`raft::RaftNode`],
 //!   [`raft::RaftHandle`]), the sled log ([`raft::SledRaftStorage`]), the state machine trait,
 //!   an in-memory network for tests, and [`raft::ReplicatedMeta`], the clustered door with
-//!   `LocalMeta::propose`'s contract (not wired into the node yet).
+//!   `LocalMeta::propose`'s contract, which the node uses in cluster mode.
 //! - [`http_server`]: the accept loop of both HTTP servers (connection caps, header-read
 //!   timeout, graceful shutdown).
 //! - [`transport`]: the internal HTTP/2 transport between nodes (authenticated server,

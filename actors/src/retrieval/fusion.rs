@@ -9,7 +9,7 @@
 //!   mapped to [0, 1] by `(s - (μ - 3σ)) / 6σ`, with μ and σ over the channel's top 50, clipped, then summed
 //!   with the weights. Keeps how far apart the scores are, which RRF throws away: nDCG@10
 //!   0.724 against RRF's 0.710 on SciFact, 0.819 against 0.702 on CMRC 2018 (where the dense
-//!   channel is weak), 0.824 against 0.813 on HotpotQA100 (docs/benchmarks.md, ADR 0004).
+//!   channel is weak), 0.824 against 0.813 on HotpotQA100 (docs/benchmarks-history.md, ADR 0004).
 
 use std::collections::HashMap;
 

@@ -11,7 +11,7 @@
 //!
 //! `score = w_dense·dense + 1.2·w_bm25·bm25 + 0.4·coverage + 0.4·title`, where the w are the
 //! KB's channel weights. The constants were chosen by a grid search on SciFact (and nothing
-//! else): nDCG@10 0.7185 → 0.7328 offline on the same channel lists (docs/benchmarks.md).
+//! else): nDCG@10 0.7185 → 0.7328 offline on the same channel lists (docs/benchmarks-history.md).
 
 use std::collections::HashMap;
 

@@ -41,7 +41,7 @@ impl Default for LocalEmbedderOptions {
         // Measured on 2 cores, 400 SciFact abstracts (600 chunks), release: batch 32 one at a
         // time 169 s; batch 8 one at a time 141 s; batch 8 two at a time 88 s (4: 90 s, 16:
         // 100 s). Smaller batches pad less, and their tensors stay below glibc's mmap
-        // threshold. docs/benchmarks.md, "Embedded model throughput".
+        // threshold. docs/benchmarks-history.md, "Embedded model throughput".
         LocalEmbedderOptions {
             max_seq_len: 256,
             batch_size: 8,
