@@ -175,7 +175,7 @@ async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) 
                 Fetched::Stored => {}
                 Fetched::Lost => work.fail("the raw bytes of the document are on no node"),
                 Fetched::Unreachable(reason) => {
-                    // Left pending: the caretaker queues it again later.
+                    // Left pending: the reconciler queues it again later.
                     warn!(document_id = %work.record.id, %reason, "raw bytes not reachable yet");
                     continue;
                 }

@@ -22,7 +22,7 @@ pub struct IngestQueue {
     sender: mpsc::Sender<IngestJob>,
     capacity: usize,
     /// Documents queued or being ingested here: a document found again in the pending-work
-    /// index (by the caretaker, or at start-up) is not queued twice.
+    /// index (by the reconciler, or at start-up) is not queued twice.
     claimed: Arc<Mutex<HashSet<String>>>,
 }
 

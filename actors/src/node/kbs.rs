@@ -190,7 +190,7 @@ impl SiftNode {
 
     /// The KB about to take documents or queries on this node. In cluster mode a KB created
     /// elsewhere may not be applied here yet (a linearizable read settles it) and this node's
-    /// replicas of it not open yet (the caretaker opens them within a round; so does this).
+    /// replicas of it not open yet (the reconciler opens them within a round; so does this).
     pub(super) async fn find_kb_for_data(&self, kb: &str) -> Result<KbRecord> {
         if !self.context.meta.is_replicated() {
             return self.find_kb(kb);
