@@ -20,8 +20,9 @@ use super::queue::{IngestJob, IngestQueue};
 use super::raw_store::RawStore;
 use crate::context::NodeContext;
 use crate::error::{Result, SiftError};
+use crate::shards::access::unexpected;
 use crate::shards::rpc::RawDocument;
-use crate::shards::{ShardReply, ShardRpc};
+use crate::shards::{ShardError, ShardReply, ShardRpc};
 
 /// Documents per ingestion job when work is split.
 pub const JOB_DOCUMENTS: usize = 256;
@@ -96,7 +97,7 @@ pub async fn store_with_replicas(
                 Ok(depth) => holders.push((node, depth, state == ReplicaState::Active)),
                 Err(reason) => {
                     warn!(kb_id = %kb.id, shard, node, %reason, "storing raw documents with a replica failed");
-                    reasons.push(reason);
+                    reasons.push(reason.to_string());
                 }
             }
         }
@@ -141,7 +142,7 @@ async fn put_raw(
     kb_id: &str,
     shard: u32,
     documents: &[RawDocument],
-) -> std::result::Result<usize, String> {
+) -> std::result::Result<usize, ShardError> {
     let timeout = context.access.options().remote_write_timeout;
     let mut depth = 0;
     let mut start = 0;
@@ -161,7 +162,7 @@ async fn put_raw(
         };
         match context.access.remote_call(node, &rpc, timeout).await? {
             ShardReply::RawStored { queue_depth } => depth = queue_depth,
-            other => return Err(format!("unexpected reply {other:?}")),
+            other => return Err(unexpected(other)),
         }
         metrics::counter!("sift_raw_transfer_bytes_total").increment(bytes as u64);
         start = end;
@@ -321,12 +322,12 @@ pub async fn fetch_raw(context: &NodeContext, kb: &KbRecord, record: &DocumentRe
                 };
             }
             Ok(_) => {}
-            Err(reason) => unreachable.push(reason),
+            Err(reason) => unreachable.push((node, reason)),
         }
     }
     if unreachable.is_empty() {
         Fetched::Lost
     } else {
-        Fetched::Unreachable(unreachable.join("; "))
+        Fetched::Unreachable(ShardError::Replicas(unreachable).to_string())
     }
 }

@@ -343,6 +343,7 @@ async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) 
     });
     for (positions, outcome) in join_all(writes).await {
         if let Err(reason) = outcome {
+            let reason = reason.to_string();
             for position in positions {
                 works[position].fail(reason.clone());
             }

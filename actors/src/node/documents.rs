@@ -362,7 +362,7 @@ impl SiftNode {
             Err(reason) => Err(SiftError::ShardUnavailable {
                 kb_id: record.kb_id.clone(),
                 shard: record.shard,
-                reason,
+                reason: reason.to_string(),
             }),
         }
     }

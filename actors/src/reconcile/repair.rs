@@ -10,8 +10,9 @@ use tracing::info;
 
 use super::Reconciliation;
 use crate::ingest::pipeline::now_ms;
+use crate::shards::access::unexpected;
 use crate::shards::supervisor::open_local_shards;
-use crate::shards::{ShardMessage, ShardReply, ShardRpc};
+use crate::shards::{ShardError, ShardMessage, ShardReply, ShardRpc};
 
 /// Documents per export request while repairing a replica.
 const REPAIR_BATCH_DOCUMENTS: usize = 64;
@@ -23,7 +24,7 @@ impl Reconciliation {
         shard: u32,
         state: ReplicaState,
         expected: ReplicaState,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, ShardError> {
         let outcome = self
             .context
             .meta
@@ -36,7 +37,7 @@ impl Reconciliation {
                 at_ms: now_ms(),
             })
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| ShardError::metadata(&error))?;
         Ok(matches!(outcome, MetaOutcome::Kb(_)))
     }
 
@@ -48,7 +49,7 @@ impl Reconciliation {
         kb_id: &str,
         shard: u32,
         from: ReplicaState,
-    ) -> Result<(), String> {
+    ) -> Result<(), ShardError> {
         let started = Instant::now();
         let access = &self.context.access;
         let local = access.local_id();
@@ -78,9 +79,12 @@ impl Reconciliation {
             }
             Err(reason) => {
                 metrics::counter!("sift_replica_repairs_total", "outcome" => "failed").increment(1);
-                let _ = self
-                    .set_state(kb_id, shard, ReplicaState::Dead, ReplicaState::Recovering)
-                    .await;
+                // Dead again, so that reads keep skipping it and the next round fills it.
+                if !matches!(reason, ShardError::KbDeleted) {
+                    let _ = self
+                        .set_state(kb_id, shard, ReplicaState::Dead, ReplicaState::Recovering)
+                        .await;
+                }
                 Err(reason)
             }
         }
@@ -88,7 +92,7 @@ impl Reconciliation {
 
     /// Copies the documents an active replica has and this one lacks; then removes the
     /// tombstoned ones. Returns how many documents were copied.
-    async fn copy_missing(&self, kb_id: &str, shard: u32, local: u64) -> Result<usize, String> {
+    async fn copy_missing(&self, kb_id: &str, shard: u32, local: u64) -> Result<usize, ShardError> {
         let access = &self.context.access;
         let store = self.context.meta.store();
         // The placement as the cluster has it now (this replica is recovering).
@@ -96,20 +100,20 @@ impl Reconciliation {
             .meta
             .linearizable_barrier()
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| ShardError::metadata(&error))?;
         let kb = store
             .get_kb(kb_id)
-            .map_err(|error| error.to_string())?
-            .ok_or("the knowledge base was deleted")?;
+            .map_err(|error| ShardError::metadata(&error.into()))?
+            .ok_or(ShardError::KbDeleted)?;
         open_local_shards(&self.shards, access, &kb)
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| ShardError::from_replica(&error))?;
         let Some(source) = access
             .read_plan(&kb, shard)
             .into_iter()
             .find(|node| *node != local)
         else {
-            return Err("no active replica to copy from".into());
+            return Err(ShardError::NoReplica { shard });
         };
         let timeout = access.options().remote_write_timeout;
         let source_ids = match access
@@ -124,7 +128,7 @@ impl Reconciliation {
             .await?
         {
             ShardReply::DocumentIds(ids) => ids,
-            other => return Err(format!("unexpected reply {other:?}")),
+            other => return Err(unexpected(other)),
         };
         let local_ids: HashSet<String> = access
             .local_call(kb_id, shard, timeout, |reply| ShardMessage::DocumentIds {
@@ -152,7 +156,7 @@ impl Reconciliation {
                 .await?
             {
                 ShardReply::Exported(documents) => documents,
-                other => return Err(format!("unexpected reply {other:?}")),
+                other => return Err(unexpected(other)),
             };
             let bytes: usize = documents
                 .iter()
@@ -167,7 +171,10 @@ impl Reconciliation {
                 access.write_local(kb_id, shard, documents).await?;
             }
         }
-        for tombstone in store.tombstones(kb_id).map_err(|error| error.to_string())? {
+        let tombstones = store
+            .tombstones(kb_id)
+            .map_err(|error| ShardError::metadata(&error.into()))?;
+        for tombstone in tombstones {
             if tombstone.shard == shard {
                 access
                     .delete_local(kb_id, shard, &tombstone.document_id)

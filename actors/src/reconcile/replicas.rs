@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use sift_storage::meta::{KbRecord, ReplicaState};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::Reconciliation;
 use crate::shards::supervisor::{drop_kb_shards, drop_shard, open_local_shards};
@@ -60,8 +60,17 @@ impl Reconciliation {
                 };
                 *states.entry(own.state.as_str()).or_default() += 1;
                 let to_fill = matches!(own.state, ReplicaState::Dead | ReplicaState::Initializing);
-                if to_fill && let Err(reason) = self.repair(&kb.id, shard, own.state).await {
-                    warn!(kb_id = %kb.id, shard, %reason, "filling this node's replica failed; will retry");
+                if !to_fill {
+                    continue;
+                }
+                match self.repair(&kb.id, shard, own.state).await {
+                    Ok(()) => {}
+                    Err(reason) if reason.is_transient() => {
+                        warn!(kb_id = %kb.id, shard, %reason, "filling this node's replica failed; will retry");
+                    }
+                    Err(reason) => {
+                        error!(kb_id = %kb.id, shard, %reason, "filling this node's replica failed, and a retry alone will not fix it; will retry");
+                    }
                 }
             }
         }

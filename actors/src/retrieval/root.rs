@@ -372,7 +372,10 @@ impl RootSearch {
                 Err(reason) => {
                     metrics::counter!("sift_search_failed_shards_total").increment(1);
                     warn!(shard, %reason, "leaf search failed");
-                    failed_shards.push(FailedShard { shard, reason });
+                    failed_shards.push(FailedShard {
+                        shard,
+                        reason: reason.to_string(),
+                    });
                 }
             }
         }

@@ -15,17 +15,17 @@
 //!   tombstone when it restarts or is repaired.
 
 use std::collections::BTreeSet;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::join_all;
-use futures::stream::{FuturesUnordered, StreamExt};
+use futures::future::{BoxFuture, join_all};
 use ractor::rpc::CallResult;
 use sift_storage::chunk::{ChunkView, DocumentWrite};
 use sift_storage::meta::{KbRecord, MetaOp, Replica, ReplicaState};
 use tracing::{info, warn};
 
+use super::error::ShardError;
+use super::hedge::{HedgeTimes, LeafService, hedged_search};
 use super::messages::{LeafRequest, LeafResponse, ShardMessage};
 use super::registry::ShardRegistry;
 use super::rpc::{Peers, ShardReply, ShardRpc};
@@ -72,8 +72,22 @@ pub struct ShardAccess {
     options: AccessOptions,
 }
 
-type LeafFuture<'a> =
-    Pin<Box<dyn std::future::Future<Output = (u64, Result<LeafResponse, String>)> + Send + 'a>>;
+/// The replicas of one shard as [`hedged_search`] asks them.
+struct ReplicaLeaves<'a> {
+    access: &'a ShardAccess,
+    kb_id: &'a str,
+    shard: u32,
+    leaf: Arc<LeafRequest>,
+}
+
+impl LeafService for ReplicaLeaves<'_> {
+    fn ask(&self, node: u64) -> BoxFuture<'_, Result<LeafResponse, ShardError>> {
+        Box::pin(
+            self.access
+                .leaf_on(node, self.kb_id, self.shard, self.leaf.clone()),
+        )
+    }
+}
 
 impl ShardAccess {
     pub fn new(
@@ -157,81 +171,35 @@ impl ShardAccess {
     // ---- reads ----
 
     /// One shard's leaf search: the first active replica, hedged to the next after
-    /// `hedge_after`, a failure retried once on another replica, all within the deadline.
+    /// `hedge_after`, a failure retried once on another replica, all within the deadline
+    /// (the policy is [`hedged_search`]).
     pub async fn search(
         &self,
         kb: &KbRecord,
         shard: u32,
         leaf: Arc<LeafRequest>,
-    ) -> Result<LeafResponse, String> {
+    ) -> Result<LeafResponse, ShardError> {
         let plan = self.read_plan(kb, shard);
         if plan.is_empty() {
-            return Err("no active replica".into());
+            return Err(ShardError::NoReplica { shard });
         }
-        let deadline = tokio::time::sleep(self.options.shard_deadline);
-        tokio::pin!(deadline);
-        let hedge = tokio::time::sleep(self.options.hedge_after);
-        tokio::pin!(hedge);
-        let mut pending: FuturesUnordered<LeafFuture<'_>> = FuturesUnordered::new();
-        let mut next = 0;
-        pending.push(self.leaf_future(&kb.id, shard, plan[next], leaf.clone()));
-        next += 1;
-        let mut hedged = false;
-        let mut retried = false;
-        let mut errors: Vec<String> = Vec::new();
-        loop {
-            tokio::select! {
-                Some((node, outcome)) = pending.next() => match outcome {
-                    Ok(response) => {
-                        metrics::counter!("sift_search_leaf_total", "outcome" => "ok").increment(1);
-                        // A hedge outran the first replica, which has not answered: read it
-                        // last for a while (a failure was already noted by the call).
-                        let first = plan[0];
-                        if hedged && node != first && first != self.local_id() && errors.is_empty() {
-                            self.peers.note_unresponsive(first);
-                        }
-                        return Ok(response);
-                    }
-                    Err(reason) => {
-                        metrics::counter!("sift_search_leaf_total", "outcome" => "error").increment(1);
-                        errors.push(format!("replica on node {node}: {reason}"));
-                        if !retried && next < plan.len() {
-                            retried = true;
-                            metrics::counter!("sift_search_leaf_retries_total").increment(1);
-                            pending.push(self.leaf_future(&kb.id, shard, plan[next], leaf.clone()));
-                            next += 1;
-                        } else if pending.is_empty() {
-                            return Err(errors.join("; "));
-                        }
-                    }
-                },
-                () = &mut hedge, if !hedged && next < plan.len() => {
-                    hedged = true;
-                    metrics::counter!("sift_search_leaf_hedged_total").increment(1);
-                    pending.push(self.leaf_future(&kb.id, shard, plan[next], leaf.clone()));
-                    next += 1;
-                }
-                () = &mut deadline => {
-                    metrics::counter!("sift_search_leaf_total", "outcome" => "timeout").increment(1);
-                    errors.push(format!(
-                        "no answer within {} ms",
-                        self.options.shard_deadline.as_millis()
-                    ));
-                    return Err(errors.join("; "));
-                }
-            }
+        let replicas = ReplicaLeaves {
+            access: self,
+            kb_id: &kb.id,
+            shard,
+            leaf,
+        };
+        let times = HedgeTimes {
+            hedge_after: self.options.hedge_after,
+            deadline: self.options.shard_deadline,
+        };
+        let hedged = hedged_search(&replicas, &plan, times).await;
+        if let Some(outran) = hedged.outran
+            && outran != self.local_id()
+        {
+            self.peers.note_unresponsive(outran);
         }
-    }
-
-    fn leaf_future<'a>(
-        &'a self,
-        kb_id: &str,
-        shard: u32,
-        node: u64,
-        leaf: Arc<LeafRequest>,
-    ) -> LeafFuture<'a> {
-        let kb_id = kb_id.to_string();
-        Box::pin(async move { (node, self.leaf_on(node, &kb_id, shard, leaf).await) })
+        hedged.outcome
     }
 
     async fn leaf_on(
@@ -240,32 +208,15 @@ impl ShardAccess {
         kb_id: &str,
         shard: u32,
         leaf: Arc<LeafRequest>,
-    ) -> Result<LeafResponse, String> {
+    ) -> Result<LeafResponse, ShardError> {
         let deadline = self.options.shard_deadline;
         if node == self.local_id() {
-            let Some(actor) = self.registry.actor(kb_id, shard) else {
-                return Err("shard replica is not running".to_string());
-            };
-            return match actor
-                .call(
-                    |reply| ShardMessage::Search {
-                        request: leaf,
-                        reply,
-                    },
-                    Some(deadline),
-                )
-                .await
-            {
-                Ok(CallResult::Success(Ok(response))) => Ok(response),
-                Ok(CallResult::Success(Err(error))) => Err(error.to_string()),
-                Ok(CallResult::Timeout) => {
-                    Err(format!("no answer within {} ms", deadline.as_millis()))
-                }
-                Ok(CallResult::SenderError) => {
-                    Err("shard replica stopped before answering".to_string())
-                }
-                Err(error) => Err(format!("shard replica unreachable: {error}")),
-            };
+            return self
+                .local_call(kb_id, shard, deadline, |reply| ShardMessage::Search {
+                    request: leaf,
+                    reply,
+                })
+                .await;
         }
         let rpc = ShardRpc::Search {
             kb_id: kb_id.to_string(),
@@ -285,30 +236,16 @@ impl ShardAccess {
         kb: &KbRecord,
         shard: u32,
         document_id: &str,
-    ) -> Result<Option<Vec<ChunkView>>, String> {
+    ) -> Result<Option<Vec<ChunkView>>, ShardError> {
         let mut errors = Vec::new();
         for node in self.read_plan(kb, shard) {
             let outcome = if node == self.local_id() {
-                let Some(actor) = self.registry.actor(&kb.id, shard) else {
-                    errors.push(format!("replica on node {node}: not running"));
-                    continue;
-                };
                 let document_id = document_id.to_string();
-                match actor
-                    .call(
-                        |reply| ShardMessage::Chunks { document_id, reply },
-                        Some(self.options.shard_deadline),
-                    )
-                    .await
-                {
-                    Ok(CallResult::Success(Ok(chunks))) => Ok(Some(chunks)),
-                    Ok(CallResult::Success(Err(crate::error::SiftError::Storage(
-                        sift_storage::StorageError::NotFound(_),
-                    )))) => Ok(None),
-                    Ok(CallResult::Success(Err(error))) => Err(error.to_string()),
-                    Ok(CallResult::Timeout) => Err("no answer in time".to_string()),
-                    _ => Err("replica stopped before answering".to_string()),
-                }
+                self.local_call(&kb.id, shard, self.options.shard_deadline, |reply| {
+                    ShardMessage::Chunks { document_id, reply }
+                })
+                .await
+                .map(Some)
             } else {
                 let rpc = ShardRpc::Chunks {
                     kb_id: kb.id.clone(),
@@ -321,20 +258,21 @@ impl ShardAccess {
                     .await
                 {
                     Ok(ShardReply::Chunks(chunks)) => Ok(Some(chunks)),
-                    Ok(ShardReply::Failed { code, .. }) if code == "not_found" => Ok(None),
                     Ok(other) => Err(unexpected(other)),
                     Err(error) => Err(error),
                 }
             };
             match outcome {
                 Ok(chunks) => return Ok(chunks),
-                Err(error) => errors.push(format!("replica on node {node}: {error}")),
+                // The replica does not hold the document (not indexed yet, or deleted).
+                Err(error) if error.is_not_found() => return Ok(None),
+                Err(error) => errors.push((node, error)),
             }
         }
         if errors.is_empty() {
-            errors.push("no active replica".into());
+            return Err(ShardError::NoReplica { shard });
         }
-        Err(errors.join("; "))
+        Err(ShardError::Replicas(errors))
     }
 
     // ---- writes ----
@@ -347,7 +285,7 @@ impl ShardAccess {
         kb: &KbRecord,
         shard: u32,
         documents: Vec<DocumentWrite>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ShardError> {
         let mut written: BTreeSet<u64> = BTreeSet::new();
         let mut kb = kb.clone();
         loop {
@@ -379,19 +317,21 @@ impl ShardAccess {
                 }
             }
             if written.is_empty() {
-                let reasons: Vec<String> = failed
-                    .iter()
-                    .map(|(r, reason)| format!("node {}: {reason}", r.node))
-                    .collect();
                 metrics::counter!("sift_shard_write_quorum_failures_total").increment(1);
-                return Err(format!(
-                    "no replica of shard {shard} stored the write ({})",
-                    reasons.join("; ")
+                if failed.is_empty() {
+                    return Err(ShardError::NoReplica { shard });
+                }
+                return Err(ShardError::Replicas(
+                    failed
+                        .into_iter()
+                        .map(|(replica, reason)| (replica.node, reason))
+                        .collect(),
                 ));
             }
             // A replica that missed the write must not serve reads: dead before the ack.
             for (replica, reason) in &failed {
-                self.mark_dead(&kb.id, shard, replica, reason).await?;
+                self.mark_dead(&kb.id, shard, replica, &reason.to_string())
+                    .await?;
             }
             // Settle the placement cluster-wide: a replica that became writable after we read
             // it (a repair started) gets the write too, so its copy cannot miss it.
@@ -399,12 +339,12 @@ impl ShardAccess {
                 self.meta
                     .linearizable_barrier()
                     .await
-                    .map_err(|error| format!("confirming the placement: {error}"))?;
+                    .map_err(|error| ShardError::metadata(&error))?;
             }
             let current = match self.meta.store().get_kb(&kb.id) {
                 Ok(Some(current)) => current,
-                Ok(None) => return Err("the knowledge base was deleted".into()),
-                Err(error) => return Err(error.to_string()),
+                Ok(None) => return Err(ShardError::KbDeleted),
+                Err(error) => return Err(ShardError::metadata(&error.into())),
             };
             let replicas = self.replicas(&current, shard);
             let missing = replicas
@@ -421,9 +361,9 @@ impl ShardAccess {
                     .clamp(1, current.settings.replication_factor.max(1));
                 if active < needed {
                     metrics::counter!("sift_shard_write_quorum_failures_total").increment(1);
-                    return Err(format!(
+                    return Err(ShardError::Quorum(format!(
                         "shard {shard}: {active} active replicas stored the write, {needed} needed"
-                    ));
+                    )));
                 }
                 return Ok(());
             }
@@ -437,7 +377,7 @@ impl ShardAccess {
         shard: u32,
         replica: &Replica,
         reason: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), ShardError> {
         info!(kb_id, shard, node = replica.node, %reason, "marking a replica dead");
         metrics::counter!("sift_replica_marked_dead_total").increment(1);
         self.meta
@@ -451,11 +391,12 @@ impl ShardAccess {
             })
             .await
             .map(|_| ())
-            .map_err(|error| {
-                format!(
-                    "replica on node {} missed the write and could not be marked dead: {error}",
+            .map_err(|error| ShardError::Metadata {
+                message: format!(
+                    "the replica on node {} missed the write and could not be marked dead: {error}",
                     replica.node
-                )
+                ),
+                transient: error.is_transient(),
             })
     }
 
@@ -465,7 +406,7 @@ impl ShardAccess {
         kb_id: &str,
         shard: u32,
         documents: Vec<DocumentWrite>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ShardError> {
         if node == self.local_id() {
             return self.write_local(kb_id, shard, documents).await;
         }
@@ -494,32 +435,21 @@ impl ShardAccess {
         kb_id: &str,
         shard: u32,
         documents: Vec<DocumentWrite>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ShardError> {
         let started = std::time::Instant::now();
         let mut backoff = Duration::from_millis(50);
         loop {
-            let unavailable = match self.registry.actor(kb_id, shard) {
-                None => format!("shard {shard} is not running on this node"),
-                Some(actor) => {
-                    let documents = documents.clone();
-                    match actor
-                        .call(
-                            |reply| ShardMessage::Write { documents, reply },
-                            Some(self.options.local_write_timeout),
-                        )
-                        .await
-                    {
-                        Ok(CallResult::Success(Ok(()))) => return Ok(()),
-                        Ok(CallResult::Success(Err(error))) => return Err(error.to_string()),
-                        Ok(CallResult::Timeout) => {
-                            return Err(format!("shard {shard} write timed out"));
-                        }
-                        Ok(CallResult::SenderError) => {
-                            format!("shard {shard} stopped during the write")
-                        }
-                        Err(error) => format!("shard {shard} unreachable: {error}"),
-                    }
-                }
+            let documents = documents.clone();
+            let unavailable = match self
+                .local_call(kb_id, shard, self.options.local_write_timeout, |reply| {
+                    ShardMessage::Write { documents, reply }
+                })
+                .await
+            {
+                Ok(()) => return Ok(()),
+                // Not running, or stopped during the write: its supervisor is restarting it.
+                Err(error @ (ShardError::NotRunning { .. } | ShardError::Stopped)) => error,
+                Err(error) => return Err(error),
             };
             if started.elapsed() >= LOCAL_RESTART_PATIENCE {
                 return Err(unavailable);
@@ -592,16 +522,16 @@ impl ShardAccess {
         shard: u32,
         timeout: Duration,
         message: impl FnOnce(ractor::RpcReplyPort<crate::error::Result<T>>) -> ShardMessage,
-    ) -> Result<T, String> {
+    ) -> Result<T, ShardError> {
         let Some(actor) = self.registry.actor(kb_id, shard) else {
-            return Err(format!("shard {shard} is not running on this node"));
+            return Err(ShardError::NotRunning { shard });
         };
         match actor.call(message, Some(timeout)).await {
             Ok(CallResult::Success(Ok(value))) => Ok(value),
-            Ok(CallResult::Success(Err(error))) => Err(error.to_string()),
-            Ok(CallResult::Timeout) => Err(format!("no answer within {} ms", timeout.as_millis())),
-            Ok(CallResult::SenderError) => Err("shard replica stopped before answering".into()),
-            Err(error) => Err(format!("shard replica unreachable: {error}")),
+            Ok(CallResult::Success(Err(error))) => Err(ShardError::from_replica(&error)),
+            Ok(CallResult::Timeout) => Err(ShardError::Timeout(timeout)),
+            // The mailbox is gone or the replica dropped the reply: it stopped.
+            Ok(CallResult::SenderError) | Err(_) => Err(ShardError::Stopped),
         }
     }
 
@@ -611,18 +541,19 @@ impl ShardAccess {
         node: u64,
         rpc: &ShardRpc,
         timeout: Duration,
-    ) -> Result<ShardReply, String> {
+    ) -> Result<ShardReply, ShardError> {
         match self.peers.call(node, rpc, timeout).await? {
-            ShardReply::Failed { code, message } => Err(format!("{code}: {message}")),
+            ShardReply::Failed { code, message } => Err(ShardError::refused(code, message)),
             reply => Ok(reply),
         }
     }
 }
 
-fn unexpected(reply: ShardReply) -> String {
+/// A reply that is not the one the request expects: the replica's refusal, or nonsense.
+pub(crate) fn unexpected(reply: ShardReply) -> ShardError {
     match reply {
-        ShardReply::Failed { code, message } => format!("{code}: {message}"),
-        other => format!("unexpected reply {other:?}"),
+        ShardReply::Failed { code, message } => ShardError::refused(code, message),
+        other => ShardError::Protocol(format!("unexpected reply {other:?}")),
     }
 }
 

@@ -9,6 +9,8 @@
 //! [`rpc_server`] serves those requests when they reach this node.
 
 pub mod access;
+pub mod error;
+mod hedge;
 pub mod messages;
 pub mod registry;
 pub mod replica;
@@ -17,6 +19,7 @@ pub mod rpc_server;
 pub mod supervisor;
 
 pub use access::{AccessOptions, ShardAccess};
+pub use error::ShardError;
 pub use messages::{LeafRequest, LeafResponse, ShardMessage};
 pub use registry::{ShardKey, ShardRegistry};
 pub use rpc::{Peers, SHARD_RPC_PATH, ShardReply, ShardRpc};

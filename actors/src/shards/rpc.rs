@@ -12,6 +12,7 @@ use sift_cluster::transport::{decode_frame, encode_frame};
 use sift_storage::chunk::{ChunkView, DocumentWrite};
 use sift_storage::shard::ShardStats;
 
+use super::error::ShardError;
 use super::messages::{LeafRequest, LeafResponse};
 
 /// The internal route of shard requests.
@@ -298,18 +299,21 @@ impl Peers {
         *count = count.saturating_add_signed(delta);
     }
 
-    /// Sends `rpc` to `node` and waits at most `timeout` for its answer. Errors are
-    /// human-readable reasons (they end up in `failed_shards` and logs).
+    /// Sends `rpc` to `node` and waits at most `timeout` for its answer. A refusal by the
+    /// replica is an answer (`ShardReply::Failed`); errors are about getting one.
     pub async fn call(
         &self,
         node: u64,
         rpc: &ShardRpc,
         timeout: Duration,
-    ) -> Result<ShardReply, String> {
+    ) -> Result<ShardReply, ShardError> {
         let Some(address) = self.address(node) else {
-            return Err(format!("no address known for node {node}"));
+            return Err(ShardError::Unreachable {
+                node,
+                reason: "no address known".into(),
+            });
         };
-        let body = encode_frame(rpc).map_err(|error| error.to_string())?;
+        let body = encode_frame(rpc).map_err(|error| ShardError::Protocol(error.to_string()))?;
         self.track(node, 1);
         let _done = Untrack { peers: self, node };
         let started = std::time::Instant::now();
@@ -325,22 +329,24 @@ impl Peers {
                 .await
                 .map_err(|error| {
                     self.note_unresponsive(node);
-                    format!("node {node}: {}", describe(&error))
+                    failure(node, timeout, &error)
                 })?;
             let status = response.status();
             let bytes = response.bytes().await.map_err(|error| {
                 self.note_unresponsive(node);
-                format!("node {node}: {}", describe(&error))
+                failure(node, timeout, &error)
             })?;
             self.note_answered(node);
             if !status.is_success() {
-                return Err(format!(
-                    "node {node} answered {status}: {}",
-                    String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
-                ));
+                return Err(ShardError::Status {
+                    node,
+                    status: status.as_u16(),
+                    body: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
+                });
             }
-            decode_frame::<ShardReply>(&bytes)
-                .ok_or_else(|| format!("node {node} sent an unreadable reply"))
+            decode_frame::<ShardReply>(&bytes).ok_or_else(|| {
+                ShardError::Protocol(format!("node {node} sent an unreadable reply"))
+            })
         }
         .await;
         let label = if outcome.is_ok() { "ok" } else { "error" };
@@ -361,13 +367,20 @@ impl Drop for Untrack<'_> {
     }
 }
 
-fn describe(error: &reqwest::Error) -> String {
+/// A request that got no answer: out of time, or not through.
+fn failure(node: u64, timeout: Duration, error: &reqwest::Error) -> ShardError {
     if error.is_timeout() {
-        "no answer in time".into()
+        ShardError::Timeout(timeout)
     } else if error.is_connect() {
-        "unreachable".into()
+        ShardError::Unreachable {
+            node,
+            reason: "unreachable".into(),
+        }
     } else {
-        error.to_string()
+        ShardError::Unreachable {
+            node,
+            reason: error.to_string(),
+        }
     }
 }
 

@@ -15,6 +15,7 @@ use sift_storage::meta::KbRecord;
 use tracing::warn;
 
 use super::ShardKey;
+use super::error::ShardError;
 use super::messages::{LeafRequest, ShardMessage};
 use super::rpc::{RawDocument, ShardReply, ShardRpc};
 use crate::error::{Result, SiftError};
@@ -160,7 +161,7 @@ impl SiftNode {
             .access
             .local_call(&kb.id, shard, deadline, message)
             .await
-            .map_err(SiftError::Internal)
+            .map_err(|error| served_failure(&kb.id, shard, error))
     }
 
     /// `Search`: a leaf search of the local replica.
@@ -204,7 +205,7 @@ impl SiftNode {
             .write_local(&kb.id, shard, documents)
             .await
             .map(|()| ShardReply::Written)
-            .map_err(SiftError::Internal)
+            .map_err(|error| served_failure(&kb.id, shard, error))
     }
 
     /// `Delete`: a document deleted from the local replica, and its raw bytes here.
@@ -257,4 +258,20 @@ impl SiftNode {
             None => Err(SiftError::Internal("replica stopped".into())),
         }
     }
+}
+
+/// The error a request served here answers with, keeping what the caller must know: a
+/// missing document stays `not_found`, a failure worth retrying is `shard_unavailable`.
+fn served_failure(kb_id: &str, shard: u32, error: ShardError) -> SiftError {
+    if error.is_not_found() {
+        return SiftError::Storage(sift_storage::StorageError::NotFound(error.to_string()));
+    }
+    if error.is_transient() {
+        return SiftError::ShardUnavailable {
+            kb_id: kb_id.to_string(),
+            shard,
+            reason: error.to_string(),
+        };
+    }
+    SiftError::Internal(error.to_string())
 }
