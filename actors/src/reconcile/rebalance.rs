@@ -647,4 +647,131 @@ mod tests {
             .collect();
         assert_eq!(removed, vec![3, 3], "{steps:?}");
     }
+
+    mod properties {
+        use proptest::prelude::*;
+        use sift_cluster::placement::place_replicas;
+
+        use super::*;
+
+        /// Applies one round's steps; a replica added in round `round` is active
+        /// `fill_rounds` rounds later (its node filled it).
+        fn apply(kbs: &mut [KbRecord], steps: &[Step], round: u64) {
+            for step in steps {
+                match &step.op {
+                    MetaOp::AddReplica {
+                        kb_id, shard, node, ..
+                    } => {
+                        let kb = kbs.iter_mut().find(|kb| &kb.id == kb_id).unwrap();
+                        kb.placement[*shard as usize].replicas.push(Replica {
+                            node: *node,
+                            state: ReplicaState::Initializing,
+                            since_ms: round,
+                        });
+                    }
+                    MetaOp::RemoveReplica {
+                        kb_id, shard, node, ..
+                    } => {
+                        let kb = kbs.iter_mut().find(|kb| &kb.id == kb_id).unwrap();
+                        kb.placement[*shard as usize]
+                            .replicas
+                            .retain(|r| r.node != *node);
+                    }
+                    other => panic!("rebalancing proposes only adds and removes: {other:?}"),
+                }
+            }
+        }
+
+        fn filling_on(kbs: &[KbRecord], node: u64) -> usize {
+            kbs.iter()
+                .flat_map(|kb| &kb.placement)
+                .flat_map(|p| &p.replicas)
+                .filter(|r| r.node == node && filling(r))
+                .count()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(96))]
+
+            /// Whatever the cluster did (nodes joined, one left), rebalancing ends with every
+            /// shard at its replication factor on distinct members, every replica active,
+            /// never more than `MAX_FILLS_PER_NODE` filling on a node, and no step left.
+            #[test]
+            fn every_shard_keeps_its_factor_on_members_and_no_node_overfills(
+                nodes in 1u64..=4,
+                joined in 0u64..=3,
+                leaves in proptest::option::of(1u64..=4),
+                shapes in proptest::collection::vec((1u32..=4, 1u32..=3), 1..=3),
+                fill_rounds in 1u64..=3,
+            ) {
+                let first: Vec<u64> = (1..=nodes).collect();
+                let mut members: Vec<u64> = (1..=nodes + joined).collect();
+                if let Some(gone) = leaves.filter(|gone| *gone <= nodes && nodes + joined > 1) {
+                    members.retain(|node| *node != gone);
+                }
+                let mut kbs: Vec<KbRecord> = Vec::new();
+                for (index, (shards, factor)) in shapes.iter().enumerate() {
+                    let factor = (*factor).min(first.len() as u32).min(members.len() as u32);
+                    let load = loads(&kbs, &first, &[]);
+                    let placed = place_replicas(*shards, factor, &first, &load);
+                    let shard_replicas: Vec<Vec<(u64, ReplicaState)>> = placed
+                        .iter()
+                        .map(|nodes| nodes.iter().map(|n| (*n, ReplicaState::Active)).collect())
+                        .collect();
+                    let views: Vec<&[(u64, ReplicaState)]> =
+                        shard_replicas.iter().map(|r| r.as_slice()).collect();
+                    kbs.push(kb(&format!("kb{index}"), factor, &views));
+                }
+                let mut converged = false;
+                for round in 1..=400u64 {
+                    for replica in kbs
+                        .iter_mut()
+                        .flat_map(|kb| kb.placement.iter_mut())
+                        .flat_map(|p| p.replicas.iter_mut())
+                    {
+                        if replica.state == ReplicaState::Initializing
+                            && round - replica.since_ms >= fill_rounds
+                        {
+                            replica.state = ReplicaState::Active;
+                        }
+                    }
+                    let load = loads(&kbs, &members, &[]);
+                    let steps = plan(&kbs, &members, &load, round);
+                    let idle = steps.is_empty()
+                        && kbs
+                            .iter()
+                            .flat_map(|kb| &kb.placement)
+                            .flat_map(|p| &p.replicas)
+                            .all(|r| r.state == ReplicaState::Active);
+                    if idle {
+                        converged = true;
+                        break;
+                    }
+                    apply(&mut kbs, &steps, round);
+                    for node in &members {
+                        prop_assert!(
+                            filling_on(&kbs, *node) <= MAX_FILLS_PER_NODE,
+                            "node {node} fills more than the cap"
+                        );
+                    }
+                }
+                prop_assert!(converged, "rebalancing did not settle: {kbs:?}");
+                for kb in &kbs {
+                    for (shard, placement) in kb.placement.iter().enumerate() {
+                        let mut nodes: Vec<u64> = placement.replicas.iter().map(|r| r.node).collect();
+                        nodes.sort_unstable();
+                        nodes.dedup();
+                        prop_assert_eq!(
+                            nodes.len(),
+                            kb.settings.replication_factor as usize,
+                            "shard {} of {} has {} distinct replicas",
+                            shard, kb.id, nodes.len()
+                        );
+                        prop_assert_eq!(placement.replicas.len(), nodes.len());
+                        prop_assert!(nodes.iter().all(|n| members.contains(n)), "a replica off the members");
+                    }
+                }
+            }
+        }
+    }
 }

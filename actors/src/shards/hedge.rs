@@ -248,7 +248,7 @@ mod tests {
             TIMES.deadline,
             "it gives up at the deadline"
         );
-        let error = hedged.outcome.err().expect("the shard fails");
+        let error = hedged.outcome.expect_err("the shard fails");
         assert_eq!(
             error.to_string(),
             "replica on node 1: no answer within 5000 ms; replica on node 2: no answer within 5000 ms"
