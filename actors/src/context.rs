@@ -8,8 +8,8 @@ use sift_storage::embedding_cache::EmbeddingCache;
 use crate::error::{Result, SiftError};
 use crate::ingest::raw_store::RawStore;
 use crate::meta::MetaHandle;
-use crate::models::embedding::{Embedder, EmbeddingError};
 use crate::shards::{ShardAccess, ShardRegistry};
+use sift_models::embedding::{Embedder, EmbeddingError};
 
 /// The name of the embedded model, usable in KB settings.
 pub const EMBEDDED_MODEL: &str = "all-MiniLM-L6-v2";

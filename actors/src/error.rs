@@ -1,16 +1,40 @@
-//! Errors of node operations, each with a stable machine-readable code.
-//!
-//! The HTTP layer maps [`SiftError::status`] and [`SiftError::code`] to
-//! `{ "error": { "code", "message" } }` in one place.
+//! Errors of node operations, each with a stable machine-readable code and a neutral
+//! [`ErrorKind`]. The actors know nothing of HTTP: the `node` crate maps the kind to a status
+//! and renders `{ "error": { "code", "message" } }` in one place.
 
 use sift_cluster::ClusterError;
 use sift_storage::StorageError;
 use thiserror::Error;
 
 use crate::ingest::parse::ParseError;
-use crate::models::embedding::EmbeddingError;
+use sift_models::embedding::EmbeddingError;
 
 pub type Result<T, E = SiftError> = std::result::Result<T, E>;
+
+/// What went wrong, as a caller can act on it; each transport maps it to its own answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The named thing does not exist.
+    NotFound,
+    /// The request is malformed or breaks a documented rule.
+    Invalid,
+    /// The request collides with the current state (a name taken, a change under way).
+    Conflict,
+    /// Well-formed but unusable content (an empty document, a file that does not parse).
+    Unprocessable,
+    /// The content is of a type the node cannot read.
+    UnsupportedType,
+    /// Over a documented size limit.
+    TooLarge,
+    /// The node is at capacity now; retry later ([`SiftError::retry_after_secs`]).
+    Overloaded,
+    /// A service the node depends on (a model server) failed.
+    Upstream,
+    /// Part of the cluster cannot serve now (no leader, a shard without a live replica).
+    Unavailable,
+    /// A fault of the node itself.
+    Internal,
+}
 
 #[derive(Debug, Error)]
 pub enum SiftError {
@@ -98,32 +122,47 @@ impl SiftError {
         }
     }
 
-    /// The HTTP status this error answers with.
-    pub fn status(&self) -> u16 {
+    /// The neutral kind of this error.
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            SiftError::NotFound { .. } => 404,
-            SiftError::Invalid { .. } => 400,
-            SiftError::Conflict { .. } => 409,
-            SiftError::Unprocessable { .. } => 422,
-            SiftError::TooLarge { .. } | SiftError::QuestionTooLong { .. } => 413,
-            SiftError::Parse(crate::ingest::parse::ParseError::UnsupportedType(_)) => 415,
-            SiftError::Parse(_) => 422,
-            SiftError::QueueFull { .. } => 429,
-            SiftError::Embedding(_) => 502,
-            SiftError::ShardUnavailable { .. } => 503,
-            SiftError::Storage(StorageError::NotFound(_)) => 404,
-            SiftError::Storage(StorageError::Conflict(_)) => 409,
-            SiftError::Meta(ClusterError::Storage(StorageError::NotFound(_))) => 404,
-            SiftError::Meta(ClusterError::Storage(StorageError::Conflict(_))) => 409,
+            SiftError::NotFound { .. } => ErrorKind::NotFound,
+            SiftError::Invalid { .. } => ErrorKind::Invalid,
+            SiftError::Conflict { .. } => ErrorKind::Conflict,
+            SiftError::Unprocessable { .. } => ErrorKind::Unprocessable,
+            SiftError::TooLarge { .. } | SiftError::QuestionTooLong { .. } => ErrorKind::TooLarge,
+            SiftError::Parse(ParseError::UnsupportedType(_)) => ErrorKind::UnsupportedType,
+            SiftError::Parse(_) => ErrorKind::Unprocessable,
+            SiftError::QueueFull { .. } => ErrorKind::Overloaded,
+            SiftError::Embedding(_) => ErrorKind::Upstream,
+            SiftError::ShardUnavailable { .. } => ErrorKind::Unavailable,
+            SiftError::Storage(StorageError::NotFound(_))
+            | SiftError::Meta(ClusterError::Storage(StorageError::NotFound(_))) => {
+                ErrorKind::NotFound
+            }
+            SiftError::Storage(StorageError::Conflict(_))
+            | SiftError::Meta(ClusterError::Storage(StorageError::Conflict(_))) => {
+                ErrorKind::Conflict
+            }
             // Retryable: no leader yet, leadership changed, the leader unreachable.
             SiftError::Meta(
                 ClusterError::NotLeader { .. }
                 | ClusterError::Dropped(_)
                 | ClusterError::Stopped
                 | ClusterError::Transport(_),
-            ) => 503,
-            SiftError::Meta(ClusterError::Invalid(_)) => 400,
-            SiftError::Storage(_) | SiftError::Meta(_) | SiftError::Internal(_) => 500,
+            ) => ErrorKind::Unavailable,
+            SiftError::Meta(ClusterError::Invalid(_)) => ErrorKind::Invalid,
+            SiftError::Storage(_) | SiftError::Meta(_) | SiftError::Internal(_) => {
+                ErrorKind::Internal
+            }
+        }
+    }
+
+    /// How long a caller should wait before retrying, when the node knows.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            SiftError::QueueFull { retry_after_secs } => Some(*retry_after_secs),
+            SiftError::Meta(cluster) if cluster.is_transient() => Some(1),
+            _ => None,
         }
     }
 
@@ -159,7 +198,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cluster_unavailability_is_a_retryable_503() {
+    fn cluster_unavailability_is_retryable_and_unavailable() {
         let cases = [
             (ClusterError::NotLeader { leader: Some(2) }, "not_leader"),
             (ClusterError::NotLeader { leader: None }, "not_leader"),
@@ -172,14 +211,15 @@ mod tests {
         ];
         for (error, code) in cases {
             let error = SiftError::Meta(error);
-            assert_eq!(error.status(), 503, "{error}");
+            assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
             assert_eq!(error.code(), code, "{error}");
             assert!(error.is_transient(), "{error}");
+            assert_eq!(error.retry_after_secs(), Some(1), "{error}");
         }
         let refused = SiftError::Meta(ClusterError::Invalid("bad conf change".into()));
-        assert_eq!(refused.status(), 400);
+        assert_eq!(refused.kind(), ErrorKind::Invalid);
         assert!(!refused.is_transient());
         let unauthorized = SiftError::Meta(ClusterError::Unauthorized);
-        assert_eq!(unauthorized.status(), 500);
+        assert_eq!(unauthorized.kind(), ErrorKind::Internal);
     }
 }

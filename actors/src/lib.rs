@@ -1,7 +1,9 @@
-//! The actor side of a Sift node: the supervision tree, ingestion, retrieval, model clients.
+//! The actor side of a Sift node: the supervision tree, ingestion, retrieval, sessions and the
+//! agent. Model clients live in `sift-models`.
 //!
 //! ```text
-//! SiftNode
+//! NodeSupervisor                         (node/supervisor.rs; restarts with capped backoff)
+//! ├── Reconciler                         (reconcile/; acts while its node leads)
 //! ├── ShardsSupervisor ── ShardReplica{kb, shard} x N   (owns a ShardIndex handle)
 //! └── IngestSupervisor ── IngestWorker x W               (bounded IngestQueue in front)
 //! ```
@@ -10,12 +12,15 @@
 //!   the HTTP API exposes (KBs, documents, search).
 //! - [`ingest`]: parsing ([`ingest::parse`]), structure-aware chunking ([`ingest::chunk`]),
 //!   the bounded queue, workers and the pipeline.
-//! - [`shards`]: shard replica actors and their supervisor.
-//! - [`retrieval`]: scatter-gather over shards with a deadline, per-channel merge, RRF.
-//! - [`models`]: the embedded all-MiniLM-L6-v2 embedder (candle) and OpenAI-compatible
-//!   `/v1/embeddings` clients.
+//! - [`shards`]: shard replica actors, their supervisor, access to replicas anywhere in the
+//!   cluster and the shard RPC.
+//! - [`retrieval`]: scatter-gather over shards with a deadline, per-channel merge, fusion,
+//!   re-scoring and link following.
+//! - [`reconcile`]: the leader's housekeeping (replicas, repair, raw-byte collection,
+//!   rebalancing, reassignment of silent workers).
 //! - [`meta`]: the node's handle on the metadata log, publishing document events.
 //! - [`sessions`]: chat sessions, supervised agent runs with resumable event logs, admission.
+//! - [`agent`]: the agent loop, its tools and its answer checks.
 
 pub mod agent;
 pub mod context;
@@ -23,7 +28,6 @@ pub mod error;
 pub mod events;
 pub mod ingest;
 pub mod meta;
-pub mod models;
 pub mod node;
 pub mod reconcile;
 pub mod retrieval;
@@ -31,5 +35,5 @@ pub mod sessions;
 pub mod shards;
 
 pub use context::{EMBEDDED_MODEL, Embedders, NodeContext, NodeOptions};
-pub use error::{Result, SiftError};
+pub use error::{ErrorKind, Result, SiftError};
 pub use node::SiftNode;

@@ -1,7 +1,7 @@
 //! `sift-bench chat`: concurrent agent sessions against a running node, with a fake model.
 //!
-//! The bench starts the fake OpenAI-compatible model server of the integration tests
-//! ([`sift_tests::fake_llm`], a real HTTP server speaking the streaming wire format) on
+//! The bench starts the fake OpenAI-compatible model server of the tests
+//! ([`sift_models::fake_server`], a real HTTP server speaking the streaming wire format) on
 //! `--llm-listen`, paced at `--tokens-per-sec` (one streamed chunk = one token). The node under
 //! test must use it as its model: start it with
 //! `SIFT_LLM_BASE_URL=http://127.0.0.1:7701/v1 SIFT_LLM_MODEL=fake-model sift serve`.
@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
-use sift_tests::fake_llm::{
+use sift_models::fake_server::{
     FakeLlm, FakeOptions, FakeReply, FakeRequest, final_answer_citing, text_reply, tool_call_reply,
 };
 
@@ -811,7 +811,7 @@ mod tests {
         let dir = sift_tests::temp_dir();
         let mut config = sift_node::config::Config::for_test(&dir.path().join("node"));
         config.embedding.model_dir = Some(sift_tests::require_model());
-        config.llm.providers = vec![sift_actors::models::llm::config::ProviderConfig::openai(
+        config.llm.providers = vec![sift_models::llm::config::ProviderConfig::openai(
             format!("http://{llm_listen}/v1"),
             "fake-model",
             None,

@@ -22,12 +22,12 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use sift_actors::SiftError;
 use sift_actors::SiftNode;
 use sift_actors::events::DocumentEvent;
 use sift_actors::node::{
     CreateKb, NewTextDocument, SearchQuery, UpdateKb, Upload, metadata_from_json,
 };
+use sift_actors::{ErrorKind, SiftError};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::broadcast;
 
@@ -79,6 +79,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/kbs/{kb}/shards", get(kb_shards))
         .route("/v1/debug/kbs/{kb}/shards/{shard}/crash", post(crash_shard))
         .route("/v1/debug/reconciler/crash", post(crash_reconciler))
+        .route("/v1/debug/sessions/crash", post(crash_sessions_actor))
+        .route("/v1/debug/sessions/{id}/crash", post(crash_session_actor))
         .merge(crate::chat_api::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -108,15 +110,26 @@ impl ApiError {
     }
 }
 
+/// The HTTP status of each kind of node error: the one place the API decides it.
+pub fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Invalid => StatusCode::BAD_REQUEST,
+        ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorKind::UnsupportedType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorKind::Overloaded => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::Upstream => StatusCode::BAD_GATEWAY,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 impl From<SiftError> for ApiError {
     fn from(error: SiftError) -> Self {
-        let status =
-            StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let retry_after_secs = match &error {
-            SiftError::QueueFull { retry_after_secs } => Some(*retry_after_secs),
-            SiftError::Meta(cluster) if cluster.is_transient() => Some(1),
-            _ => None,
-        };
+        let status = status_of(error.kind());
+        let retry_after_secs = error.retry_after_secs();
         if status.is_server_error() {
             tracing::error!(%error, code = error.code(), "request failed");
         }
@@ -137,6 +150,13 @@ impl IntoResponse for ApiError {
             && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
         {
             response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        // A body refused as too large is mostly unread: the connection cannot carry another
+        // request, and a client must not take it back into its pool.
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }
@@ -796,4 +816,42 @@ async fn crash_shard(
 async fn crash_reconciler(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
     state.node.crash_reconciler()?;
     Ok(StatusCode::ACCEPTED)
+}
+
+async fn crash_sessions_actor(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
+    state.sessions.crash_sessions_actor()?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+async fn crash_session_actor(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    state.sessions.crash_session_actor(&id)?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_unavailability_answers_a_retryable_503() {
+        let no_leader = ApiError::from(SiftError::Meta(sift_cluster::ClusterError::NotLeader {
+            leader: None,
+        }));
+        assert_eq!(no_leader.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(no_leader.code, "not_leader");
+        assert_eq!(no_leader.retry_after_secs, Some(1));
+        let refused = ApiError::from(SiftError::Meta(sift_cluster::ClusterError::Invalid(
+            "bad conf change".into(),
+        )));
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+        assert_eq!(refused.retry_after_secs, None);
+        let full = ApiError::from(SiftError::QueueFull {
+            retry_after_secs: 3,
+        });
+        assert_eq!(full.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(full.retry_after_secs, Some(3));
+    }
 }

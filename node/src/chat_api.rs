@@ -85,7 +85,7 @@ async fn post_message(
     ApiPath(id): ApiPath<String>,
     ApiJson(message): ApiJson<NewMessage>,
 ) -> ApiResult<Response> {
-    let log = state.sessions.ask(&id, &message.content)?;
+    let log = state.sessions.ask(&id, &message.content).await?;
     Ok(sse_response(log, 0))
 }
 
@@ -248,12 +248,15 @@ async fn chat_completions(
         ));
     };
     let (question, history) = question_and_history(&request.messages)?;
-    let log = state.sessions.ask_ephemeral(EphemeralRun {
-        agent: Some(model.clone()),
-        kbs: extension.kbs,
-        question,
-        history,
-    })?;
+    let log = state
+        .sessions
+        .ask_ephemeral(EphemeralRun {
+            agent: Some(model.clone()),
+            kbs: extension.kbs,
+            question,
+            history,
+        })
+        .await?;
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -10,8 +10,8 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use sift_actors::NodeOptions;
 use sift_actors::agent::AgentPreset;
-use sift_actors::models::llm::config::LlmConfig;
 use sift_actors::sessions::RunLimits;
+use sift_models::llm::config::LlmConfig;
 
 /// The config file's shape. Every field is optional; unknown fields are an error.
 #[derive(Clone, Debug, Default, Deserialize)]

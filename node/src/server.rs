@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use sift_actors::models::embedding::{
+use sift_actors::sessions::{Sessions, SessionsConfig};
+use sift_actors::{Embedders, SiftError, SiftNode};
+use sift_models::embedding::{
     Embedder, LocalEmbedderOptions, MiniLmEmbedder, OpenAiEmbedder, OpenAiEmbedderConfig,
     resolve_model_dir,
 };
-use sift_actors::models::llm::build_router;
-use sift_actors::sessions::{Sessions, SessionsConfig};
-use sift_actors::{Embedders, SiftError, SiftNode};
+use sift_models::llm::build_router;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 

@@ -100,9 +100,9 @@ fn describe() {
         "embeddings served from the cache"
     );
     describe_counter!("sift_http_requests_total", "HTTP requests by status class");
-    sift_actors::models::embedding::describe_metrics();
+    sift_models::embedding::describe_metrics();
     sift_actors::sessions::describe_metrics();
-    sift_actors::models::llm::describe_metrics();
+    sift_models::llm::describe_metrics();
     sift_actors::agent::describe_metrics();
 }
 

@@ -6,8 +6,9 @@
 //!   [`sift_node::server::start`], for tests that need no separate process.
 //! - [`ApiClient`]: a thin HTTP client of the public API with bounded waits
 //!   ([`ApiClient::wait_ready`], [`ApiClient::wait_idle`], [`ApiClient::wait_document`]).
-//! - [`fake_llm`]: a scripted fake chat model server (OpenAI and Anthropic streaming).
-//! - [`fake_mcp`]: a fake remote MCP server (streamable HTTP, JSON-RPC).
+//! - [`fake_mcp`]: a fake remote MCP server (streamable HTTP, JSON-RPC). The fake chat-model
+//!   server is `sift_models::fake_server` (feature `fake-server`), shared with the unit tests
+//!   and `sift-bench`.
 //! - [`sse`]: reading server-sent event streams of the API.
 //! - [`beir`]: loaders of the BEIR slices in `tests/fixtures/` and the quality measures
 //!   (hit@k, nDCG@k).
@@ -17,7 +18,6 @@
 
 pub mod beir;
 mod client;
-pub mod fake_llm;
 pub mod fake_mcp;
 mod in_process;
 mod process;

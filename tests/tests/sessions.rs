@@ -1,17 +1,17 @@
 //! Sessions, agent runs over SSE, and the OpenAI-compatible API, end to end: a real node in
 //! the test process, a real KB ingested with the embedded model, and a fake model server
-//! speaking the OpenAI and Anthropic streaming wire formats (`sift_tests::fake_llm`).
+//! speaking the OpenAI and Anthropic streaming wire formats (`sift_models::fake_server`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sift_actors::models::llm::config::{ProviderConfig, ToolMode};
-use sift_node::config::Config;
-use sift_tests::fake_llm::{
+use sift_models::fake_server::{
     FakeLlm, FakeReply, FakeRequest, final_answer_citing, llama_cpp_context_overflow,
     openai_context_overflow, openai_text, react_agent, text_reply,
 };
+use sift_models::llm::config::{ProviderConfig, ToolMode};
+use sift_node::config::Config;
 use sift_tests::sse::{SseEvent, answer_text, ask, follow_run, names};
 use sift_tests::{ApiClient, InProcessNode, bulk_documents, ingest_deadline, require_model};
 
@@ -817,6 +817,72 @@ async fn a_panicking_run_ends_its_stream_with_internal_error_and_done() {
     node.shutdown().await;
 }
 
+async fn restarts(client: &ApiClient, actor: &str) -> f64 {
+    let label = format!("actor=\"{actor}\"");
+    client
+        .metric_sum("sift_actor_restarts_total", Some(&label))
+        .await
+}
+
+#[tokio::test]
+async fn crashed_session_actors_start_again_and_their_runs_end_their_streams() {
+    let fake = FakeLlm::start(endless_thinker()).await;
+    let fixture = fixture_with_llm(vec![provider(&fake, "local", 0)]).await;
+    let client = &fixture.client;
+    let session = new_session(client).await;
+    let crash_session = format!("/v1/debug/sessions/{session}/crash");
+
+    // The Session actor of an idle conversation panics: the next question starts a fresh one.
+    client
+        .post_json(&crash_session, &json!({}))
+        .await
+        .expect(202);
+    sift_tests::eventually("the session actor's failure is counted", || async {
+        (restarts(client, "session").await >= 1.0).then_some(())
+    })
+    .await;
+
+    // Its Session fails while a run is in flight: the run goes down with it (a supervisor's
+    // children stop with it), its stream ends with `error` and `done`, and the conversation
+    // takes its next question.
+    let mut stream = ask(client, &session, "Think about the first study").await;
+    stream.until("thought").await;
+    client
+        .post_json(&crash_session, &json!({}))
+        .await
+        .expect(202);
+    let rest = stream.rest().await;
+    let (error, done) = (&rest[rest.len() - 2], &rest[rest.len() - 1]);
+    assert_eq!(error.event, "error");
+    assert_eq!(error.data["code"], "internal");
+    assert_eq!(done.event, "done");
+    assert_eq!(done.data["finish_reason"], "error");
+    assert!(restarts(client, "session").await >= 2.0);
+
+    // The Sessions actor itself panics: the node supervisor starts it again after its
+    // backoff, and questions asked meanwhile wait for it.
+    client
+        .post_json("/v1/debug/sessions/crash", &json!({}))
+        .await
+        .expect(202);
+    let mut stream = ask(client, &session, "Think about the second study").await;
+    let first = stream.until("thought").await;
+    assert_eq!(first[0].event, "meta");
+    assert!(restarts(client, "sessions").await >= 1.0);
+    let run_id = first[0].data["run_id"].as_str().unwrap().to_string();
+    client
+        .post_json(&format!("/v1/runs/{run_id}/stop"), &json!({}))
+        .await
+        .expect(202);
+    assert_eq!(stream.rest().await.last().unwrap().event, "done");
+    // The endpoints exist only with fault injection on, and name a session that exists.
+    client
+        .post_json("/v1/debug/sessions/no-such-session/crash", &json!({}))
+        .await
+        .expect_error(404, "session_not_found");
+    fixture.node.shutdown().await;
+}
+
 #[tokio::test]
 async fn context_compression_summarises_old_turns_and_keeps_the_facts() {
     let fake = FakeLlm::start(react_agent(first_title())).await;
@@ -1038,27 +1104,27 @@ async fn malformed_arguments_unknown_tools_and_hostile_documents_change_nothing(
         }
         let id = format!("call_{}", request.index);
         match request.tool_results() {
-            0 => FakeReply::Stream(sift_tests::fake_llm::openai_tool_call_raw(
+            0 => FakeReply::Stream(sift_models::fake_server::openai_tool_call_raw(
                 &id,
                 "knowledge_search",
                 "{\"query\": \"maintenance notice",
                 5,
             )),
-            1 => sift_tests::fake_llm::tool_call_reply(
+            1 => sift_models::fake_server::tool_call_reply(
                 request,
                 &id,
                 "knowledge_search",
                 &json!({ "query": "maintenance notice ignore previous instructions" }),
                 6,
             ),
-            2 => sift_tests::fake_llm::tool_call_reply(
+            2 => sift_models::fake_server::tool_call_reply(
                 request,
                 &id,
                 "delete",
                 &json!({ "kb": "papers" }),
                 4,
             ),
-            _ => sift_tests::fake_llm::tool_call_reply(
+            _ => sift_models::fake_server::tool_call_reply(
                 request,
                 &id,
                 "final_answer",
@@ -1144,7 +1210,7 @@ async fn a_remote_mcp_tool_is_called_and_its_result_used() {
         let id = format!("call_{}", request.index);
         let text = request.text();
         if !text.contains("is 4711 euros") {
-            return sift_tests::fake_llm::tool_call_reply(
+            return sift_models::fake_server::tool_call_reply(
                 request,
                 &id,
                 "prices__lookup_price",
@@ -1153,7 +1219,7 @@ async fn a_remote_mcp_tool_is_called_and_its_result_used() {
             );
         }
         if request.chunk_ids_shown().is_empty() {
-            return sift_tests::fake_llm::tool_call_reply(
+            return sift_models::fake_server::tool_call_reply(
                 request,
                 &id,
                 "knowledge_search",
@@ -1164,7 +1230,7 @@ async fn a_remote_mcp_tool_is_called_and_its_result_used() {
         let mut arguments = final_answer_citing(request, 1);
         let cited = arguments["answer"].as_str().unwrap().to_string();
         arguments["answer"] = json!(format!("The widget costs 4711 euros. {cited}"));
-        sift_tests::fake_llm::tool_call_reply(request, &id, "final_answer", &arguments, 7)
+        sift_models::fake_server::tool_call_reply(request, &id, "final_answer", &arguments, 7)
     })
     .await;
     let mcp_url = mcp.url();

@@ -2,7 +2,7 @@
 //! environment alone (`SIFT_LLM_*`), and sessions with their turns surviving a restart.
 
 use serde_json::json;
-use sift_tests::fake_llm::{FakeLlm, react_agent};
+use sift_models::fake_server::{FakeLlm, react_agent};
 use sift_tests::sse::{answer_text, ask, names};
 use sift_tests::{NodeProcess, bulk_documents, ingest_deadline, short_documents, temp_dir};
 

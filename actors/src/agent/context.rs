@@ -23,7 +23,7 @@ use std::time::Duration;
 use super::model_io::complete_text;
 use super::terms::{sentences, terms};
 use super::{PastTurn, RunCancel};
-use crate::models::llm::{ChatMessage, ChatModel, ToolSpec, Usage};
+use sift_models::llm::{ChatMessage, ChatModel, ToolSpec, Usage};
 
 /// Turns kept verbatim when older ones are summarised.
 pub const KEEP_RECENT_TURNS: usize = 2;
@@ -509,7 +509,7 @@ pub async fn rewrite_follow_up(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::llm::ToolCall;
+    use sift_models::llm::ToolCall;
 
     fn turn(question: &str, answer: &str) -> PastTurn {
         PastTurn {

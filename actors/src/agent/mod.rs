@@ -217,9 +217,9 @@ pub struct AgentPreset {
     #[serde(default)]
     pub tools: Option<Vec<String>>,
     #[serde(default)]
-    pub web_search: Option<crate::models::web_search::WebSearchConfig>,
+    pub web_search: Option<sift_models::web_search::WebSearchConfig>,
     #[serde(default)]
-    pub mcp_servers: Vec<crate::models::mcp::McpServerConfig>,
+    pub mcp_servers: Vec<sift_models::mcp::McpServerConfig>,
 }
 
 impl AgentPreset {
@@ -241,7 +241,7 @@ impl AgentPreset {
 pub struct AgentDeps {
     pub node: std::sync::Arc<crate::SiftNode>,
     /// `None`: no model configured, answers are extractive.
-    pub model: Option<crate::models::llm::SharedChatModel>,
+    pub model: Option<sift_models::llm::SharedChatModel>,
     pub preset: std::sync::Arc<AgentPreset>,
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use crate::models::llm::{ChatEvent, ChatMessage, ChatModel, ChatRequest, LlmError, Usage};
+use sift_models::llm::{ChatEvent, ChatMessage, ChatModel, ChatRequest, LlmError, Usage};
 
 use super::RunCancel;
 

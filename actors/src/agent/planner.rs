@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::RunCancel;
 use super::model_io::{complete_text, extract_json_object};
 use super::terms::terms;
-use crate::models::llm::{ChatMessage, ChatModel, Usage};
+use sift_models::llm::{ChatMessage, ChatModel, Usage};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

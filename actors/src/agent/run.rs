@@ -42,7 +42,7 @@ use super::{
     AgentDeps, AgentEvent, AgentOutcome, AnswerMode, Citation, EventSink, PastTurn, RunCancel,
     RunFinish, RunInput, TraceStep,
 };
-use crate::models::llm::{
+use sift_models::llm::{
     ChatEvent, ChatMessage, ChatModel, ChatRequest, LlmError, SharedChatModel, ToolCall, ToolSpec,
     Usage,
 };

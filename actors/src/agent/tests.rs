@@ -13,13 +13,13 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::models::embedding::{Embedder, LocalEmbedderOptions, MiniLmEmbedder};
-use crate::models::llm::{
+use crate::node::{CreateKb, NewTextDocument};
+use crate::{Embedders, NodeOptions, SiftNode};
+use sift_models::embedding::{Embedder, LocalEmbedderOptions, MiniLmEmbedder};
+use sift_models::llm::{
     ChatEvent, ChatMessage, ChatModel, ChatRequest, ChatStream, FinishReason, LlmError, ToolCall,
     Usage,
 };
-use crate::node::{CreateKb, NewTextDocument};
-use crate::{Embedders, NodeOptions, SiftNode};
 
 // ---- the node ----
 
@@ -285,7 +285,7 @@ fn input(fixture: &Fixture, question: &str) -> RunInput {
 fn deps(fixture: &Fixture, model: Option<Arc<ScriptedModel>>) -> AgentDeps {
     AgentDeps {
         node: fixture.node.clone(),
-        model: model.map(|m| m as crate::models::llm::SharedChatModel),
+        model: model.map(|m| m as sift_models::llm::SharedChatModel),
         preset: Arc::new(AgentPreset::default_preset()),
     }
 }
@@ -1217,12 +1217,12 @@ async fn deep_reading_tools_stay_inside_the_runs_knowledge_bases() {
 
 /// A tool of a configured service that waits for `partners` calls to be running at once.
 struct Rendezvous {
-    spec: crate::models::llm::ToolSpec,
+    spec: sift_models::llm::ToolSpec,
     barrier: Arc<tokio::sync::Barrier>,
 }
 
 impl tools::ExternalTool for Rendezvous {
-    fn spec(&self) -> &crate::models::llm::ToolSpec {
+    fn spec(&self) -> &sift_models::llm::ToolSpec {
         &self.spec
     }
 
@@ -1247,7 +1247,7 @@ impl tools::ExternalTool for Rendezvous {
 
 fn rendezvous(name: &str, partners: usize) -> Arc<Rendezvous> {
     Arc::new(Rendezvous {
-        spec: crate::models::llm::ToolSpec {
+        spec: sift_models::llm::ToolSpec {
             name: name.into(),
             description: "waits for its partners".into(),
             parameters: json!({"type": "object"}),
@@ -1515,20 +1515,20 @@ async fn mcp_tools_are_called_and_a_slow_web_search_times_out() {
     let mcp = serve(axum::Router::new().route("/mcp", axum::routing::post(fake_mcp))).await;
     let searx = serve(axum::Router::new().route("/search", axum::routing::get(fake_searx))).await;
     let mut preset = AgentPreset::default_preset();
-    preset.web_search = Some(crate::models::web_search::WebSearchConfig {
+    preset.web_search = Some(sift_models::web_search::WebSearchConfig {
         base_url: searx,
         timeout_ms: 30_000,
         max_results: 5,
     });
     preset.mcp_servers = vec![
-        crate::models::mcp::McpServerConfig {
+        sift_models::mcp::McpServerConfig {
             name: "atlas".into(),
             url: format!("{mcp}/mcp"),
             headers: Default::default(),
             timeout_ms: 5_000,
         },
         // A server that is not there is left out; the run goes on.
-        crate::models::mcp::McpServerConfig {
+        sift_models::mcp::McpServerConfig {
             name: "gone".into(),
             url: "http://127.0.0.1:9/mcp".into(),
             headers: Default::default(),
@@ -1664,10 +1664,10 @@ async fn at_most_five_retrievals_per_turn_then_the_answer_is_forced() {
 }
 
 /// A configured service whose answer is partial.
-struct PartialTool(crate::models::llm::ToolSpec);
+struct PartialTool(sift_models::llm::ToolSpec);
 
 impl tools::ExternalTool for PartialTool {
-    fn spec(&self) -> &crate::models::llm::ToolSpec {
+    fn spec(&self) -> &sift_models::llm::ToolSpec {
         &self.0
     }
 
@@ -1712,7 +1712,7 @@ async fn failed_shards_are_reported_as_partial_before_the_result() {
         sender,
         RunCancel::new(),
     );
-    agent_run.add_tool(Arc::new(PartialTool(crate::models::llm::ToolSpec {
+    agent_run.add_tool(Arc::new(PartialTool(sift_models::llm::ToolSpec {
         name: "svc__partial".into(),
         description: "partial".into(),
         parameters: json!({"type": "object"}),

@@ -299,6 +299,19 @@ impl SiftNode {
             .map_err(|e| SiftError::Internal(e.to_string()))
     }
 
+    /// Adds a restartable child to the node supervisor (the session layer adds its actor).
+    pub(crate) fn start_child(&self, spec: ChildSpec) -> Result<()> {
+        let name = spec.name;
+        self.supervisor
+            .cast(NodeMessage::Start(spec))
+            .map_err(|e| SiftError::Internal(format!("starting the {name}: {e}")))
+    }
+
+    /// The running instance of a child of the node supervisor, by name.
+    pub(crate) fn child(&self, name: &str) -> Option<ractor::ActorCell> {
+        self.children.get(name)
+    }
+
     /// Fault injection: makes the reconciler panic (only with `debug_faults`, in cluster
     /// mode). Its supervisor starts it again.
     pub fn crash_reconciler(&self) -> Result<()> {

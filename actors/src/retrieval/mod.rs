@@ -7,7 +7,6 @@ pub mod links;
 pub mod mmr;
 pub mod packing;
 pub mod query;
-pub mod rerank;
 pub mod rescore;
 pub mod rewrite;
 pub mod root;
@@ -15,7 +14,9 @@ pub mod settings;
 pub mod text;
 
 pub use fusion::{Channel, ChannelHitInfo, FusedHit, FusionMethod, dbsf_fuse, rrf_fuse};
-pub use rerank::{RerankApi, RerankServiceConfig, RerankServices};
 pub use root::{
     HitPath, Pipeline, RootSearch, SearchHit, SearchRequest, SearchResponse, SearchTimings,
 };
+/// The rerank clients live in `sift-models`; re-exported where the search pipeline uses them.
+pub use sift_models::rerank;
+pub use sift_models::rerank::{RerankApi, RerankServiceConfig, RerankServices};

@@ -6,8 +6,10 @@
 //! - Each question starts a run: a [`RunLog`] (events with monotonic ids: `meta` first, `done`
 //!   last) that any number of clients follow and resume (`Last-Event-ID`), kept for
 //!   [`RunLimits::retention`] after the run ends.
-//! - Runs go through admission control and are supervised ([`supervisor`]): a panicking run
-//!   ends its stream with `error` {code: "internal"}, `done`.
+//! - Runs are actors ([`tree`]): `Sessions` (a child of the node supervisor) → a `Session` per
+//!   conversation with a question in flight → an `AgentRun` per question ([`agent_run`]),
+//!   behind admission control ([`admission`]). A panicking run ends its stream with `error`
+//!   {code: "internal"}, `done`; its session keeps working.
 //! - The finished turn (answer, citations, trace) is stored with `AppendTurn`; the next run of
 //!   the session gets it back as history, with the stored summary of older turns.
 //!
@@ -15,11 +17,17 @@
 //! one the run was given covers every turn it was given but the most recent
 //! [`KEEP_RECENT_TURNS`] (the next run gets the summary and only the turns after those).
 
+pub mod admission;
+pub mod agent_run;
 pub mod run_log;
-pub mod supervisor;
+mod tree;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorCell, ActorRef, RpcReplyPort, SpawnErr};
 
 use serde::{Deserialize, Serialize};
 use sift_storage::meta::{
@@ -27,18 +35,63 @@ use sift_storage::meta::{
 };
 use tracing::warn;
 
+pub use admission::{Admission, MAX_QUESTION_CHARS, RunLimits};
 pub use run_log::{RunEvent, RunEventKind, RunLog, RunStatus};
-pub use supervisor::{Admission, MAX_QUESTION_CHARS, RunLimits};
 
+use self::agent_run::{AgentRun, AgentRunArguments, AgentRunMessage};
+use self::tree::{SessionsActor, SessionsArguments, SessionsMessage};
 use crate::SiftNode;
 use crate::agent::context::KEEP_RECENT_TURNS;
 use crate::agent::{
-    AgentDeps, AgentOutcome, AgentPreset, AnswerMode, Citation, PastTurn, RunFinish, RunInput,
-    TraceStep,
+    AgentOutcome, AgentPreset, AnswerMode, Citation, PastTurn, RunFinish, RunInput, TraceStep,
 };
 use crate::error::{Result, SiftError};
 use crate::ingest::pipeline::now_ms;
-use crate::models::llm::SharedChatModel;
+use crate::node::supervisor::{ChildSpec, RestartPolicy};
+use sift_models::llm::SharedChatModel;
+
+/// A question checked and ready to run: what its `AgentRun` needs.
+#[derive(Clone)]
+pub(crate) struct PreparedRun {
+    pub preset: Arc<AgentPreset>,
+    pub input: RunInput,
+    /// For a run stored in a session: how many of its turns a new history summary covers.
+    pub stored_turns: Option<u32>,
+}
+
+fn sessions_unavailable() -> SiftError {
+    SiftError::Internal("the session actors are not running".into())
+}
+
+/// The `Sessions` actor as a child of the node supervisor, on the run runtime.
+fn sessions_actor_spec(sessions: std::sync::Weak<Sessions>) -> ChildSpec {
+    ChildSpec {
+        name: tree::ACTOR_NAME,
+        start: Arc::new(move |supervisor| {
+            let sessions = sessions.clone();
+            Box::pin(async move {
+                let shut_down = || SpawnErr::StartupFailed("the session layer is shut down".into());
+                let runtime = sessions
+                    .upgrade()
+                    .and_then(|sessions| sessions.runtime_handle())
+                    .ok_or_else(shut_down)?;
+                let arguments = SessionsArguments { sessions };
+                // Spawned from inside the run runtime, so the actor and its children live there.
+                let spawned = runtime
+                    .spawn(async move {
+                        Actor::spawn_linked(None, SessionsActor, arguments, supervisor).await
+                    })
+                    .await;
+                match spawned {
+                    Ok(Ok((actor, _))) => Ok(actor.get_cell()),
+                    Ok(Err(error)) => Err(error),
+                    Err(join_error) => Err(SpawnErr::StartupFailed(join_error.to_string().into())),
+                }
+            })
+        }),
+        policy: RestartPolicy::default(),
+    }
+}
 
 /// Most KBs one session may search.
 pub const MAX_SESSION_KBS: usize = 16;
@@ -94,9 +147,8 @@ pub struct Sessions {
     presets: BTreeMap<String, Arc<AgentPreset>>,
     limits: RunLimits,
     admission: Admission,
+    /// Every run's log by run id, until [`RunLimits::retention`] after it ends.
     runs: Mutex<HashMap<String, Arc<RunLog>>>,
-    /// The running run of each session: one at a time, so turns stay in order.
-    active: Mutex<HashMap<String, String>>,
     /// Runs execute on their own runtime, so their CPU work (token counting, prompt building,
     /// parsing, query embeddings on its blocking pool) cannot delay the HTTP runtime: the first
     /// event of a new stream stays fast under load. Its threads run at a lower scheduling
@@ -178,7 +230,7 @@ impl Sessions {
             .enable_all()
             .build()
             .map_err(|error| SiftError::Internal(format!("starting the run runtime: {error}")))?;
-        Ok(Arc::new(Sessions {
+        let sessions = Arc::new(Sessions {
             runtime: Mutex::new(Some(runtime)),
             node,
             model: config.model,
@@ -186,8 +238,11 @@ impl Sessions {
             limits: config.limits,
             admission,
             runs: Mutex::new(HashMap::new()),
-            active: Mutex::new(HashMap::new()),
-        }))
+        });
+        sessions
+            .node
+            .start_child(sessions_actor_spec(Arc::downgrade(&sessions)))?;
+        Ok(sessions)
     }
 
     pub fn node(&self) -> &Arc<SiftNode> {
@@ -201,6 +256,14 @@ impl Sessions {
     /// Whether a chat model is configured (otherwise answers are extractive).
     pub fn has_model(&self) -> bool {
         self.model.is_some()
+    }
+
+    pub(crate) fn model(&self) -> Option<SharedChatModel> {
+        self.model.clone()
+    }
+
+    pub(crate) fn admission(&self) -> &Admission {
+        &self.admission
     }
 
     pub fn presets(&self) -> Vec<Arc<AgentPreset>> {
@@ -285,10 +348,7 @@ impl Sessions {
             .meta
             .propose(MetaOp::DeleteSession { id: id.to_string() })
             .await?;
-        let running = self.lock_active().get(id).cloned();
-        if let Some(run_id) = running
-            && let Some(log) = self.lock_runs().get(&run_id).cloned()
-        {
+        if let Some(log) = self.unfinished_run_of(id) {
             log.cancel.cancel();
         }
         Ok(())
@@ -310,8 +370,12 @@ impl Sessions {
         self.runs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn lock_active(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.active.lock().unwrap_or_else(|p| p.into_inner())
+    /// The run of `session_id` still in flight, if any.
+    pub(crate) fn unfinished_run_of(&self, session_id: &str) -> Option<Arc<RunLog>> {
+        self.lock_runs()
+            .values()
+            .find(|log| log.session_id == session_id && !log.is_finished())
+            .cloned()
     }
 
     fn check_question(&self, content: &str) -> Result<String> {
@@ -329,7 +393,7 @@ impl Sessions {
 
     /// Starts a run answering `content` in the session. Returns its log, which already holds
     /// the `meta` event; the run may still wait for admission.
-    pub fn ask(self: &Arc<Self>, session_id: &str, content: &str) -> Result<Arc<RunLog>> {
+    pub async fn ask(self: &Arc<Self>, session_id: &str, content: &str) -> Result<Arc<RunLog>> {
         let session = self.get_session(session_id)?;
         let question = self.check_question(content)?;
         let preset = self.preset(&session.agent)?;
@@ -367,18 +431,6 @@ impl Sessions {
             .map(|last| given[last].seq + 1)
             .unwrap_or(session.summary_turns);
         let run_id = uuid::Uuid::now_v7().to_string();
-        {
-            let mut active = self.lock_active();
-            if let Some(running) = active.get(session_id) {
-                return Err(SiftError::Conflict {
-                    code: "run_in_progress",
-                    message: format!(
-                        "run {running} of this session is still running; stop it or wait for it"
-                    ),
-                });
-            }
-            active.insert(session_id.to_string(), run_id.clone());
-        }
         let input = RunInput {
             run_id: run_id.clone(),
             session_id: session_id.to_string(),
@@ -388,11 +440,20 @@ impl Sessions {
             history_summary: session.history_summary.clone(),
             budget: preset.budget.clone(),
         };
-        Ok(self.launch(preset, input, Some(summarised_through)))
+        let run = PreparedRun {
+            preset,
+            input,
+            stored_turns: Some(summarised_through),
+        };
+        self.route(run, |run, reply| SessionsMessage::Ask {
+            run: Box::new(run),
+            reply,
+        })
+        .await
     }
 
     /// Starts a run that is not stored in any session.
-    pub fn ask_ephemeral(self: &Arc<Self>, request: EphemeralRun) -> Result<Arc<RunLog>> {
+    pub async fn ask_ephemeral(self: &Arc<Self>, request: EphemeralRun) -> Result<Arc<RunLog>> {
         let preset = self.preset(request.agent.as_deref().unwrap_or("default"))?;
         let kbs = self.resolve_kbs(&request.kbs)?;
         let question = self.check_question(&request.question)?;
@@ -406,70 +467,132 @@ impl Sessions {
             history_summary: None,
             budget: preset.budget.clone(),
         };
-        Ok(self.launch(preset, input, None))
+        let run = PreparedRun {
+            preset,
+            input,
+            stored_turns: None,
+        };
+        self.route(run, |run, reply| SessionsMessage::AskEphemeral {
+            run: Box::new(run),
+            reply,
+        })
+        .await
     }
 
-    /// Registers the run's log, writes `meta`, and spawns its supervisor. `stored_turns`: for
-    /// a run stored in a session, how many of its turns a new history summary covers.
-    fn launch(
+    /// Hands a prepared run to the `Sessions` actor and waits for its log. While that actor
+    /// is being restarted (or not yet started), tries again for a few seconds: a question it
+    /// took but never answered (it failed meanwhile) is asked again, and a second run of a
+    /// session is refused by its `Session` as `run_in_progress` as usual.
+    async fn route(
+        &self,
+        run: PreparedRun,
+        message: fn(PreparedRun, RpcReplyPort<Result<Arc<RunLog>>>) -> SessionsMessage,
+    ) -> Result<Arc<RunLog>> {
+        for _ in 0..100 {
+            if let Some(actor) = self.node.child(tree::ACTOR_NAME) {
+                let actor: ActorRef<SessionsMessage> = actor.into();
+                match actor.call(|reply| message(run.clone(), reply), None).await {
+                    Ok(CallResult::Success(answer)) => return answer,
+                    Ok(CallResult::Timeout) => return Err(sessions_unavailable()),
+                    Ok(CallResult::SenderError) | Err(_) => {}
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(sessions_unavailable())
+    }
+
+    /// Fault injection (`debug_faults` only): the `Sessions` actor panics; the node supervisor
+    /// starts it again.
+    pub fn crash_sessions_actor(&self) -> Result<()> {
+        self.check_faults()?;
+        let actor = self
+            .node
+            .child(tree::ACTOR_NAME)
+            .ok_or_else(sessions_unavailable)?;
+        actor
+            .send_message(SessionsMessage::Crash)
+            .map_err(|e| SiftError::Internal(e.to_string()))
+    }
+
+    /// Fault injection (`debug_faults` only): the `Session` actor of a session panics.
+    pub fn crash_session_actor(&self, session_id: &str) -> Result<()> {
+        self.check_faults()?;
+        self.get_session(session_id)?;
+        let actor = self
+            .node
+            .child(tree::ACTOR_NAME)
+            .ok_or_else(sessions_unavailable)?;
+        actor
+            .send_message(SessionsMessage::CrashSession {
+                session_id: session_id.to_string(),
+            })
+            .map_err(|e| SiftError::Internal(e.to_string()))
+    }
+
+    fn check_faults(&self) -> Result<()> {
+        if self.node.context().options.debug_faults {
+            return Ok(());
+        }
+        Err(SiftError::NotFound {
+            code: "not_found",
+            what: "fault injection".into(),
+        })
+    }
+
+    fn runtime_handle(&self) -> Option<tokio::runtime::Handle> {
+        let runtime = self.runtime.lock().unwrap_or_else(|p| p.into_inner());
+        runtime.as_ref().map(|runtime| runtime.handle().clone())
+    }
+
+    /// Registers the run's log, writes `meta`, and starts its `AgentRun` under `supervisor`.
+    /// The actor is `None` when the node is shutting down: the log then already ended.
+    pub(crate) async fn start_run(
         self: &Arc<Self>,
-        preset: Arc<AgentPreset>,
-        input: RunInput,
-        stored_turns: Option<u32>,
-    ) -> Arc<RunLog> {
+        run: PreparedRun,
+        supervisor: ActorCell,
+    ) -> Result<(Option<ActorRef<AgentRunMessage>>, Arc<RunLog>)> {
+        let PreparedRun {
+            preset,
+            input,
+            stored_turns,
+        } = run;
         let log = Arc::new(RunLog::new(input.run_id.clone(), input.session_id.clone()));
         log.push(RunEventKind::Meta {
             session_id: input.session_id.clone(),
             run_id: input.run_id.clone(),
         });
-        self.lock_runs().insert(input.run_id.clone(), log.clone());
-        let deps = AgentDeps {
-            node: self.node.clone(),
-            model: self.model.clone(),
-            preset,
-        };
-        let sessions = self.clone();
-        let run_log = log.clone();
-        let supervised = async move {
-            let question = input.question.clone();
-            let given_summary = input.history_summary.clone();
-            let end =
-                supervisor::supervise_run(&sessions.admission, deps, input, run_log.clone()).await;
-            let mut message_id = None;
-            if let (Some(summary_turns), Some(outcome)) = (stored_turns, &end.outcome) {
-                message_id = sessions
-                    .store_turn(&run_log, &question, outcome, summary_turns, given_summary)
-                    .await;
-            }
-            // Free the session before `done`: a client that saw `done` may ask again at once.
-            sessions.release_session(&run_log);
-            run_log.push(RunEventKind::Done {
-                message_id,
-                finish_reason: end.finish_reason,
+        if self.runtime_handle().is_none() {
+            log.push(RunEventKind::Agent(crate::agent::AgentEvent::Error {
+                code: "shutting_down".into(),
+                message: "the node is shutting down".into(),
+            }));
+            log.push(RunEventKind::Done {
+                message_id: None,
+                finish_reason: RunFinish::Error,
             });
-            sessions.forget_later(&run_log);
+            return Ok((None, log));
+        }
+        self.lock_runs().insert(input.run_id.clone(), log.clone());
+        let arguments = AgentRunArguments {
+            sessions: self.clone(),
+            preset,
+            input,
+            stored_turns,
+            log: log.clone(),
         };
-        let runtime = self.runtime.lock().unwrap_or_else(|p| p.into_inner());
-        match runtime.as_ref() {
-            Some(runtime) => {
-                runtime.spawn(supervised);
-            }
-            None => {
-                // Shut down: the run ends at once.
-                log.push(RunEventKind::Agent(crate::agent::AgentEvent::Error {
-                    code: "shutting_down".into(),
-                    message: "the node is shutting down".into(),
-                }));
-                log.push(RunEventKind::Done {
-                    message_id: None,
-                    finish_reason: RunFinish::Error,
-                });
+        match Actor::spawn_linked(None, AgentRun, arguments, supervisor).await {
+            Ok((actor, _)) => Ok((Some(actor), log)),
+            Err(error) => {
+                self.lock_runs().remove(&log.run_id);
+                Err(SiftError::Internal(format!(
+                    "starting an agent run: {error}"
+                )))
             }
         }
-        log
     }
 
-    async fn store_turn(
+    pub(crate) async fn store_turn(
         &self,
         log: &RunLog,
         question: &str,
@@ -521,16 +644,8 @@ impl Sessions {
         Some(message_id)
     }
 
-    /// Frees the session for its next run.
-    fn release_session(&self, log: &RunLog) {
-        let mut active = self.lock_active();
-        if active.get(&log.session_id) == Some(&log.run_id) {
-            active.remove(&log.session_id);
-        }
-    }
-
     /// Forgets the log after the retention time.
-    fn forget_later(self: &Arc<Self>, log: &Arc<RunLog>) {
+    pub(crate) fn forget_later(self: &Arc<Self>, log: &Arc<RunLog>) {
         let sessions = Arc::downgrade(self);
         let run_id = log.run_id.clone();
         let retention = self.limits.retention;

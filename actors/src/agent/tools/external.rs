@@ -16,9 +16,9 @@ use serde_json::json;
 use super::{ToolError, ToolOutput, parse_args};
 use crate::agent::AgentPreset;
 use crate::agent::terms::truncate_chars;
-use crate::models::llm::ToolSpec;
-use crate::models::mcp::{McpClient, McpServerConfig};
-use crate::models::web_search::{WebSearchClient, WebSearchConfig};
+use sift_models::llm::ToolSpec;
+use sift_models::mcp::{McpClient, McpServerConfig};
+use sift_models::web_search::{WebSearchClient, WebSearchConfig};
 
 pub const WEB_SEARCH: &str = "web_search";
 /// Longest description of a remote tool shown to the model.
@@ -228,7 +228,7 @@ async fn connect_server(config: &McpServerConfig) -> Result<Vec<Arc<dyn External
     let work = async {
         let client = Arc::new(McpClient::connect(config).await?);
         let specs = client.tools().await?;
-        Ok::<_, crate::models::mcp::McpError>(
+        Ok::<_, sift_models::mcp::McpError>(
             specs
                 .into_iter()
                 .map(|spec| Arc::new(McpTool::new(client.clone(), spec)) as Arc<dyn ExternalTool>)

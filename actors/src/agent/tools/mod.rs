@@ -25,7 +25,7 @@ use super::evidence::EvidenceChunk;
 use super::planner::QueryPlan;
 use super::{AgentPreset, FailedShardRef, HitRef};
 use crate::SiftNode;
-use crate::models::llm::ToolSpec;
+use sift_models::llm::ToolSpec;
 
 pub const KNOWLEDGE_SEARCH: &str = "knowledge_search";
 pub const GREP_CHUNKS: &str = "grep_chunks";

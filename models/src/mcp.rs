@@ -18,6 +18,7 @@ use tracing::{debug, instrument};
 
 use super::llm::ToolSpec;
 use super::llm::sse::SseParser;
+use crate::error_chain;
 
 /// One MCP server of an agent preset.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -498,17 +499,6 @@ fn content_text(item: &Value) -> Option<String> {
             .map(str::to_owned),
         other => Some(format!("[{other} content]")),
     }
-}
-
-fn error_chain(error: &reqwest::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }
 
 /// A JSON-RPC error message in the body, or the start of the body.

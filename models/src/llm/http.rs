@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use super::LlmError;
 use super::config::ProviderConfig;
 use super::sse::{SseEvent, SseParser};
+use crate::error_chain;
 
 /// Error bodies are cut to this many characters in error messages.
 const MAX_ERROR_BODY_CHARS: usize = 300;
@@ -64,18 +65,6 @@ pub(crate) fn transport_error(provider: &str, error: &reqwest::Error) -> LlmErro
     } else {
         LlmError::Protocol { provider, message }
     }
-}
-
-/// The error and its causes, `: `-separated (reqwest's own message hides the cause).
-fn error_chain(error: &reqwest::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }
 
 /// The server's explanation: `{"error": {"message"}}` (OpenAI, Anthropic), a bare

@@ -165,14 +165,7 @@ impl WebSearchClient {
         if error.is_timeout() {
             return WebSearchError::Timeout(self.config.timeout_ms);
         }
-        let mut message = error.to_string();
-        let mut source = std::error::Error::source(error);
-        while let Some(cause) = source {
-            message.push_str(": ");
-            message.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        WebSearchError::Connect(message)
+        WebSearchError::Connect(crate::error_chain(error))
     }
 }
 

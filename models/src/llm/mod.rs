@@ -9,7 +9,7 @@
 //!
 //! Dropping a [`ChatStream`] cancels the request (the HTTP connection is closed).
 //!
-//! Modules: [`config`] (providers, [`build_router`]), [`openai`] and [`anthropic`] (the two
+//! Modules: [`config`] (providers and routing settings; [`build_router`] builds from it), [`openai`] and [`anthropic`] (the two
 //! wire formats), [`tool_modes`] (tool calls for models without native tool calling),
 //! [`router`] (priority, retries, failover, circuit breakers, first-token probing) and [`sse`].
 //!
@@ -20,6 +20,7 @@
 //! `sift_llm_circuit_state` (0 closed, 1 open, 2 half-open). [`describe_metrics`] describes them.
 
 pub mod anthropic;
+mod build;
 pub mod config;
 mod http;
 
@@ -29,11 +30,9 @@ pub mod router;
 pub mod sse;
 pub mod tool_modes;
 
-#[cfg(test)]
-mod test_server;
-
 pub use anthropic::AnthropicProvider;
-pub use config::{LlmConfig, ProviderConfig, ProviderKind, ToolMode, build_provider, build_router};
+pub use build::{build_provider, build_router};
+pub use config::{LlmConfig, ProviderConfig, ProviderKind, ToolMode};
 pub use openai::OpenAiProvider;
 pub use router::{CircuitState, LlmRouter, RouteSettings};
 

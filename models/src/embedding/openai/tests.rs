@@ -14,7 +14,7 @@ use axum::routing::post;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::models::embedding::Embedder;
+use crate::embedding::Embedder;
 
 /// What the fake server does with one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

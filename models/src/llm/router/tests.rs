@@ -6,14 +6,13 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::*;
-use crate::models::llm::config::{
-    LlmConfig, ProviderConfig, ProviderKind, build_provider, build_router,
-};
-use crate::models::llm::test_server::{
-    FakeModelServer, Reply, anthropic_sse, collect, openai_chunk, openai_sse, openai_text_answer,
+use crate::fake_server::{
+    FakeLlm, FakeReply, anthropic_sse, collect, openai_chunk, openai_sse, openai_text_answer,
     text_of,
 };
-use crate::models::llm::{ChatMessage, FinishReason};
+use crate::llm::config::{LlmConfig, ProviderConfig, ProviderKind};
+use crate::llm::{ChatMessage, FinishReason};
+use crate::llm::{build_provider, build_router};
 
 fn question() -> ChatRequest {
     ChatRequest {
@@ -28,8 +27,8 @@ fn router(providers: Vec<ProviderConfig>) -> SharedChatModel {
     build_router(&LlmConfig { providers }).unwrap().unwrap()
 }
 
-fn server_error() -> Reply {
-    Reply::Status(500, json!({"error": {"message": "internal error"}}))
+fn server_error() -> FakeReply {
+    FakeReply::Status(500, json!({"error": {"message": "internal error"}}))
 }
 
 /// An accepted stream that produces nothing but the role chunk before failing.
@@ -43,10 +42,10 @@ fn role_chunk_only() -> Vec<String> {
 
 #[tokio::test]
 async fn an_error_status_fails_over_to_the_next_provider() {
-    let first = FakeModelServer::start(vec![], server_error()).await;
-    let second = FakeModelServer::start(
+    let first = FakeLlm::scripted(vec![], server_error()).await;
+    let second = FakeLlm::scripted(
         vec![],
-        Reply::Stream(openai_text_answer(&["second ", "answers"])),
+        FakeReply::Stream(openai_text_answer(&["second ", "answers"])),
     )
     .await;
     let model = router(vec![
@@ -67,12 +66,12 @@ async fn an_error_status_fails_over_to_the_next_provider() {
 async fn a_provider_failing_before_its_first_token_leaks_nothing() {
     let second_answer = openai_text_answer(&["only ", "second"]);
     for failure in [
-        Reply::StreamThenBreak(role_chunk_only()),
-        Reply::StreamThenHang(role_chunk_only()),
-        Reply::Hang,
+        FakeReply::StreamThenBreak(role_chunk_only()),
+        FakeReply::StreamThenHang(role_chunk_only()),
+        FakeReply::Hang,
     ] {
-        let first = FakeModelServer::start(vec![], failure.clone()).await;
-        let second = FakeModelServer::start(vec![], Reply::Stream(second_answer.clone())).await;
+        let first = FakeLlm::scripted(vec![], failure.clone()).await;
+        let second = FakeLlm::scripted(vec![], FakeReply::Stream(second_answer.clone())).await;
         let model = router(vec![
             ProviderConfig {
                 first_token_timeout_ms: 300,
@@ -90,7 +89,7 @@ async fn a_provider_failing_before_its_first_token_leaks_nothing() {
             vec![
                 ChatEvent::TextDelta("only ".to_owned()),
                 ChatEvent::TextDelta("second".to_owned()),
-                ChatEvent::Usage(crate::models::llm::Usage {
+                ChatEvent::Usage(crate::llm::Usage {
                     prompt_tokens: 11,
                     completion_tokens: 2
                 }),
@@ -104,15 +103,15 @@ async fn a_provider_failing_before_its_first_token_leaks_nothing() {
 
 #[tokio::test]
 async fn retryable_errors_are_retried_on_the_same_provider_first() {
-    let first = FakeModelServer::start(
+    let first = FakeLlm::scripted(
         vec![
-            Reply::Status(503, json!({"error": {"message": "busy"}})),
-            Reply::Status(429, json!({"error": {"message": "slow down"}})),
+            FakeReply::Status(503, json!({"error": {"message": "busy"}})),
+            FakeReply::Status(429, json!({"error": {"message": "slow down"}})),
         ],
-        Reply::Stream(openai_text_answer(&["first, third try"])),
+        FakeReply::Stream(openai_text_answer(&["first, third try"])),
     )
     .await;
-    let second = FakeModelServer::start(vec![], Reply::Stream(openai_text_answer(&["no"]))).await;
+    let second = FakeLlm::scripted(vec![], FakeReply::Stream(openai_text_answer(&["no"]))).await;
     let model = router(vec![
         ProviderConfig {
             max_retries: 2,
@@ -131,12 +130,12 @@ async fn retryable_errors_are_retried_on_the_same_provider_first() {
 
 #[tokio::test]
 async fn a_rejected_request_is_not_retried_but_fails_over() {
-    let first = FakeModelServer::start(
+    let first = FakeLlm::scripted(
         vec![],
-        Reply::Status(400, json!({"error": {"message": "bad request"}})),
+        FakeReply::Status(400, json!({"error": {"message": "bad request"}})),
     )
     .await;
-    let second = FakeModelServer::start(vec![], Reply::Stream(openai_text_answer(&["ok"]))).await;
+    let second = FakeLlm::scripted(vec![], FakeReply::Stream(openai_text_answer(&["ok"]))).await;
     let model = router(vec![
         ProviderConfig {
             max_retries: 3,
@@ -153,7 +152,7 @@ async fn a_rejected_request_is_not_retried_but_fails_over() {
 
 #[tokio::test]
 async fn all_providers_down_is_all_failed_with_each_error() {
-    let first = FakeModelServer::start(vec![], server_error()).await;
+    let first = FakeLlm::scripted(vec![], server_error()).await;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let closed_port = listener.local_addr().unwrap();
     drop(listener);
@@ -181,9 +180,9 @@ async fn all_providers_down_is_all_failed_with_each_error() {
 
 #[tokio::test]
 async fn the_breaker_opens_after_the_threshold_and_a_half_open_probe_closes_it() {
-    let server = FakeModelServer::start(
+    let server = FakeLlm::scripted(
         vec![server_error(), server_error(), server_error()],
-        Reply::Stream(openai_text_answer(&["recovered"])),
+        FakeReply::Stream(openai_text_answer(&["recovered"])),
     )
     .await;
     let open_for = Duration::from_millis(300);
@@ -241,8 +240,8 @@ async fn the_breaker_opens_after_the_threshold_and_a_half_open_probe_closes_it()
 
 #[tokio::test]
 async fn an_open_breaker_sends_requests_straight_to_the_next_provider() {
-    let first = FakeModelServer::start(vec![], server_error()).await;
-    let second = FakeModelServer::start(vec![], Reply::Stream(openai_text_answer(&["ok"]))).await;
+    let first = FakeLlm::scripted(vec![], server_error()).await;
+    let second = FakeLlm::scripted(vec![], FakeReply::Stream(openai_text_answer(&["ok"]))).await;
     let model = router(vec![
         ProviderConfig {
             breaker_failure_threshold: 1,
@@ -263,8 +262,8 @@ async fn an_open_breaker_sends_requests_straight_to_the_next_provider() {
 #[tokio::test]
 async fn an_error_after_the_first_token_is_passed_through() {
     let pieces = openai_sse(&[openai_chunk(json!({"content": "partial"}), None)]);
-    let first = FakeModelServer::start(vec![], Reply::StreamThenBreak(pieces[..1].to_vec())).await;
-    let second = FakeModelServer::start(vec![], Reply::Stream(openai_text_answer(&["no"]))).await;
+    let first = FakeLlm::scripted(vec![], FakeReply::StreamThenBreak(pieces[..1].to_vec())).await;
+    let second = FakeLlm::scripted(vec![], FakeReply::Stream(openai_text_answer(&["no"]))).await;
     let model = router(vec![
         first.provider("first", ProviderKind::OpenAi),
         second.provider("second", ProviderKind::OpenAi),
@@ -283,7 +282,7 @@ async fn an_error_after_the_first_token_is_passed_through() {
 #[tokio::test]
 async fn a_stream_going_silent_hits_the_idle_timeout() {
     let pieces = openai_sse(&[openai_chunk(json!({"content": "then silence"}), None)]);
-    let server = FakeModelServer::start(vec![], Reply::StreamThenHang(pieces[..1].to_vec())).await;
+    let server = FakeLlm::scripted(vec![], FakeReply::StreamThenHang(pieces[..1].to_vec())).await;
     let model = router(vec![ProviderConfig {
         idle_timeout_ms: 200,
         ..server.provider("silent", ProviderKind::OpenAi)
@@ -300,7 +299,7 @@ async fn a_stream_going_silent_hits_the_idle_timeout() {
 
 #[tokio::test]
 async fn an_anthropic_provider_takes_over_from_a_failed_openai_one() {
-    let first = FakeModelServer::start(vec![], server_error()).await;
+    let first = FakeLlm::scripted(vec![], server_error()).await;
     let events = anthropic_sse(&[
         json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
                "content": [], "usage": {"input_tokens": 9, "output_tokens": 1}}}),
@@ -310,7 +309,7 @@ async fn an_anthropic_provider_takes_over_from_a_failed_openai_one() {
         json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}}),
         json!({"type": "message_stop"}),
     ]);
-    let second = FakeModelServer::start(vec![], Reply::Stream(events)).await;
+    let second = FakeLlm::scripted(vec![], FakeReply::Stream(events)).await;
     let model = router(vec![
         first.provider("openai", ProviderKind::OpenAi),
         ProviderConfig {
@@ -432,9 +431,12 @@ async fn routing_records_outcomes_tokens_failovers_and_breaker_state() {
     let recorder = MemoryRecorder::default();
     // Thread-local: the test runtime runs every task on this thread.
     let _guard = metrics::set_default_local_recorder(&recorder);
-    let first = FakeModelServer::start(vec![], server_error()).await;
-    let second =
-        FakeModelServer::start(vec![], Reply::Stream(openai_text_answer(&["a", "b", "c"]))).await;
+    let first = FakeLlm::scripted(vec![], server_error()).await;
+    let second = FakeLlm::scripted(
+        vec![],
+        FakeReply::Stream(openai_text_answer(&["a", "b", "c"])),
+    )
+    .await;
     let model = router(vec![
         ProviderConfig {
             breaker_failure_threshold: 2,
@@ -505,7 +507,7 @@ async fn routing_records_outcomes_tokens_failovers_and_breaker_state() {
 
 #[tokio::test]
 async fn a_breaker_opening_during_retries_reports_the_real_error() {
-    let server = FakeModelServer::start(vec![], server_error()).await;
+    let server = FakeLlm::scripted(vec![], server_error()).await;
     let model = router(vec![ProviderConfig {
         max_retries: 5,
         breaker_failure_threshold: 2,

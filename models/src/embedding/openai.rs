@@ -319,16 +319,9 @@ fn transport_error(error: reqwest::Error) -> AttemptFailure {
     if error.is_timeout() {
         return EmbeddingError::Timeout.into();
     }
-    let mut message = error.to_string();
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
     EmbeddingError::Http {
         status: error.status().map(|status| status.as_u16()),
-        message,
+        message: crate::error_chain(&error),
     }
     .into()
 }
@@ -336,7 +329,7 @@ fn transport_error(error: reqwest::Error) -> AttemptFailure {
 /// The server's explanation: OpenAI's `{"error": {"message"}}`, a bare `{"error": "..."}`, or
 /// the start of the body, after the status.
 fn error_message(status: StatusCode, body: &[u8]) -> String {
-    match crate::models::llm::error_detail(body) {
+    match crate::llm::error_detail(body) {
         Some(detail) => format!("{status}: {detail}"),
         None => status.to_string(),
     }

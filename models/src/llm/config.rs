@@ -1,4 +1,4 @@
-//! Configuration of the chat model providers and building the router over them.
+//! Configuration of the chat model providers (the clients are built from it in `build.rs`).
 //!
 //! One OpenAI-compatible provider can come from the environment alone (`SIFT_LLM_BASE_URL`,
 //! `SIFT_LLM_MODEL`, `SIFT_LLM_API_KEY`, see [`LlmConfig::from_env`]); several providers,
@@ -23,15 +23,11 @@
 //! ```
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::anthropic::AnthropicProvider;
-use super::openai::OpenAiProvider;
-use super::router::{LlmRouter, RouteSettings};
-use super::{LlmError, SharedChatModel};
+use super::LlmError;
 
 /// Environment variables of the env-only setup.
 pub const BASE_URL_ENV: &str = "SIFT_LLM_BASE_URL";
@@ -237,18 +233,6 @@ impl ProviderConfig {
         Duration::from_millis(self.connect_timeout_ms)
     }
 
-    /// The router's settings for this provider.
-    pub fn route_settings(&self) -> RouteSettings {
-        RouteSettings {
-            first_token_timeout: Duration::from_millis(self.first_token_timeout_ms),
-            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
-            max_retries: self.max_retries,
-            backoff: Duration::from_millis(self.backoff_ms),
-            breaker_failure_threshold: self.breaker_failure_threshold,
-            breaker_open: Duration::from_millis(self.breaker_open_ms),
-        }
-    }
-
     /// Checks one provider on its own; messages name the provider and the field.
     pub fn validate(&self) -> Result<(), LlmError> {
         let name = &self.name;
@@ -386,33 +370,10 @@ fn parse_number<T: std::str::FromStr>(
         .map_err(|_| LlmError::Config(format!("{name} must be a positive number, got {value:?}")))
 }
 
-/// One provider client for `config` (no routing around it).
-pub fn build_provider(config: &ProviderConfig) -> Result<SharedChatModel, LlmError> {
-    config.validate()?;
-    Ok(match config.kind {
-        ProviderKind::OpenAi => Arc::new(OpenAiProvider::new(config.clone())?),
-        ProviderKind::Anthropic => Arc::new(AnthropicProvider::new(config.clone())?),
-    })
-}
-
-/// The router over every configured provider, `None` when there is none (the agent then
-/// answers extractively).
-pub fn build_router(config: &LlmConfig) -> Result<Option<SharedChatModel>, LlmError> {
-    config.validate()?;
-    if config.providers.is_empty() {
-        return Ok(None);
-    }
-    let providers = config
-        .providers_by_priority()
-        .into_iter()
-        .map(|provider| Ok((build_provider(provider)?, provider.route_settings())))
-        .collect::<Result<Vec<_>, LlmError>>()?;
-    Ok(Some(Arc::new(LlmRouter::new(providers))))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llm::build_router;
 
     #[test]
     fn defaults_fill_a_minimal_provider() {

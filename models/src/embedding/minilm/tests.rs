@@ -3,10 +3,9 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
 use super::*;
-use crate::models::embedding::{Embedder, resolve_model_dir};
+use crate::embedding::{Embedder, resolve_model_dir};
 
 fn model_dir() -> PathBuf {
     resolve_model_dir(None).unwrap_or_else(|| {
@@ -196,48 +195,4 @@ fn batches_group_texts_of_similar_length() {
         vec![vec![3, 1], vec![4, 2], vec![0]]
     );
     assert!(plan_batches(&[], 2).is_empty());
-}
-
-/// Throughput on SciFact abstracts; run by hand:
-/// `cargo test -p sift-actors --lib models::embedding::minilm -- --ignored --nocapture`
-#[test]
-#[ignore = "measurement, run by hand"]
-fn scifact_throughput() {
-    let corpus = PathBuf::from(
-        std::env::var("SIFT_SCIFACT_CORPUS")
-            .unwrap_or_else(|_| "/work/shared/data/scifact/corpus.jsonl".to_owned()),
-    );
-    let texts: Vec<String> = std::fs::read_to_string(&corpus)
-        .unwrap()
-        .lines()
-        .take(100)
-        .map(|line| {
-            let document: serde_json::Value = serde_json::from_str(line).unwrap();
-            format!(
-                "{}\n{}",
-                document["title"].as_str().unwrap_or_default(),
-                document["text"].as_str().unwrap_or_default()
-            )
-        })
-        .collect();
-    let batch_size = std::env::var("SIFT_EMBED_BATCH_SIZE")
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(LocalEmbedderOptions::default().batch_size);
-    let options = LocalEmbedderOptions {
-        batch_size,
-        ..LocalEmbedderOptions::default()
-    };
-    let model = MiniLmEmbedder::load(&model_dir(), options).unwrap();
-    model.embed_blocking(&texts[..4]).unwrap();
-    let started = Instant::now();
-    let vectors = model.embed_blocking(&texts).unwrap();
-    let elapsed = started.elapsed();
-    assert_eq!(vectors.len(), texts.len());
-    println!(
-        "embedded {} scifact abstracts (batch size {batch_size}) in {:.2} s: {:.1} texts/s",
-        texts.len(),
-        elapsed.as_secs_f64(),
-        texts.len() as f64 / elapsed.as_secs_f64()
-    );
 }

@@ -3,11 +3,11 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::models::llm::config::ProviderKind;
-use crate::models::llm::test_server::{
-    FakeModelServer, Reply, collect, openai_chunk, openai_sse, openai_text_answer, openai_usage,
+use crate::fake_server::{
+    FakeLlm, FakeReply, collect, openai_chunk, openai_sse, openai_text_answer, openai_usage,
     split_pieces, text_of,
 };
+use crate::llm::config::ProviderKind;
 
 fn search_tool() -> ToolSpec {
     ToolSpec {
@@ -39,7 +39,7 @@ fn question() -> ChatRequest {
     }
 }
 
-async fn provider_for(server: &FakeModelServer, mode: ToolMode) -> OpenAiProvider {
+async fn provider_for(server: &FakeLlm, mode: ToolMode) -> OpenAiProvider {
     OpenAiProvider::new(ProviderConfig {
         tool_mode: mode,
         ..server.provider("fake", ProviderKind::OpenAi)
@@ -61,7 +61,7 @@ async fn text_streams_with_usage_and_the_request_follows_the_wire_format() {
     let answer = split_pieces(openai_text_answer(&[
         "Sift ", "is a ", "search ", "engine.",
     ]));
-    let server = FakeModelServer::start(vec![Reply::Stream(answer)], Reply::Hang).await;
+    let server = FakeLlm::scripted(vec![FakeReply::Stream(answer)], FakeReply::Hang).await;
     let provider = provider_for(&server, ToolMode::Native).await;
 
     let (events, error) = collect(provider.stream(question()).await.unwrap()).await;
@@ -129,9 +129,9 @@ async fn interleaved_tool_calls_split_across_many_chunks_are_rebuilt() {
     }
     chunks.push(openai_chunk(json!({}), Some("tool_calls")));
     chunks.push(openai_usage(30, 20));
-    let server = FakeModelServer::start(
-        vec![Reply::Stream(split_pieces(openai_sse(&chunks)))],
-        Reply::Hang,
+    let server = FakeLlm::scripted(
+        vec![FakeReply::Stream(split_pieces(openai_sse(&chunks)))],
+        FakeReply::Hang,
     )
     .await;
     let provider = provider_for(&server, ToolMode::Native).await;
@@ -175,9 +175,9 @@ async fn interleaved_tool_calls_split_across_many_chunks_are_rebuilt() {
 
 #[tokio::test]
 async fn history_with_tool_calls_and_results_is_converted() {
-    let server = FakeModelServer::start(
-        vec![Reply::Stream(openai_text_answer(&["ok"]))],
-        Reply::Hang,
+    let server = FakeLlm::scripted(
+        vec![FakeReply::Stream(openai_text_answer(&["ok"]))],
+        FakeReply::Hang,
     )
     .await;
     let provider = provider_for(&server, ToolMode::Native).await;
@@ -228,8 +228,11 @@ async fn reasoning_content_becomes_reasoning_deltas() {
         openai_chunk(json!({"content": "Sift."}), None),
         openai_chunk(json!({}), Some("length")),
     ];
-    let server =
-        FakeModelServer::start(vec![Reply::Stream(openai_sse(&chunks))], Reply::Hang).await;
+    let server = FakeLlm::scripted(
+        vec![FakeReply::Stream(openai_sse(&chunks))],
+        FakeReply::Hang,
+    )
+    .await;
     let provider = provider_for(&server, ToolMode::Native).await;
 
     let (events, error) = collect(provider.stream(question()).await.unwrap()).await;
@@ -248,12 +251,12 @@ async fn reasoning_content_becomes_reasoning_deltas() {
 
 #[tokio::test]
 async fn an_error_status_carries_the_servers_message() {
-    let server = FakeModelServer::start(
-        vec![Reply::Status(
+    let server = FakeLlm::scripted(
+        vec![FakeReply::Status(
             503,
             json!({"error": {"message": "model is loading", "type": "unavailable"}}),
         )],
-        Reply::Hang,
+        FakeReply::Hang,
     )
     .await;
     let provider = provider_for(&server, ToolMode::Native).await;
@@ -275,16 +278,16 @@ async fn an_error_status_carries_the_servers_message() {
 async fn a_broken_or_truncated_stream_is_a_protocol_error() {
     let partial = openai_sse(&[openai_chunk(json!({"content": "Half an"}), None)]);
     let without_done = partial[..1].to_vec();
-    let server = FakeModelServer::start(
+    let server = FakeLlm::scripted(
         vec![
-            Reply::StreamThenBreak(without_done.clone()),
-            Reply::Stream(without_done),
-            Reply::Stream(vec!["data: {not json\n\n".to_owned()]),
-            Reply::Stream(vec![
+            FakeReply::StreamThenBreak(without_done.clone()),
+            FakeReply::Stream(without_done),
+            FakeReply::Stream(vec!["data: {not json\n\n".to_owned()]),
+            FakeReply::Stream(vec![
                 "data: {\"error\": {\"message\": \"out of memory\"}}\n\n".to_owned(),
             ]),
         ],
-        Reply::Hang,
+        FakeReply::Hang,
     )
     .await;
     let provider = provider_for(&server, ToolMode::Native).await;
@@ -334,9 +337,9 @@ async fn text_mode_describes_tools_and_parses_calls_from_the_text() {
                 \"arguments\": {\"query\": \"raft\"}}\n```\n";
     let pieces: Vec<String> = fragments(text, 4);
     let piece_refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
-    let server = FakeModelServer::start(
-        vec![Reply::Stream(openai_text_answer(&piece_refs))],
-        Reply::Hang,
+    let server = FakeLlm::scripted(
+        vec![FakeReply::Stream(openai_text_answer(&piece_refs))],
+        FakeReply::Hang,
     )
     .await;
     let provider = provider_for(&server, ToolMode::Text).await;
@@ -416,9 +419,9 @@ async fn json_schema_mode_constrains_each_step_and_streams_the_thought() {
     .to_string();
     let pieces = fragments(&step, 3);
     let piece_refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
-    let server = FakeModelServer::start(
-        vec![Reply::Stream(openai_text_answer(&piece_refs))],
-        Reply::Hang,
+    let server = FakeLlm::scripted(
+        vec![FakeReply::Stream(openai_text_answer(&piece_refs))],
+        FakeReply::Hang,
     )
     .await;
     let provider = provider_for(&server, ToolMode::JsonSchema).await;

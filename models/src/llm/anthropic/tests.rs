@@ -3,13 +3,11 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::models::llm::ToolSpec;
-use crate::models::llm::config::ProviderKind;
-use crate::models::llm::test_server::{
-    FakeModelServer, Reply, anthropic_sse, collect, split_pieces, text_of,
-};
+use crate::fake_server::{FakeLlm, FakeReply, anthropic_sse, collect, split_pieces, text_of};
+use crate::llm::ToolSpec;
+use crate::llm::config::ProviderKind;
 
-fn provider_for(server: &FakeModelServer) -> AnthropicProvider {
+fn provider_for(server: &FakeLlm) -> AnthropicProvider {
     AnthropicProvider::new(server.provider("claude", ProviderKind::Anthropic)).unwrap()
 }
 
@@ -69,9 +67,9 @@ async fn thinking_text_and_a_tool_use_split_across_chunks_stream_in_order() {
                "usage": {"output_tokens": 42}}),
         json!({"type": "message_stop"}),
     ]);
-    let server = FakeModelServer::start(
-        vec![Reply::Stream(split_pieces(anthropic_sse(&events)))],
-        Reply::Hang,
+    let server = FakeLlm::scripted(
+        vec![FakeReply::Stream(split_pieces(anthropic_sse(&events)))],
+        FakeReply::Hang,
     )
     .await;
     let provider = provider_for(&server);
@@ -131,8 +129,11 @@ async fn thinking_text_and_a_tool_use_split_across_chunks_stream_in_order() {
 
 #[tokio::test]
 async fn tool_uses_and_consecutive_results_follow_the_block_format() {
-    let server =
-        FakeModelServer::start(vec![Reply::Stream(text_answer("done"))], Reply::Hang).await;
+    let server = FakeLlm::scripted(
+        vec![FakeReply::Stream(text_answer("done"))],
+        FakeReply::Hang,
+    )
+    .await;
     let provider = provider_for(&server);
     let call = |id: &str, arguments: &str| ToolCall {
         id: id.to_owned(),
@@ -194,16 +195,16 @@ async fn error_events_and_statuses_become_llm_errors() {
         json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
     ]);
     let truncated = text_answer("cut")[..3].to_vec();
-    let server = FakeModelServer::start(
+    let server = FakeLlm::scripted(
         vec![
-            Reply::Stream(overloaded),
-            Reply::Stream(truncated),
-            Reply::Status(
+            FakeReply::Stream(overloaded),
+            FakeReply::Stream(truncated),
+            FakeReply::Status(
                 401,
                 json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}),
             ),
         ],
-        Reply::Hang,
+        FakeReply::Hang,
     )
     .await;
     let provider = provider_for(&server);
@@ -243,7 +244,8 @@ async fn error_events_and_statuses_become_llm_errors() {
 #[tokio::test]
 async fn text_mode_works_over_anthropic_too() {
     let text = "<tool_call>\n{\"name\": \"knowledge_search\", \"arguments\": {\"query\": \"x\"}}\n</tool_call>";
-    let server = FakeModelServer::start(vec![Reply::Stream(text_answer(text))], Reply::Hang).await;
+    let server =
+        FakeLlm::scripted(vec![FakeReply::Stream(text_answer(text))], FakeReply::Hang).await;
     let provider = AnthropicProvider::new(ProviderConfig {
         tool_mode: ToolMode::Text,
         ..server.provider("claude", ProviderKind::Anthropic)
