@@ -10,11 +10,13 @@
 //!   write-ahead record from which the indexes are rebuilt after a crash.
 //! - [`chunk`]: the records that flow from ingestion into a shard and out of a search.
 //! - [`embedding_cache`]: a node-local cache of embeddings, keyed by model and text.
+//! - [`sled_db`]: opens a sled database, waiting out the lock a just-dropped handle holds.
 
 pub mod chunk;
 pub mod embedding_cache;
 pub mod error;
 pub mod meta;
 pub mod shard;
+pub mod sled_db;
 
 pub use error::{Result, StorageError};

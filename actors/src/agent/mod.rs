@@ -7,6 +7,7 @@
 //! resumption, and supervises the run (a panicking run ends its stream with `error`, `done`).
 
 pub mod context;
+pub mod corpus;
 pub mod evidence;
 pub mod extractive;
 pub mod model_io;
@@ -20,6 +21,7 @@ mod tests;
 pub mod tools;
 pub mod verifier;
 
+pub use corpus::Corpus;
 pub use planner::{QueryPlan, plan_rules};
 
 use serde::{Deserialize, Serialize};
@@ -239,7 +241,8 @@ impl AgentPreset {
 /// What a run needs from the node.
 #[derive(Clone)]
 pub struct AgentDeps {
-    pub node: std::sync::Arc<crate::SiftNode>,
+    /// What the run's tools search and read.
+    pub corpus: std::sync::Arc<dyn Corpus>,
     /// `None`: no model configured, answers are extractive.
     pub model: Option<sift_models::llm::SharedChatModel>,
     pub preset: std::sync::Arc<AgentPreset>,

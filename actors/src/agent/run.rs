@@ -601,13 +601,13 @@ impl Run {
         // Run the runnable calls in parallel. join_all: one failing or slow tool must not
         // cancel its siblings; each has its own timeout, and cancellation stops them all.
         let tool_timeout = Duration::from_secs(self.input.budget.tool_timeout_secs.max(1));
-        let node = self.deps.node.clone();
+        let corpus = self.deps.corpus.clone();
         let kbs = self.input.kbs.clone();
         let plan = self.plan.clone();
         let question = self.retrieval_question.clone();
         let toolbox = &self.toolbox;
         let context = ToolContext {
-            node: &node,
+            corpus: corpus.as_ref(),
             kbs: &kbs,
             plan: &plan,
             question: &question,
@@ -1218,9 +1218,9 @@ impl Run {
         self.emit_tool_call(&call);
         let started = Instant::now();
         let top_k = self.plan.top_k.max(super::tools::search::DEFAULT_TOP_K);
-        let node = self.deps.node.clone();
+        let corpus = self.deps.corpus.clone();
         let kbs = self.input.kbs.clone();
-        let search = search_all(&node, &kbs, &queries, top_k);
+        let search = search_all(corpus.as_ref(), &kbs, &queries, top_k);
         let (chunks, failed, errors) = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return false,

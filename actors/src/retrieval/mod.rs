@@ -3,6 +3,7 @@
 //! score fusion by default, or weighted RRF).
 
 pub mod fusion;
+pub mod leaf;
 pub mod links;
 pub mod mmr;
 pub mod packing;

@@ -216,15 +216,15 @@ async fn run(
     let active = ActiveRun::new();
     metrics::histogram!("sift_agent_run_queue_seconds").record(started.elapsed().as_secs_f64());
     let deadline = Duration::from_secs(input.budget.deadline_secs) + DEADLINE_GRACE;
+    // Fault injection (debug_faults only): a run that panics, to exercise supervision.
+    if sessions.node().context().options.debug_faults && input.question == DEBUG_PANIC_QUESTION {
+        panic!("injected agent run panic");
+    }
     let deps = AgentDeps {
-        node: sessions.node().clone(),
+        corpus: sessions.node().clone(),
         model: sessions.model(),
         preset,
     };
-    // Fault injection (debug_faults only): a run that panics, to exercise supervision.
-    if deps.node.context().options.debug_faults && input.question == DEBUG_PANIC_QUESTION {
-        panic!("injected agent run panic");
-    }
     let cancel = log.cancel.clone();
     let (events, mut receiver) = mpsc::unbounded_channel::<AgentEvent>();
     let agent = run_agent(deps, input, events, cancel.clone());

@@ -212,17 +212,15 @@ impl Actor for SessionsActor {
         event: SupervisionEvent,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, failure) = match event {
-            SupervisionEvent::ActorFailed(cell, failure) => (cell, Some(failure.to_string())),
-            SupervisionEvent::ActorTerminated(cell, _, _) => (cell, None),
-            _ => return Ok(()),
+        let Some((child, failure)) = ended_child(event) else {
+            return Ok(());
         };
-        match state.children.remove(&cell.get_id()) {
+        match state.children.remove(&child) {
             Some(Child::Session(session_id)) => {
                 if state
                     .by_session
                     .get(&session_id)
-                    .is_some_and(|child| child.actor.get_id() == cell.get_id())
+                    .is_some_and(|running| running.actor.get_id() == child)
                 {
                     state.by_session.remove(&session_id);
                 }
@@ -240,6 +238,17 @@ impl Actor for SessionsActor {
             None => {}
         }
         Ok(())
+    }
+}
+
+/// The child a supervision event says has ended, and its failure if it failed.
+fn ended_child(event: SupervisionEvent) -> Option<(ActorId, Option<String>)> {
+    match event {
+        SupervisionEvent::ActorFailed(cell, failure) => {
+            Some((cell.get_id(), Some(failure.to_string())))
+        }
+        SupervisionEvent::ActorTerminated(cell, _, _) => Some((cell.get_id(), None)),
+        _ => None,
     }
 }
 
@@ -357,12 +366,10 @@ impl Actor for Session {
         event: SupervisionEvent,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, failure) = match event {
-            SupervisionEvent::ActorFailed(cell, failure) => (cell, Some(failure.to_string())),
-            SupervisionEvent::ActorTerminated(cell, _, _) => (cell, None),
-            _ => return Ok(()),
+        let Some((child, failure)) = ended_child(event) else {
+            return Ok(());
         };
-        if state.running != Some(cell.get_id()) {
+        if state.running != Some(child) {
             return Ok(());
         }
         state.running = None;

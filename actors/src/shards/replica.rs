@@ -8,7 +8,7 @@ use sift_storage::shard::ShardIndex;
 use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
-use super::messages::{LeafRequest, LeafResponse, ShardMessage};
+use super::messages::ShardMessage;
 use crate::error::{Result, SiftError};
 
 /// A shard replica. Writes and deletes run one at a time, in mailbox order (so a delete is
@@ -87,7 +87,8 @@ impl Actor for ShardReplica {
                     let Ok(_permit) = permits.acquire_owned().await else {
                         return;
                     };
-                    let outcome = blocking(move || leaf_search(&index, &request)).await;
+                    let outcome =
+                        blocking(move || crate::retrieval::leaf::search(&index, &request)).await;
                     let _ = reply.send(outcome);
                 });
             }
@@ -153,23 +154,4 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|error| SiftError::Internal(format!("shard task failed: {error}")))?
-}
-
-fn leaf_search(index: &ShardIndex, request: &LeafRequest) -> Result<LeafResponse> {
-    let mut response = LeafResponse::default();
-    if let Some(vector) = &request.vector {
-        let started = Instant::now();
-        response.dense = if request.exact {
-            index.search_dense_exact(vector, request.k, &request.filter)?
-        } else {
-            index.search_dense(vector, request.k, &request.filter)?
-        };
-        response.dense_seconds = started.elapsed().as_secs_f64();
-    }
-    if request.bm25 {
-        let started = Instant::now();
-        response.bm25 = index.search_bm25(&request.query, request.k, &request.filter)?;
-        response.bm25_seconds = started.elapsed().as_secs_f64();
-    }
-    Ok(response)
 }

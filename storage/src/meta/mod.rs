@@ -67,7 +67,7 @@ pub struct SledMetaStore {
 impl SledMetaStore {
     /// Opens (or creates) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Self> {
-        let db = sled::Config::new().path(dir).open()?;
+        let db = crate::sled_db::open(&sled::Config::new().path(dir))?;
         let tree = db.open_tree("meta")?;
         let store = SledMetaStore {
             db,

@@ -156,10 +156,7 @@ pub(crate) struct ChunkStore {
 
 impl ChunkStore {
     pub fn open(path: &Path) -> Result<ChunkStore> {
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(CACHE_BYTES)
-            .open()?;
+        let db = crate::sled_db::open(&sled::Config::new().path(path).cache_capacity(CACHE_BYTES))?;
         Ok(ChunkStore {
             documents: db.open_tree("documents")?,
             chunks: db.open_tree("chunks")?,

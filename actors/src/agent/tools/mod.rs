@@ -21,10 +21,10 @@ pub use external::ExternalTool;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use super::Corpus;
 use super::evidence::EvidenceChunk;
 use super::planner::QueryPlan;
 use super::{AgentPreset, FailedShardRef, HitRef};
-use crate::SiftNode;
 use sift_models::llm::ToolSpec;
 
 pub const KNOWLEDGE_SEARCH: &str = "knowledge_search";
@@ -91,7 +91,7 @@ impl ToolError {
 
 /// What tools may touch in this run.
 pub struct ToolContext<'a> {
-    pub node: &'a SiftNode,
+    pub corpus: &'a dyn Corpus,
     /// KB ids of the run: no tool reads outside them.
     pub kbs: &'a [String],
     pub plan: &'a QueryPlan,
@@ -449,7 +449,7 @@ pub fn select_kbs(context: &ToolContext<'_>, kb: Option<&str>) -> Result<Vec<Str
     match kb {
         None => Ok(context.kbs.to_vec()),
         Some(name) => {
-            let Ok(record) = context.node.find_kb(name) else {
+            let Ok(record) = context.corpus.find_kb(name) else {
                 return Ok(context.kbs.to_vec());
             };
             if context.kbs.contains(&record.id) {

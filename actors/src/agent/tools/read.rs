@@ -40,7 +40,7 @@ async fn find_document(
     document: &str,
 ) -> Result<DocumentRecord, ToolError> {
     for kb in context.kbs {
-        if let Ok(record) = context.node.get_document(kb, document) {
+        if let Ok(record) = context.corpus.get_document(kb, document) {
             return Ok(record);
         }
     }
@@ -55,7 +55,7 @@ async fn chunks_of(
     record: &DocumentRecord,
 ) -> Result<Vec<ChunkView>, ToolError> {
     context
-        .node
+        .corpus
         .document_chunks(&record.kb_id, &record.id)
         .await
         .map_err(|error| ToolError::Failed(format!("reading document {}: {error}", record.id)))
@@ -136,7 +136,7 @@ pub async fn grep_chunks(
                 let mut after: Option<String> = None;
                 loop {
                     let page = context
-                        .node
+                        .corpus
                         .list_documents(&kb, after.as_deref(), 100)
                         .map_err(|error| ToolError::Failed(error.to_string()))?;
                     let Some(last) = page.last() else { break };

@@ -63,7 +63,7 @@ pub async fn knowledge_search(
     } else {
         vec![query.clone()]
     };
-    let (merged, failed, errors) = search_all(context.node, &kbs, &queries, top_k).await;
+    let (merged, failed, errors) = search_all(context.corpus, &kbs, &queries, top_k).await;
     if merged.is_empty() && !errors.is_empty() && errors.len() == kbs.len() * queries.len() {
         return Err(ToolError::Failed(format!("search failed: {}", errors[0])));
     }
@@ -118,14 +118,14 @@ pub async fn knowledge_search(
 /// Runs every query on every KB in parallel and merges the hits by chunk id, best first.
 /// `join_all`: one failing KB or query must not cancel the others.
 pub async fn search_all(
-    node: &crate::SiftNode,
+    corpus: &dyn super::super::Corpus,
     kbs: &[String],
     queries: &[String],
     top_k: usize,
 ) -> (Vec<EvidenceChunk>, Vec<FailedShardRef>, Vec<String>) {
     let searches = kbs.iter().flat_map(|kb| {
         queries.iter().map(move |query| async move {
-            let outcome = node
+            let outcome = corpus
                 .search(
                     kb,
                     SearchQuery {

@@ -3,7 +3,7 @@ use proptest::prelude::*;
 
 fn open() -> (tempfile::TempDir, sled::Db, SledRaftStorage) {
     let dir = tempfile::tempdir().unwrap();
-    let db = sled::Config::new().path(dir.path()).open().unwrap();
+    let db = sift_storage::sled_db::open(&sled::Config::new().path(dir.path())).unwrap();
     let storage = SledRaftStorage::open(&db).unwrap();
     (dir, db, storage)
 }
@@ -177,7 +177,7 @@ fn log_compaction_goes_in_steps_and_offered_snapshots_are_served_first() {
     storage.set_hard_state(&HardState::default()).unwrap();
     drop(storage);
     drop(db);
-    let db = sled::Config::new().path(dir.path()).open().unwrap();
+    let db = sift_storage::sled_db::open(&sled::Config::new().path(dir.path())).unwrap();
     let storage = SledRaftStorage::open(&db).unwrap();
     assert_eq!(storage.first_index().unwrap(), 8);
     assert_eq!(all(&storage), vec![(8, 3), (9, 3), (10, 3)]);
@@ -266,7 +266,7 @@ fn compaction_keeps_a_tail_and_serves_the_snapshot() {
 fn apply_snapshot_replaces_log_and_state_and_survives_restart() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let db = sift_storage::sled_db::open(&sled::Config::new().path(dir.path())).unwrap();
         let storage = SledRaftStorage::open(&db).unwrap();
         storage
             .append(&(1..=3).map(|index| entry(index, 1)).collect::<Vec<_>>())
@@ -290,7 +290,7 @@ fn apply_snapshot_replaces_log_and_state_and_survives_restart() {
         storage.apply_snapshot(&snapshot).unwrap();
         storage.set_node_id(2).unwrap();
     }
-    let db = sled::Config::new().path(dir.path()).open().unwrap();
+    let db = sift_storage::sled_db::open(&sled::Config::new().path(dir.path())).unwrap();
     let storage = SledRaftStorage::open(&db).unwrap();
     assert_eq!(storage.node_id().unwrap(), Some(2));
     assert_eq!(storage.first_index().unwrap(), 21);
