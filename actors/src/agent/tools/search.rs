@@ -118,7 +118,7 @@ pub async fn knowledge_search(
 /// Runs every query on every KB in parallel and merges the hits by chunk id, best first.
 /// `join_all`: one failing KB or query must not cancel the others.
 pub async fn search_all(
-    corpus: &dyn super::super::Corpus,
+    corpus: &dyn crate::agent::Corpus,
     kbs: &[String],
     queries: &[String],
     top_k: usize,
