@@ -11,6 +11,8 @@ use anyhow::{Context, bail};
 use reqwest::{Method, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
+use sift_api::{AddedDocument, CreateKb, SearchQuery};
+
 use crate::error::Result;
 
 /// Default address of a node started with its default config.
@@ -94,39 +96,47 @@ struct AddDocumentsResponse {
     documents: Vec<AddedDocument>,
 }
 
-/// The node's answer for one document of a bulk add (only what the bench reads).
-#[derive(Debug, Clone, Deserialize)]
-pub struct AddedDocument {
-    #[serde(default)]
-    pub duplicate: bool,
-}
-
-/// `POST /v1/kbs/{kb}/search` body.
-#[derive(Debug, Clone, Default, Serialize)]
+/// What a bench search asks, borrowed; sent as the API's [`SearchQuery`].
+#[derive(Debug, Clone, Default)]
 pub struct SearchRequest<'a> {
     pub query: &'a str,
     pub top_k: usize,
     pub channels: &'a [Channel],
     /// Dense by exact scan instead of HNSW (the ground truth for HNSW recall).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub exact: bool,
     /// `rrf` or `dbsf`; the node's default when absent.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub fusion: Option<&'a str>,
     /// Pipeline stages on or off; the KB's settings when absent.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub rerank: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub mmr: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub multi_query: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub follow_links: Option<bool>,
     /// Tokens of packed context (0: none).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub context_tokens: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub expand_neighbours: Option<u32>,
+}
+
+impl SearchRequest<'_> {
+    pub fn to_query(&self) -> SearchQuery {
+        SearchQuery {
+            top_k: Some(self.top_k),
+            channels: Some(
+                self.channels
+                    .iter()
+                    .map(|c| c.as_str().to_string())
+                    .collect(),
+            ),
+            exact: self.exact.then_some(true),
+            fusion: self.fusion.map(str::to_string),
+            rerank: self.rerank,
+            mmr: self.mmr,
+            multi_query: self.multi_query,
+            follow_links: self.follow_links,
+            context_tokens: self.context_tokens,
+            expand_neighbours: self.expand_neighbours,
+            ..SearchQuery::new(self.query)
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -219,13 +229,12 @@ impl SiftClient {
         shards: Option<u32>,
         chunk_tokens: Option<u32>,
     ) -> Result<KbInfo> {
-        let mut body = serde_json::json!({ "name": name });
-        if let Some(shards) = shards {
-            body["shards"] = shards.into();
-        }
-        if let Some(chunk_tokens) = chunk_tokens {
-            body["chunk_tokens"] = chunk_tokens.into();
-        }
+        let body = CreateKb {
+            name: name.to_string(),
+            shards,
+            chunk_tokens,
+            ..CreateKb::default()
+        };
         self.api.create_kb(&body).await
     }
 
@@ -260,7 +269,7 @@ impl SiftClient {
 
     /// `POST /v1/kbs/{kb}/search`.
     pub async fn search(&self, kb: &str, request: &SearchRequest<'_>) -> Result<SearchResponse> {
-        self.api.search(kb, request).await
+        self.api.search(kb, &request.to_query()).await
     }
 }
 

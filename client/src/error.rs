@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use serde::Deserialize;
+use sift_api::ErrorBody;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -23,19 +23,6 @@ pub struct ApiError {
     pub message: String,
     /// The `Retry-After` header, in whole or fractional seconds, when the node sent one.
     pub retry_after: Option<Duration>,
-}
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(Deserialize)]
-struct ErrorDetail {
-    #[serde(default)]
-    code: String,
-    #[serde(default)]
-    message: String,
 }
 
 impl ApiError {

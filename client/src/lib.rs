@@ -8,7 +8,11 @@
 //!   do not decode, broken event streams.
 //! - [`sse`]: the one parser of the API's server-sent event streams ([`Events`]).
 //!
-//! The crate knows the API only by its wire format: it depends on no crate of the node.
+//! - [`api`]: the request bodies (`sift-api`), re-exported; methods take any `Serialize` body
+//!   so tests can also send what the types would not allow.
+//!
+//! The crate knows the API only by its wire format: it depends on `sift-api` and no crate of
+//! the node.
 
 mod error;
 pub mod sse;
@@ -23,6 +27,7 @@ use serde_json::{Value, json};
 
 pub use error::{ApiError, Error, NO_CODE, Result, parse_retry_after, render_error};
 pub use reqwest;
+pub use sift_api as api;
 pub use sse::{Events, SseEvent};
 
 /// One whole answer, whatever its status: status, headers and the body as JSON (`Null` when
@@ -357,7 +362,9 @@ impl Client {
     /// `POST /v1/sessions/{id}/messages`.
     pub fn ask_request(&self, session: &str, content: &str) -> RequestBuilder {
         self.request_to(Method::POST, &["v1", "sessions", session, "messages"])
-            .json(&json!({ "content": content }))
+            .json(&sift_api::NewMessage {
+                content: content.to_string(),
+            })
     }
 
     /// Asks `content` in a session: the run's event stream.

@@ -11,12 +11,15 @@
 //!   timeout, graceful shutdown).
 //! - [`transport`]: the internal HTTP/2 transport between nodes (authenticated server,
 //!   per-peer queues, chunked snapshots, forwarded proposals, joins).
+//! - `testing` (tests and feature `testing`): a loopback HTTP test cluster.
 
 pub mod error;
 pub mod http_server;
 pub mod meta_log;
 pub mod placement;
 pub mod raft;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod transport;
 
 pub use error::{ClusterError, Result};

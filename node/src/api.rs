@@ -24,12 +24,13 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use sift_actors::SiftNode;
 use sift_actors::events::DocumentEvent;
-use sift_actors::node::{
-    CreateKb, NewTextDocument, SearchQuery, UpdateKb, Upload, metadata_from_json,
-};
+use sift_actors::node::{Upload, metadata_from_json};
 use sift_actors::{ErrorKind, SiftError};
+use sift_api::{BulkDocuments, CreateKb, ErrorBody, SearchQuery, UpdateKb};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::broadcast;
+
+use crate::views::{KbList, KbView};
 
 /// Shared by every handler.
 #[derive(Clone)]
@@ -144,7 +145,7 @@ impl From<SiftError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(json!({ "error": { "code": self.code, "message": self.message } }));
+        let body = Json(ErrorBody::new(self.code, self.message));
         let mut response = (self.status, body).into_response();
         if let Some(seconds) = self.retry_after_secs
             && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
@@ -400,18 +401,18 @@ async fn create_kb(
     ApiJson(request): ApiJson<CreateKb>,
 ) -> ApiResult<impl IntoResponse> {
     let kb = state.node.create_kb(request).await?;
-    Ok((StatusCode::CREATED, Json(kb)))
+    Ok((StatusCode::CREATED, Json(KbView::from(kb))))
 }
 
 async fn list_kbs(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
-    Ok(Json(json!({ "kbs": state.node.list_kbs()? })))
+    Ok(Json(KbList::from(state.node.list_kbs()?)))
 }
 
 async fn get_kb(
     State(state): State<AppState>,
     ApiPath(kb): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(state.node.get_kb(&kb)?))
+    Ok(Json(KbView::from(state.node.get_kb(&kb)?)))
 }
 
 async fn kb_shards(
@@ -427,7 +428,9 @@ async fn update_kb(
     ApiPath(kb): ApiPath<String>,
     ApiJson(request): ApiJson<UpdateKb>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(state.node.update_kb(&kb, request).await?))
+    Ok(Json(KbView::from(
+        state.node.update_kb(&kb, request).await?,
+    )))
 }
 
 async fn delete_kb(
@@ -436,12 +439,6 @@ async fn delete_kb(
 ) -> ApiResult<impl IntoResponse> {
     state.node.delete_kb(&kb).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BulkDocuments {
-    documents: Vec<NewTextDocument>,
 }
 
 /// Multipart upload (field `file`, optional `external_id` and `metadata`) or a JSON body of
@@ -679,16 +676,17 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Page {
-    after: Option<String>,
-    limit: Option<usize>,
+pub(crate) struct Page {
+    pub after: Option<String>,
+    pub limit: Option<usize>,
 }
 
-async fn list_documents(
-    State(state): State<AppState>,
-    ApiPath(kb): ApiPath<String>,
+/// The page a list route is asked for: `?after=ID&limit=N` (limit 100 when absent, clamped
+/// to `1..=max`), or 400 `invalid_query_string`.
+pub(crate) fn requested_page(
     page: Result<Query<Page>, QueryRejection>,
-) -> ApiResult<impl IntoResponse> {
+    max: usize,
+) -> ApiResult<(Option<String>, usize)> {
     let Query(page) = page.map_err(|rejection| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -696,15 +694,25 @@ async fn list_documents(
             rejection.body_text(),
         )
     })?;
-    let limit = page.limit.unwrap_or(100);
-    let documents = state
-        .node
-        .list_documents(&kb, page.after.as_deref(), limit)?;
-    let next = if documents.len() == limit.clamp(1, 1000) {
-        documents.last().map(|d| d.id.clone())
-    } else {
-        None
-    };
+    Ok((page.after, page.limit.unwrap_or(100).clamp(1, max)))
+}
+
+/// `next_after` of a list answer: the last item's id when the page is full (there may be
+/// more), else none.
+pub(crate) fn next_after<T>(items: &[T], limit: usize, id: impl Fn(&T) -> &str) -> Option<String> {
+    (items.len() == limit)
+        .then(|| items.last().map(|item| id(item).to_string()))
+        .flatten()
+}
+
+async fn list_documents(
+    State(state): State<AppState>,
+    ApiPath(kb): ApiPath<String>,
+    page: Result<Query<Page>, QueryRejection>,
+) -> ApiResult<impl IntoResponse> {
+    let (after, limit) = requested_page(page, 1000)?;
+    let documents = state.node.list_documents(&kb, after.as_deref(), limit)?;
+    let next = next_after(&documents, limit, |document| &document.id);
     Ok(Json(json!({ "documents": documents, "next_after": next })))
 }
 

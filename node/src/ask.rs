@@ -4,7 +4,8 @@
 
 use std::io::{IsTerminal, Write};
 
-use serde_json::{Value, json};
+use serde_json::Value;
+use sift_api::NewSession;
 
 use crate::cli::{CliError, Client};
 
@@ -24,10 +25,10 @@ pub async fn ask(
         // A follow-up in an existing session (its KBs and agent apply).
         Some(id) => id.to_string(),
         None => {
-            let mut body = json!({ "kbs": kbs });
-            if let Some(agent) = agent {
-                body["agent"] = json!(agent);
-            }
+            let body = NewSession {
+                kbs: kbs.to_vec(),
+                agent: agent.map(str::to_string),
+            };
             let session: Value = client.create_session(&body).await?;
             session["id"].as_str().unwrap_or_default().to_string()
         }

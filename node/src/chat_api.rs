@@ -6,7 +6,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -16,9 +17,10 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sift_actors::agent::{AgentEvent, Citation, PastTurn, RunFinish};
-use sift_actors::sessions::{EphemeralRun, NewSession, RunEvent, RunEventKind, RunLog};
+use sift_actors::sessions::{EphemeralRun, MAX_SESSIONS_PAGE, RunEvent, RunEventKind, RunLog};
+use sift_api::{NewMessage, NewSession};
 
-use crate::api::{ApiError, ApiJson, ApiPath, AppState};
+use crate::api::{ApiError, ApiJson, ApiPath, AppState, Page, next_after, requested_page};
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -47,8 +49,15 @@ async fn create_session(
     Ok((StatusCode::CREATED, Json(session)))
 }
 
-async fn list_sessions(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
-    Ok(Json(json!({ "sessions": state.sessions.list_sessions()? })))
+/// `GET /v1/sessions?after=ID&limit=N`: newest first, paged like the documents of a KB.
+async fn list_sessions(
+    State(state): State<AppState>,
+    page: Result<Query<Page>, QueryRejection>,
+) -> ApiResult<impl IntoResponse> {
+    let (after, limit) = requested_page(page, MAX_SESSIONS_PAGE)?;
+    let sessions = state.sessions.list_sessions(after.as_deref(), limit)?;
+    let next = next_after(&sessions, limit, |session| &session.id);
+    Ok(Json(json!({ "sessions": sessions, "next_after": next })))
 }
 
 async fn get_session(
@@ -71,12 +80,6 @@ async fn list_messages(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
     Ok(Json(json!({ "messages": state.sessions.turns(&id)? })))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewMessage {
-    content: String,
 }
 
 /// Starts a run and streams its events (`meta` first, `done` last).

@@ -12,6 +12,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
+use sift_api::{CreateKb, SearchQuery};
 
 pub use sift_client::Client;
 
@@ -417,23 +418,16 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
             embedding_model,
             language,
         } => {
-            let mut body = json!({ "name": name });
-            let fields = [
-                ("shards", shards.map(Value::from)),
-                ("replication_factor", replication_factor.map(Value::from)),
-                ("chunk_tokens", chunk_tokens.map(Value::from)),
-                (
-                    "chunk_overlap_tokens",
-                    chunk_overlap_tokens.map(Value::from),
-                ),
-                ("embedding_model", embedding_model.map(Value::from)),
-                ("language", language.map(Value::from)),
-            ];
-            for (key, value) in fields {
-                if let Some(value) = value {
-                    body[key] = value;
-                }
-            }
+            let body = CreateKb {
+                name,
+                shards,
+                replication_factor,
+                chunk_tokens,
+                chunk_overlap_tokens,
+                embedding_model,
+                language,
+                ..CreateKb::default()
+            };
             let kb: Value = client.create_kb(&body).await?;
             println!(
                 "created knowledge base {} ({})",
@@ -714,9 +708,10 @@ pub async fn search(
     top_k: usize,
     channels: Option<Vec<String>>,
 ) -> Result<Value, CliError> {
-    let mut body = json!({ "query": query, "top_k": top_k });
-    if let Some(channels) = channels {
-        body["channels"] = json!(channels);
-    }
+    let body = SearchQuery {
+        top_k: Some(top_k),
+        channels,
+        ..SearchQuery::new(query)
+    };
     Ok(client.search(kb, &body).await?)
 }

@@ -91,6 +91,8 @@ pub struct RunsFileConfig {
     pub queue_timeout_ms: Option<u64>,
     /// How long a finished run's events stay available for resumption (default 600 s).
     pub retention_secs: Option<u64>,
+    /// Most finished runs kept for resumption (default 10000); past it the oldest go first.
+    pub max_retained: Option<usize>,
     /// Longest accepted question in characters (default 8192); longer ones get 413.
     pub max_question_chars: Option<usize>,
 }
@@ -437,13 +439,16 @@ impl Config {
                 .retention_secs
                 .map(Duration::from_secs)
                 .unwrap_or(run_defaults.retention),
+            max_retained: file.runs.max_retained.unwrap_or(run_defaults.max_retained),
             max_question_chars: file
                 .runs
                 .max_question_chars
                 .unwrap_or(run_defaults.max_question_chars),
         };
-        if runs.max_concurrent_runs == 0 || runs.max_question_chars == 0 {
-            bail!("runs.max_concurrent and runs.max_question_chars must be at least 1");
+        if runs.max_concurrent_runs == 0 || runs.max_question_chars == 0 || runs.max_retained == 0 {
+            bail!(
+                "runs.max_concurrent, runs.max_question_chars and runs.max_retained must be at least 1"
+            );
         }
         let mut names = std::collections::BTreeSet::new();
         for preset in &file.agents {

@@ -5,7 +5,8 @@
 use std::path::Path;
 
 use anyhow::Context;
-use serde_json::{Value, json};
+use serde_json::Value;
+use sift_api::CreateKb;
 
 use crate::cli::{CliError, Client, ingest, print_hits, search};
 use crate::config::{Config, FileConfig};
@@ -58,7 +59,11 @@ async fn demo(client: &Client, samples: &Path) -> Result<(), CliError> {
         )));
     }
     client
-        .create_kb::<Value>(&json!({ "name": "demo", "shards": 2 }))
+        .create_kb::<Value>(&CreateKb {
+            name: "demo".into(),
+            shards: Some(2),
+            ..CreateKb::default()
+        })
         .await?;
     println!(
         "created knowledge base demo (2 shards); ingesting {}",

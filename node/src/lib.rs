@@ -8,6 +8,7 @@
 //! - [`cli`]: `sift serve | kb | ingest | search | ask | demo`; client commands talk HTTP.
 //! - [`ask`]: `sift ask`, rendering a run's event stream.
 //! - [`telemetry`]: logs and the Prometheus recorder.
+//! - [`views`]: answers built from the actors' results (request bodies are in `sift-api`).
 
 pub mod api;
 pub mod ask;
@@ -18,6 +19,7 @@ pub mod config;
 pub mod demo;
 pub mod server;
 pub mod telemetry;
+pub mod views;
 
 /// The `sift` binary's entry point (also used by test binaries that run the real CLI).
 pub fn main_entry() -> std::process::ExitCode {

@@ -81,6 +81,20 @@ async fn fixture(providers: Vec<ProviderConfig>, tweak: impl FnOnce(&mut Config)
     }
 }
 
+/// A node without a model and an empty KB `papers`: runs answer extractively, at once.
+async fn empty_papers(
+    tweak: impl FnOnce(&mut Config),
+) -> (tempfile::TempDir, InProcessNode, ApiClient) {
+    let dir = sift_tests::temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    tweak(&mut config);
+    let node = InProcessNode::start_with(config).await;
+    let client = node.client();
+    client.create_kb(json!({ "name": "papers" })).await;
+    (dir, node, client)
+}
+
 async fn new_session(client: &ApiClient) -> String {
     let session = client
         .post_json("/v1/sessions", &json!({ "kbs": ["papers"] }))
@@ -591,15 +605,67 @@ async fn admission_rejects_beyond_the_cap_with_a_proper_stream() {
     fixture.node.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_listed_newest_first_a_page_at_a_time() {
+    let (_dir, node, client) = empty_papers(|_| {}).await;
+    let mut created = Vec::new();
+    for _ in 0..5 {
+        created.push(new_session(&client).await);
+    }
+    created.reverse(); // newest first
+    let ids = |page: &Value| -> Vec<String> {
+        page["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|session| session["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+
+    let all = client.get("/v1/sessions").await.expect(200);
+    assert_eq!(ids(&all), created);
+    assert_eq!(all["next_after"], Value::Null, "one page holds them all");
+
+    // Pages of two: every session once, in order, then an empty last page.
+    let mut seen = Vec::new();
+    let mut path = "/v1/sessions?limit=2".to_string();
+    loop {
+        let page = client.get(&path).await.expect(200);
+        let page_ids = ids(&page);
+        assert!(page_ids.len() <= 2, "{page}");
+        seen.extend(page_ids);
+        match page["next_after"].as_str() {
+            Some(after) => path = format!("/v1/sessions?limit=2&after={after}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, created);
+
+    // A session made after a page was read does not shift the pages after it.
+    let second_page = client
+        .get(&format!("/v1/sessions?limit=2&after={}", created[1]))
+        .await
+        .expect(200);
+    new_session(&client).await;
+    assert_eq!(
+        ids(&client
+            .get(&format!("/v1/sessions?limit=2&after={}", created[1]))
+            .await
+            .expect(200)),
+        ids(&second_page)
+    );
+
+    client
+        .get("/v1/sessions?limit=many")
+        .await
+        .expect_error(400, "invalid_query_string");
+    node.shutdown().await;
+}
+
 #[tokio::test]
 async fn bad_session_input_gets_clear_errors_and_changes_nothing() {
     // No model and no documents needed: every request here is refused before a run starts.
-    let dir = sift_tests::temp_dir();
-    let mut config = Config::for_test(&dir.path().join("node"));
-    config.embedding.model_dir = Some(require_model());
-    let node = InProcessNode::start_with(config).await;
-    let client = node.client();
-    client.create_kb(json!({ "name": "papers" })).await;
+    let (_dir, node, client) = empty_papers(|_| {}).await;
 
     // Creating sessions.
     client
@@ -797,12 +863,7 @@ async fn sift_ask_renders_the_answer_and_sources_and_fails_clearly() {
 #[tokio::test]
 async fn a_panicking_run_ends_its_stream_with_internal_error_and_done() {
     // Config::for_test turns fault injection on; no model and no documents are needed.
-    let dir = sift_tests::temp_dir();
-    let mut config = Config::for_test(&dir.path().join("node"));
-    config.embedding.model_dir = Some(require_model());
-    let node = InProcessNode::start_with(config).await;
-    let client = node.client();
-    client.create_kb(json!({ "name": "papers" })).await;
+    let (_dir, node, client) = empty_papers(|_| {}).await;
     let session = new_session(&client).await;
     let events = ask(&client, &session, "__sift_debug_panic__")
         .await
@@ -1051,13 +1112,7 @@ async fn a_context_overflow_is_retried_once_then_the_run_falls_back() {
 
 #[tokio::test]
 async fn finished_runs_are_forgotten_after_the_retention_time() {
-    let dir = sift_tests::temp_dir();
-    let mut config = Config::for_test(&dir.path().join("node"));
-    config.embedding.model_dir = Some(require_model());
-    config.runs.retention = Duration::ZERO;
-    let node = InProcessNode::start_with(config).await;
-    let client = node.client();
-    client.create_kb(json!({ "name": "papers" })).await;
+    let (_dir, node, client) = empty_papers(|config| config.runs.retention = Duration::ZERO).await;
     let session = new_session(&client).await;
     let events = ask(&client, &session, "anything").await.rest().await;
     let run_id = assert_well_formed(&events, &session);
@@ -1081,6 +1136,33 @@ async fn finished_runs_are_forgotten_after_the_retention_time() {
         .await
         .expect(200);
     assert_eq!(turns["messages"].as_array().unwrap().len(), 1);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn past_the_cap_the_oldest_finished_runs_are_forgotten_first() {
+    let (_dir, node, client) = empty_papers(|config| config.runs.max_retained = 2).await;
+    let session = new_session(&client).await;
+    let mut runs = Vec::new();
+    for question in ["first?", "second?", "third?"] {
+        let events = ask(&client, &session, question).await.rest().await;
+        runs.push(assert_well_formed(&events, &session));
+    }
+    // Within the (default, ten-minute) retention time, only the two newest are kept.
+    client
+        .get(&format!("/v1/runs/{}/events", runs[0]))
+        .await
+        .expect_error(404, "run_not_found");
+    for run in &runs[1..] {
+        let answer = client.get(&format!("/v1/runs/{run}/events")).await;
+        assert_eq!(answer.status, 200, "run {run} is kept");
+    }
+    // Their turns all stay stored.
+    let turns = client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect(200);
+    assert_eq!(turns["messages"].as_array().unwrap().len(), 3);
     node.shutdown().await;
 }
 

@@ -82,6 +82,18 @@ enum Ending {
     Stopped,
 }
 
+/// What running one step's tool calls leads to.
+#[derive(Debug, PartialEq, Eq)]
+enum Acted {
+    /// The observations are filled; the run goes on to the next step.
+    Continue,
+    /// The observations are filled, and the run must answer now, for this reason (a budget
+    /// or a guard ran out).
+    ForceAnswer(String),
+    /// The run was cancelled while the tools ran.
+    Cancelled,
+}
+
 /// Why a model call gave no turn.
 enum ModelFailure {
     Cancelled,
@@ -475,10 +487,10 @@ impl Run {
                     }
                 }
             }
-            let force = match self.act(&calls, &mut observations).await {
-                Some(force) => force,
-                None => return Ending::Stopped,
-            };
+            let acted = self.act(&calls, &mut observations).await;
+            if acted == Acted::Cancelled {
+                return Ending::Stopped;
+            }
             for (call, observation) in calls.iter().zip(observations) {
                 messages.push(ChatMessage::Tool {
                     call_id: call.id.clone(),
@@ -486,7 +498,7 @@ impl Run {
                     content: observation.unwrap_or_default(),
                 });
             }
-            if let Some(reason) = force {
+            if let Acted::ForceAnswer(reason) = acted {
                 return self
                     .force_answer(&model, &mut messages, RunFinish::Stop, &reason)
                     .await;
@@ -535,12 +547,8 @@ impl Run {
     }
 
     /// Runs the step's calls (all but `final_answer`, already handled) and fills their
-    /// observations. Returns `None` when cancelled, else whether to force an answer and why.
-    async fn act(
-        &mut self,
-        calls: &[ToolCall],
-        observations: &mut [Option<String>],
-    ) -> Option<Option<String>> {
+    /// observations.
+    async fn act(&mut self, calls: &[ToolCall], observations: &mut [Option<String>]) -> Acted {
         let mut prepared: Vec<Option<Prepared>> = Vec::with_capacity(calls.len());
         let mut force: Option<String> = None;
         let mut searches_this_step = 0u32;
@@ -658,7 +666,7 @@ impl Run {
                 });
         let outcomes = tokio::select! {
             biased;
-            _ = self.cancel.cancelled() => return None,
+            _ = self.cancel.cancelled() => return Acted::Cancelled,
             outcomes = join_all(runs) => outcomes,
         };
 
@@ -712,7 +720,10 @@ impl Run {
                 (Some(Prepared::Run(..)), None) => {}
             }
         }
-        Some(force)
+        match force {
+            Some(reason) => Acted::ForceAnswer(reason),
+            None => Acted::Continue,
+        }
     }
 
     /// Records a successful tool output: events, evidence, verifier and reflector notes.

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use sift_api::documents::{AddedDocument, NewTextDocument};
 use sift_cluster::placement::shard_for_document;
 use sift_storage::chunk::{ChunkView, Metadata};
 use sift_storage::meta::{DocSource, DocStatus, DocumentRecord, KbRecord, MetaOp, MetaOutcome};
@@ -17,21 +17,6 @@ use crate::ingest::parse::{SourceFormat, parse_document};
 use crate::ingest::pipeline::{self, now_ms};
 use crate::ingest::queue::IngestJob;
 
-/// One document of a bulk text request.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewTextDocument {
-    pub external_id: Option<String>,
-    #[serde(default)]
-    pub title: Option<String>,
-    pub text: String,
-    /// `text` (default), `markdown` or `html`.
-    #[serde(default)]
-    pub format: Option<String>,
-    #[serde(default)]
-    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
-}
-
 /// An upload already streamed to a temp file by the HTTP layer.
 #[derive(Clone, Debug)]
 pub struct Upload {
@@ -42,17 +27,6 @@ pub struct Upload {
     /// sha256 of the bytes, hex.
     pub content_hash: String,
     pub metadata: Metadata,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct AddedDocument {
-    pub id: String,
-    pub external_id: Option<String>,
-    pub status: DocStatus,
-    /// The same bytes were already in the KB: `id` is the existing document.
-    pub duplicate: bool,
-    /// The older version this document replaced (same external id).
-    pub replaced: Option<String>,
 }
 
 impl SiftNode {
@@ -273,7 +247,7 @@ impl SiftNode {
             added.push(AddedDocument {
                 id: entry.record.id.clone(),
                 external_id: entry.record.external_id.clone(),
-                status: entry.record.status,
+                status: entry.record.status.as_str().to_string(),
                 duplicate: entry.duplicate,
                 replaced: entry.replaced.map(|t| t.document_id),
             });

@@ -1,7 +1,7 @@
 //! Knowledge bases: create (placing every shard's replicas), read, update the settings that
 //! can change without re-indexing, delete.
 
-use serde::{Deserialize, Serialize};
+use sift_api::kbs::{CreateKb, SettingsPatch, UpdateKb};
 use sift_cluster::placement::place_replicas;
 use sift_storage::meta::{
     DocumentCounts, KbRecord, KbSettings, MetaOp, MetaOutcome, Replica, ReplicaState,
@@ -16,55 +16,15 @@ use crate::reconcile::rebalance::{node_loads, replicas_on};
 use crate::retrieval::settings as retrieval_settings;
 use crate::shards::supervisor::drop_kb_shards;
 
-/// `POST /v1/kbs`.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateKb {
-    pub name: String,
-    pub shards: Option<u32>,
-    /// Copies of each shard on distinct nodes (default: min(3, nodes)).
-    pub replication_factor: Option<u32>,
-    pub chunk_tokens: Option<u32>,
-    pub chunk_overlap_tokens: Option<u32>,
-    pub parent_tokens: Option<u32>,
-    pub embedding_model: Option<String>,
-    pub language: Option<String>,
-    pub json_text_field: Option<String>,
-    pub json_title_field: Option<String>,
-    /// Retrieval settings (fields of `RetrievalSettings`; the others keep their defaults).
-    pub retrieval: Option<serde_json::Value>,
-}
-
-/// `PATCH /v1/kbs/{kb}`: settings that can change without re-indexing.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UpdateKb {
-    pub chunk_tokens: Option<u32>,
-    pub chunk_overlap_tokens: Option<u32>,
-    pub parent_tokens: Option<u32>,
-    pub language: Option<String>,
-    pub json_text_field: Option<String>,
-    pub json_title_field: Option<String>,
-    /// Refused: fixed at creation.
-    pub shards: Option<u32>,
-    /// Refused: fixed at creation.
-    pub replication_factor: Option<u32>,
-    /// Refused: fixed at creation.
-    pub embedding_model: Option<String>,
-    /// Retrieval settings to change (the others are kept).
-    pub retrieval: Option<serde_json::Value>,
-}
-
-/// A KB with its document counts, as the API shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct KbView {
-    #[serde(flatten)]
-    pub kb: KbRecord,
+/// A KB with its document counts by status; the node's answer to reads and writes of KBs.
+#[derive(Clone, Debug)]
+pub struct KbState {
+    pub record: KbRecord,
     pub documents: DocumentCounts,
 }
 
 impl SiftNode {
-    pub async fn create_kb(&self, request: CreateKb) -> Result<KbView> {
+    pub async fn create_kb(&self, request: CreateKb) -> Result<KbState> {
         validate_kb_name(&request.name)?;
         if self.store().find_kb(&request.name)?.is_some() {
             return Err(SiftError::Conflict {
@@ -103,19 +63,7 @@ impl SiftNode {
             embedding_model,
             embedder.dimension() as u32,
         );
-        apply_settings(
-            &mut settings,
-            request.chunk_tokens,
-            request.chunk_overlap_tokens,
-            request.parent_tokens,
-            request.language,
-            request.json_text_field,
-            request.json_title_field,
-        )?;
-        if let Some(patch) = &request.retrieval {
-            settings.retrieval =
-                retrieval_settings::merge_patch(&settings.retrieval, patch, self.root.rerankers())?;
-        }
+        self.apply_settings(&mut settings, request.settings_patch())?;
         let kbs = self.store().list_kbs()?;
         let limits = &self.context.options;
         if kbs.len() >= limits.max_kbs {
@@ -179,7 +127,7 @@ impl SiftNode {
             )));
         };
         self.open_shards(&kb).await?;
-        self.kb_view(kb)
+        self.kb_state(kb)
     }
 
     pub fn find_kb(&self, kb: &str) -> Result<KbRecord> {
@@ -206,25 +154,28 @@ impl SiftNode {
         Ok(record)
     }
 
-    pub fn get_kb(&self, kb: &str) -> Result<KbView> {
+    pub fn get_kb(&self, kb: &str) -> Result<KbState> {
         let kb = self.find_kb(kb)?;
-        self.kb_view(kb)
+        self.kb_state(kb)
     }
 
-    fn kb_view(&self, kb: KbRecord) -> Result<KbView> {
+    fn kb_state(&self, kb: KbRecord) -> Result<KbState> {
         let documents = self.store().document_counts(&kb.id)?;
-        Ok(KbView { kb, documents })
+        Ok(KbState {
+            record: kb,
+            documents,
+        })
     }
 
-    pub fn list_kbs(&self) -> Result<Vec<KbView>> {
+    pub fn list_kbs(&self) -> Result<Vec<KbState>> {
         self.store()
             .list_kbs()?
             .into_iter()
-            .map(|kb| self.kb_view(kb))
+            .map(|kb| self.kb_state(kb))
             .collect()
     }
 
-    pub async fn update_kb(&self, kb: &str, request: UpdateKb) -> Result<KbView> {
+    pub async fn update_kb(&self, kb: &str, request: UpdateKb) -> Result<KbState> {
         let kb = self.find_kb(kb)?;
         if request.shards.is_some_and(|s| s != kb.settings.shards) {
             return Err(SiftError::invalid(
@@ -252,19 +203,7 @@ impl SiftNode {
             ));
         }
         let mut settings = kb.settings.clone();
-        apply_settings(
-            &mut settings,
-            request.chunk_tokens,
-            request.chunk_overlap_tokens,
-            request.parent_tokens,
-            request.language,
-            request.json_text_field,
-            request.json_title_field,
-        )?;
-        if let Some(patch) = &request.retrieval {
-            settings.retrieval =
-                retrieval_settings::merge_patch(&settings.retrieval, patch, self.root.rerankers())?;
-        }
+        self.apply_settings(&mut settings, request.settings_patch())?;
         let outcome = self
             .context
             .meta
@@ -277,7 +216,41 @@ impl SiftNode {
         let MetaOutcome::Kb(kb) = outcome else {
             return Err(SiftError::kb_not_found(&kb.id));
         };
-        self.kb_view(kb)
+        self.kb_state(kb)
+    }
+
+    /// Sets the values `patch` carries on `settings` (the defaults of a new KB, or a KB's
+    /// current ones), then checks the result as a whole.
+    fn apply_settings(&self, settings: &mut KbSettings, patch: SettingsPatch) -> Result<()> {
+        if let Some(value) = patch.chunk_tokens {
+            settings.chunk_tokens = value;
+        }
+        if let Some(value) = patch.chunk_overlap_tokens {
+            settings.chunk_overlap_tokens = value;
+        }
+        if let Some(value) = patch.parent_tokens {
+            settings.parent_tokens = value;
+        } else if settings.parent_tokens < settings.chunk_tokens {
+            settings.parent_tokens = settings.chunk_tokens.saturating_mul(4);
+        }
+        if let Some(value) = patch.language {
+            settings.language = value;
+        }
+        if let Some(value) = patch.json_text_field {
+            settings.json_text_field = value;
+        }
+        if let Some(value) = patch.json_title_field {
+            settings.json_title_field = value;
+        }
+        check_settings(settings)?;
+        if let Some(retrieval) = &patch.retrieval {
+            settings.retrieval = retrieval_settings::merge_patch(
+                &settings.retrieval,
+                retrieval,
+                self.root.rerankers(),
+            )?;
+        }
+        Ok(())
     }
 
     pub async fn delete_kb(&self, kb: &str) -> Result<()> {
@@ -329,36 +302,7 @@ fn validate_kb_name(name: &str) -> Result<()> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn apply_settings(
-    settings: &mut KbSettings,
-    chunk_tokens: Option<u32>,
-    chunk_overlap_tokens: Option<u32>,
-    parent_tokens: Option<u32>,
-    language: Option<String>,
-    json_text_field: Option<String>,
-    json_title_field: Option<String>,
-) -> Result<()> {
-    if let Some(value) = chunk_tokens {
-        settings.chunk_tokens = value;
-    }
-    if let Some(value) = chunk_overlap_tokens {
-        settings.chunk_overlap_tokens = value;
-    }
-    if let Some(value) = parent_tokens {
-        settings.parent_tokens = value;
-    } else if settings.parent_tokens < settings.chunk_tokens {
-        settings.parent_tokens = settings.chunk_tokens.saturating_mul(4);
-    }
-    if let Some(value) = language {
-        settings.language = value;
-    }
-    if let Some(value) = json_text_field {
-        settings.json_text_field = value;
-    }
-    if let Some(value) = json_title_field {
-        settings.json_title_field = value;
-    }
+fn check_settings(settings: &KbSettings) -> Result<()> {
     let invalid = |message: &str| Err(SiftError::invalid("invalid_settings", message));
     if !(16..=8192).contains(&settings.chunk_tokens) {
         return invalid("chunk_tokens must be between 16 and 8192");

@@ -24,8 +24,8 @@ use tokio::sync::broadcast;
 use tracing::info;
 
 pub use self::cluster::{ReplicaView, ShardView};
-pub use self::documents::{AddedDocument, NewTextDocument, Upload, metadata_from_json};
-pub use self::kbs::{CreateKb, KbView, UpdateKb};
+pub use self::documents::{Upload, metadata_from_json};
+pub use self::kbs::KbState;
 use self::supervisor::{
     ChildHandles, ChildSpec, NodeMessage, NodeSupervisor, NodeSupervisorArguments, RestartPolicy,
 };
@@ -45,7 +45,7 @@ use crate::shards::{
 };
 
 /// Largest `top_k` a search may ask for.
-pub use crate::retrieval::query::{ChannelWeights, MAX_TOP_K, SearchFilters, SearchQuery};
+pub use crate::retrieval::query::MAX_TOP_K;
 
 /// One running node: its actors and its shared context.
 pub struct SiftNode {

@@ -1,10 +1,11 @@
-//! A search as a client asks for it ([`SearchQuery`], the body of `POST /v1/kbs/{kb}/search`
-//! and the agent's search tool) and its resolution against a KB: [`resolve`] applies the
-//! request's overrides to the KB's retrieval settings ([`SearchQuery::apply_to`]), checks every
+//! A search as a client asks for it ([`SearchQuery`] of `sift-api`, the body of
+//! `POST /v1/kbs/{kb}/search` and the agent's search tool) and its resolution against a KB:
+//! [`resolve`] applies the request's overrides to the KB's retrieval settings
+//! ([`apply_overrides`]), checks every
 //! value with one error code per mistake, and gathers the sub-queries. It is a pure function:
 //! embedding the query texts and searching the shards come after, in `SiftNode::search`.
 
-use serde::Deserialize;
+pub use sift_api::search::{ChannelWeights, SearchFilters, SearchQuery};
 use sift_storage::chunk::SearchFilter;
 use sift_storage::meta::RetrievalSettings;
 
@@ -21,59 +22,6 @@ pub const MAX_QUERY_CHARS: usize = 8192;
 /// Most sub-queries besides the query.
 pub const MAX_SUB_QUERIES: usize = 8;
 
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SearchFilters {
-    pub document_ids: Option<Vec<String>>,
-    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ChannelWeights {
-    pub dense: Option<f64>,
-    pub bm25: Option<f64>,
-}
-
-/// `POST /v1/kbs/{kb}/search`.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SearchQuery {
-    pub query: String,
-    pub top_k: Option<usize>,
-    pub channels: Option<Vec<String>>,
-    pub filters: Option<SearchFilters>,
-    pub weights: Option<ChannelWeights>,
-    pub rrf_k: Option<f64>,
-    /// `dbsf` (default) or `rrf`.
-    pub fusion: Option<String>,
-    /// Hits gathered per channel before fusion (default max(top_k, 50)).
-    pub candidates: Option<usize>,
-    pub explain: Option<bool>,
-    /// Dense channel by exact scan instead of HNSW (slow; for measuring HNSW recall).
-    pub exact: Option<bool>,
-    // Overrides of the KB's retrieval settings (see `RetrievalSettings`), by the same names.
-    pub min_relative_score: Option<f64>,
-    pub min_results: Option<u32>,
-    pub rerank: Option<bool>,
-    pub rerank_model: Option<String>,
-    pub rerank_depth: Option<u32>,
-    pub mmr: Option<bool>,
-    pub mmr_lambda: Option<f64>,
-    pub duplicate_similarity: Option<f64>,
-    pub expand_parent: Option<bool>,
-    pub expand_neighbours: Option<u32>,
-    pub context_tokens: Option<u32>,
-    /// Add rule-based rewrites of the query (multi-query retrieval).
-    pub multi_query: Option<bool>,
-    /// Move candidates named by title in the top hits up behind them (multi-hop).
-    pub follow_links: Option<bool>,
-    pub link_from: Option<u32>,
-    pub links_per_hit: Option<u32>,
-    /// Sub-queries or rewrites (from a planner) searched alongside `query`, fused with RRF.
-    pub queries: Option<Vec<String>>,
-}
-
 /// Copies each field of the request that is set onto the setting of the same name.
 macro_rules! override_settings {
     ($query:expr, $settings:expr, [$($field:ident),* $(,)?]) => {
@@ -85,41 +33,39 @@ macro_rules! override_settings {
     };
 }
 
-impl SearchQuery {
-    /// Overrides `settings` (a KB's) with the values this request sets; checks nothing.
-    pub fn apply_to(&self, settings: &mut RetrievalSettings) {
-        if let Some(weights) = &self.weights {
-            if let Some(weight) = weights.dense {
-                settings.dense_weight = weight;
-            }
-            if let Some(weight) = weights.bm25 {
-                settings.bm25_weight = weight;
-            }
+/// Overrides `settings` (a KB's) with the values `query` sets; checks nothing.
+pub fn apply_overrides(query: &SearchQuery, settings: &mut RetrievalSettings) {
+    if let Some(weights) = &query.weights {
+        if let Some(weight) = weights.dense {
+            settings.dense_weight = weight;
         }
-        override_settings!(
-            self,
-            settings,
-            [
-                rrf_k,
-                fusion,
-                min_relative_score,
-                min_results,
-                rerank,
-                rerank_model,
-                rerank_depth,
-                mmr,
-                mmr_lambda,
-                duplicate_similarity,
-                expand_parent,
-                expand_neighbours,
-                context_tokens,
-                multi_query,
-                follow_links,
-                link_from,
-                links_per_hit,
-            ]
-        );
+        if let Some(weight) = weights.bm25 {
+            settings.bm25_weight = weight;
+        }
     }
+    override_settings!(
+        query,
+        settings,
+        [
+            rrf_k,
+            fusion,
+            min_relative_score,
+            min_results,
+            rerank,
+            rerank_model,
+            rerank_depth,
+            mmr,
+            mmr_lambda,
+            duplicate_similarity,
+            expand_parent,
+            expand_neighbours,
+            context_tokens,
+            multi_query,
+            follow_links,
+            link_from,
+            links_per_hit,
+        ]
+    );
 }
 
 /// The channels a search asks.
@@ -197,7 +143,7 @@ pub fn resolve(
 
     // The KB's retrieval settings, overridden by the request, checked as a whole.
     let mut settings = kb_settings.clone();
-    query.apply_to(&mut settings);
+    apply_overrides(query, &mut settings);
     let (dense_weight, bm25_weight) = (settings.dense_weight, settings.bm25_weight);
     if !(dense_weight.is_finite() && bm25_weight.is_finite())
         || dense_weight < 0.0
@@ -387,7 +333,7 @@ mod tests {
             "links_per_hit": 3,
         }));
         let mut settings = RetrievalSettings::default();
-        request.apply_to(&mut settings);
+        apply_overrides(&request, &mut settings);
         let expected = RetrievalSettings {
             dense_weight: 0.25,
             bm25_weight: 2.0,
@@ -413,7 +359,7 @@ mod tests {
         assert_eq!(settings, expected);
         // Unset fields keep the KB's values.
         let mut kb = expected.clone();
-        query(serde_json::json!({ "query": "q" })).apply_to(&mut kb);
+        apply_overrides(&query(serde_json::json!({ "query": "q" })), &mut kb);
         assert_eq!(kb, expected);
     }
 

@@ -17,6 +17,8 @@ pub struct RunLimits {
     pub queue_timeout: Duration,
     /// How long a finished run's events stay available for `Last-Event-ID` resumption.
     pub retention: Duration,
+    /// Most finished runs kept for resumption; past it the oldest is forgotten early.
+    pub max_retained: usize,
     /// Longest accepted question, in characters.
     pub max_question_chars: usize,
 }
@@ -28,6 +30,7 @@ impl Default for RunLimits {
             max_queued_runs: 256,
             queue_timeout: Duration::from_secs(30),
             retention: Duration::from_secs(600),
+            max_retained: 10_000,
             max_question_chars: MAX_QUESTION_CHARS,
         }
     }

@@ -149,12 +149,14 @@ async fn execute(arguments: AgentRunArguments) {
             .store_turn(&log, &question, outcome, summary_turns, given_summary)
             .await;
     }
+    // Counted among the finished runs before `done`: a client that saw `done` finds the
+    // retained runs as they will stay.
+    sessions.forget_later(&log);
     // `done` frees the session: a client that saw it may ask again at once.
     log.push(RunEventKind::Done {
         message_id,
         finish_reason: end.finish_reason,
     });
-    sessions.forget_later(&log);
 }
 
 /// How a run ended.

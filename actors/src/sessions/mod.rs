@@ -22,14 +22,15 @@ pub mod agent_run;
 pub mod run_log;
 mod tree;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorCell, ActorRef, RpcReplyPort, SpawnErr};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+use sift_api::sessions::NewSession;
 use sift_storage::meta::{
     MetaOp, MetaOutcome, SessionRecord, StoredTurn, TurnCitation, TurnTraceStep, TurnUsage,
 };
@@ -93,18 +94,11 @@ fn sessions_actor_spec(sessions: std::sync::Weak<Sessions>) -> ChildSpec {
     }
 }
 
+/// Most sessions one page of `GET /v1/sessions` lists.
+pub const MAX_SESSIONS_PAGE: usize = 1000;
+
 /// Most KBs one session may search.
 pub const MAX_SESSION_KBS: usize = 16;
-
-/// `POST /v1/sessions`.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewSession {
-    /// KB names or ids.
-    pub kbs: Vec<String>,
-    /// Agent preset name; `default` when absent.
-    pub agent: Option<String>,
-}
 
 /// A stored turn as `GET /v1/sessions/{id}/messages` shows it.
 #[derive(Clone, Debug, Serialize)]
@@ -149,6 +143,9 @@ pub struct Sessions {
     admission: Admission,
     /// Every run's log by run id, until [`RunLimits::retention`] after it ends.
     runs: Mutex<HashMap<String, Arc<RunLog>>>,
+    /// Finished runs in the order they ended, at most [`RunLimits::max_retained`]: past it
+    /// the oldest is forgotten before its retention time.
+    finished: Mutex<VecDeque<String>>,
     /// Runs execute on their own runtime, so their CPU work (token counting, prompt building,
     /// parsing, query embeddings on its blocking pool) cannot delay the HTTP runtime: the first
     /// event of a new stream stays fast under load. Its threads run at a lower scheduling
@@ -238,6 +235,7 @@ impl Sessions {
             limits: config.limits,
             admission,
             runs: Mutex::new(HashMap::new()),
+            finished: Mutex::new(VecDeque::new()),
         });
         sessions
             .node
@@ -328,8 +326,12 @@ impl Sessions {
         }
     }
 
-    pub fn list_sessions(&self) -> Result<Vec<SessionRecord>> {
-        Ok(self.store().list_sessions()?)
+    /// A page of sessions, newest first (see `SledMetaStore::list_sessions`); `limit` is
+    /// clamped to 1..=[`MAX_SESSIONS_PAGE`].
+    pub fn list_sessions(&self, after: Option<&str>, limit: usize) -> Result<Vec<SessionRecord>> {
+        Ok(self
+            .store()
+            .list_sessions(after, limit.clamp(1, MAX_SESSIONS_PAGE))?)
     }
 
     pub fn get_session(&self, id: &str) -> Result<SessionRecord> {
@@ -644,8 +646,21 @@ impl Sessions {
         Some(message_id)
     }
 
-    /// Forgets the log after the retention time.
+    /// Forgets the log after the retention time, or sooner when more than
+    /// [`RunLimits::max_retained`] finished runs are kept (the oldest go first).
     pub(crate) fn forget_later(self: &Arc<Self>, log: &Arc<RunLog>) {
+        let evicted: Vec<String> = {
+            let mut finished = self.finished.lock().unwrap_or_else(|p| p.into_inner());
+            finished.push_back(log.run_id.clone());
+            let excess = finished.len().saturating_sub(self.limits.max_retained);
+            finished.drain(..excess).collect()
+        };
+        if !evicted.is_empty() {
+            let mut runs = self.lock_runs();
+            for run_id in &evicted {
+                runs.remove(run_id);
+            }
+        }
         let sessions = Arc::downgrade(self);
         let run_id = log.run_id.clone();
         let retention = self.limits.retention;

@@ -91,18 +91,25 @@ impl SledMetaStore {
             .transpose()
     }
 
-    /// Every session, newest first.
-    pub fn list_sessions(&self) -> Result<Vec<SessionRecord>> {
+    /// A page of at most `limit` sessions in descending id order (newest first: the node's
+    /// session ids are UUIDv7, ordered by creation time), starting after the session `after`
+    /// when given. Reads only the page, however many sessions there are.
+    pub fn list_sessions(&self, after: Option<&str>, limit: usize) -> Result<Vec<SessionRecord>> {
+        let end = match after {
+            Some(id) => session_key(id),
+            // Every key under the prefix sorts below the prefix followed by 0xff.
+            None => [SESSION_PREFIX, &[0xff]].concat(),
+        };
         let mut sessions = Vec::new();
-        for item in self.tree.scan_prefix(SESSION_PREFIX) {
+        for item in self
+            .tree
+            .range(SESSION_PREFIX.to_vec()..end)
+            .rev()
+            .take(limit)
+        {
             let (_, value) = item?;
             sessions.push(decode::<SessionRecord>(&value)?);
         }
-        sessions.sort_by(|a, b| {
-            b.created_at_ms
-                .cmp(&a.created_at_ms)
-                .then_with(|| b.id.cmp(&a.id))
-        });
         Ok(sessions)
     }
 

@@ -445,13 +445,30 @@ fn sessions_turns_and_summary() {
         created_at_ms: 20,
     })
     .unwrap();
-    let listed: Vec<String> = store
-        .list_sessions()
-        .unwrap()
-        .into_iter()
-        .map(|s| s.id)
-        .collect();
-    assert_eq!(listed, ["s2", "s1"], "newest first");
+    let listed = |after: Option<&str>, limit: usize| -> Vec<String> {
+        store
+            .list_sessions(after, limit)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect()
+    };
+    assert_eq!(listed(None, 10), ["s2", "s1"], "newest id first");
+    assert_eq!(listed(None, 1), ["s2"], "one page");
+    assert_eq!(listed(Some("s2"), 10), ["s1"], "the page after s2");
+    assert!(
+        listed(Some("s1"), 10).is_empty(),
+        "nothing after the oldest"
+    );
+    assert!(
+        listed(Some("s0"), 10).is_empty(),
+        "an unknown id below every id"
+    );
+    assert_eq!(
+        listed(Some("s3"), 10),
+        ["s2", "s1"],
+        "an unknown id above them"
+    );
 
     let MetaOutcome::TurnAppended(first) = log
         .apply(MetaOp::AppendTurn {

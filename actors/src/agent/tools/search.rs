@@ -9,8 +9,8 @@ use super::{ToolContext, ToolError, ToolOutput, select_kbs};
 use crate::agent::evidence::EvidenceChunk;
 use crate::agent::terms::truncate_chars;
 use crate::agent::{FailedShardRef, HitRef};
-use crate::node::SearchQuery;
 use crate::retrieval::{Channel, SearchHit};
+use sift_api::search::SearchQuery;
 
 pub const DEFAULT_TOP_K: usize = 8;
 pub const MAX_TOP_K: usize = 20;

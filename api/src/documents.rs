@@ -1,0 +1,55 @@
+//! Document bodies: bulk texts (`POST /v1/kbs/{kb}/documents` with a JSON body) and what
+//! the node answers for each document it registered. Uploads are multipart and have no
+//! body type: their fields are `file`, `external_id` and `metadata` (a JSON object).
+
+use serde::{Deserialize, Serialize};
+
+use crate::JsonMap;
+
+/// `POST /v1/kbs/{kb}/documents`, `Content-Type: application/json`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BulkDocuments {
+    pub documents: Vec<NewTextDocument>,
+}
+
+/// One document of a bulk text request.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewTextDocument {
+    /// The caller's id; a document with the same one is replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    pub text: String,
+    /// `text` (default), `markdown` or `html`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    /// Values filters can match (`filters.metadata` of a search).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<JsonMap>,
+}
+
+impl NewTextDocument {
+    pub fn text(text: impl Into<String>) -> NewTextDocument {
+        NewTextDocument {
+            text: text.into(),
+            ..NewTextDocument::default()
+        }
+    }
+}
+
+/// One registered document, in the `documents` array of the `202 Accepted` answer (or the
+/// whole answer of an upload).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddedDocument {
+    pub id: String,
+    pub external_id: Option<String>,
+    /// Where ingestion is: `queued` for a new document, the existing one's for a duplicate.
+    pub status: String,
+    /// The same bytes were already in the KB: `id` is the existing document.
+    pub duplicate: bool,
+    /// The older version this document replaced (same external id).
+    pub replaced: Option<String>,
+}
