@@ -43,7 +43,7 @@ start c1 127.0.0.1:7720 127.0.0.1:7820
 start c2 127.0.0.1:7721 127.0.0.1:7821 127.0.0.1:7720
 start c3 127.0.0.1:7722 127.0.0.1:7822 127.0.0.1:7720
 for _ in $(seq 1 300); do
-  voters=$(curl -sf http://127.0.0.1:7720/v1/cluster | python3 -c 'import json,sys; v=json.load(sys.stdin); print(sum(1 for n in v["nodes"] if n["role"] in ("leader","follower")))')
+  voters=$(api http://127.0.0.1:7720/v1/cluster | python3 -c 'import json,sys; v=json.load(sys.stdin); print(sum(1 for n in v["nodes"] if n["role"] in ("leader","follower")))')
   [ "$voters" = 3 ] && break
   sleep 0.5
 done
@@ -53,7 +53,7 @@ done
 replication=${REPLICATION:-1}
 for target in single:7710:1 cluster:7720:$replication; do
   IFS=: read -r name port factor <<<"$target"
-  curl -sf -X POST "http://127.0.0.1:$port/v1/kbs" -H 'content-type: application/json' \
+  api -X POST "http://127.0.0.1:$port/v1/kbs" -H 'content-type: application/json' \
     -d "{\"name\": \"scifact\", \"shards\": 3, \"replication_factor\": $factor}" >/dev/null
   /usr/bin/time -f "%e" -o "$out/$name.ingest_seconds" \
     "$bin/sift-bench" quality --dataset "$dataset" --node "http://127.0.0.1:$port" \

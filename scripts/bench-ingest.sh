@@ -51,12 +51,12 @@ for nodes in ${NODES:-1 2 3}; do
     done
   done
   for _ in $(seq 1 300); do
-    voters=$(curl -sf http://127.0.0.1:7731/v1/cluster | python3 -c 'import json,sys; v=json.load(sys.stdin); print(sum(1 for n in v["nodes"] if n["role"] in ("leader","follower")))')
+    voters=$(api http://127.0.0.1:7731/v1/cluster | python3 -c 'import json,sys; v=json.load(sys.stdin); print(sum(1 for n in v["nodes"] if n["role"] in ("leader","follower")))')
     [ "$voters" = "$nodes" ] && break
     sleep 0.5
   done
   factor=$((replication < nodes ? replication : nodes))
-  curl -sf -X POST http://127.0.0.1:7731/v1/kbs -H 'content-type: application/json' \
+  api -X POST http://127.0.0.1:7731/v1/kbs -H 'content-type: application/json' \
     -d "{\"name\": \"ingest\", \"shards\": $shards, \"replication_factor\": $factor, \"embedding_model\": \"ext\"}" >/dev/null
   before=()
   for p in "${node_pids[@]}" "$embed_pid"; do before+=("$(cpu_seconds "$p")"); done

@@ -46,7 +46,7 @@ start_node() { # index
 
 # Placement summary: "settled replicas-per-node" (settled = every shard at its factor, all active).
 placement() {
-  curl -sf http://127.0.0.1:7742/v1/kbs/transfer/shards | python3 -c '
+  api http://127.0.0.1:7742/v1/kbs/transfer/shards | python3 -c '
 import json, sys
 from collections import Counter
 v = json.load(sys.stdin)
@@ -62,7 +62,7 @@ print("settled" if settled else "moving", dict(sorted(per_node.items())))'
 metric_sum() { # name
   local total=0
   for port in 7741 7742 7743 7744; do
-    value=$(curl -sf "http://127.0.0.1:$port/metrics" 2>/dev/null | awk -v m="$1" '$1 == m { print $2 }' | head -1)
+    value=$(api "http://127.0.0.1:$port/metrics" 2>/dev/null | awk -v m="$1" '$1 == m { print $2 }' | head -1)
     total=$(python3 -c "print($total + ${value:-0})")
   done
   echo "$total"
@@ -83,11 +83,11 @@ wait_settled() { # condition (python expression over per_node, a dict node -> re
 
 for i in 1 2 3; do start_node "$i"; done
 for _ in $(seq 1 300); do
-  voters=$(curl -sf http://127.0.0.1:7741/v1/cluster | python3 -c 'import json,sys; v=json.load(sys.stdin); print(sum(1 for n in v["nodes"] if n["role"] in ("leader","follower")))')
+  voters=$(api http://127.0.0.1:7741/v1/cluster | python3 -c 'import json,sys; v=json.load(sys.stdin); print(sum(1 for n in v["nodes"] if n["role"] in ("leader","follower")))')
   [ "$voters" = 3 ] && break
   sleep 0.5
 done
-curl -sf -X POST http://127.0.0.1:7741/v1/kbs -H 'content-type: application/json' \
+api -X POST http://127.0.0.1:7741/v1/kbs -H 'content-type: application/json' \
   -d "{\"name\": \"transfer\", \"shards\": $shards, \"replication_factor\": $replication, \"embedding_model\": \"ext\"}" >/dev/null
 "$bin/sift-bench" quality --dataset "$dataset" --node http://127.0.0.1:7741 --kb transfer \
   --max-docs "$max_docs" --max-queries 1 --reuse --no-hnsw-recall --configs bm25 >"$out/load.txt"
@@ -112,6 +112,6 @@ start_node 4
 seconds=$(wait_settled 'per_node.get(4, 0) >= 1 and max(per_node.values()) - min(per_node.values()) <= 1')
 report "join of node 4" "$seconds"
 
-curl -sf -X DELETE http://127.0.0.1:7742/v1/cluster/nodes/1 >/dev/null
+api -X DELETE http://127.0.0.1:7742/v1/cluster/nodes/1 >/dev/null
 seconds=$(wait_settled '1 not in per_node')
 report "drain of node 1" "$seconds"

@@ -16,13 +16,17 @@ import argparse
 import json
 import sys
 import time
+import os
 import urllib.request
+
+# The node's API key (SIFT_API_KEY), sent as a bearer token when set.
+AUTH = {"authorization": "Bearer " + os.environ["SIFT_API_KEY"]} if os.environ.get("SIFT_API_KEY") else {}
 
 
 def call(node, method, path, body=None, timeout=60):
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(node + path, data=data, method=method,
-                                     headers={"content-type": "application/json"})
+                                     headers={"content-type": "application/json", **AUTH})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.load(response)
 
@@ -39,7 +43,7 @@ def ask(node, kb, question, timeout):
     request = urllib.request.Request(
         f"{node}/v1/sessions/{session['id']}/messages",
         data=json.dumps({"content": question}).encode(), method="POST",
-        headers={"content-type": "application/json", "accept": "text/event-stream"})
+        headers={"content-type": "application/json", "accept": "text/event-stream", **AUTH})
     events, name, data = [], None, []
     with urllib.request.urlopen(request, timeout=timeout) as response:
         for raw in response:

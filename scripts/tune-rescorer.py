@@ -12,6 +12,8 @@ import itertools, json, math, os, re, statistics, sys, urllib.request
 D = os.path.join(os.path.dirname(__file__), '..', '..', 'shared', 'data', 'scifact')
 node, kb = sys.argv[1], sys.argv[2]
 cache = sys.argv[3] if len(sys.argv) > 3 else None
+# The node's API key (SIFT_API_KEY), sent as a bearer token when set.
+AUTH = {'authorization': 'Bearer ' + os.environ['SIFT_API_KEY']} if os.environ.get('SIFT_API_KEY') else {}
 corpus = {}
 for line in open(os.path.join(D, 'corpus.jsonl')):
     d = json.loads(line); corpus[d['_id']] = (d.get('title', ''), d['text'])
@@ -24,7 +26,7 @@ for i, line in enumerate(open(os.path.join(D, 'qrels', 'test.tsv'))):
 
 def search(body):
     req = urllib.request.Request(f'{node}/v1/kbs/{kb}/search', data=json.dumps(body).encode(),
-                                 headers={'content-type': 'application/json'})
+                                 headers={'content-type': 'application/json', **AUTH})
     return json.load(urllib.request.urlopen(req))
 
 if cache and os.path.exists(cache):

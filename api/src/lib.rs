@@ -14,12 +14,14 @@
 pub mod documents;
 pub mod error;
 pub mod kbs;
+pub mod keys;
 pub mod search;
 pub mod sessions;
 
 pub use self::documents::{AddedDocument, BulkDocuments, NewTextDocument};
 pub use self::error::{ErrorBody, ErrorDetail};
 pub use self::kbs::{CreateKb, SettingsPatch, UpdateKb};
+pub use self::keys::NewApiKey;
 pub use self::search::{ChannelWeights, SearchFilters, SearchQuery};
 pub use self::sessions::{NewMessage, NewSession};
 

@@ -811,6 +811,9 @@ mod tests {
         let dir = sift_tests::temp_dir();
         let mut config = sift_node::config::Config::for_test(&dir.path().join("node"));
         config.embedding.model_dir = Some(sift_tests::require_model());
+        // The bench sends the key of SIFT_API_KEY, which a test cannot set: a loopback node
+        // without keys (auth has its own tests).
+        config.auth = sift_node::auth::AuthMode::Off;
         config.llm.providers = vec![sift_models::llm::config::ProviderConfig::openai(
             format!("http://{llm_listen}/v1"),
             "fake-model",

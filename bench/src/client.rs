@@ -214,7 +214,11 @@ impl SiftClient {
             .connect_timeout(Duration::from_secs(5))
             .build()
             .context("failed to build the HTTP client")?;
-        let api = sift_client::Client::with_http(base.as_str(), None, http);
+        // The node's key, when it checks keys (it does unless started with `auth = "off"`).
+        let api_key = std::env::var("SIFT_API_KEY")
+            .ok()
+            .filter(|key| !key.is_empty());
+        let api = sift_client::Client::with_http(base.as_str(), api_key, http);
         Ok(Self { api, base })
     }
 

@@ -47,12 +47,14 @@ pub struct AppState {
     pub listen: std::net::SocketAddr,
     /// Cluster mode: this node's addresses as the cluster knows them.
     pub cluster_address: Option<sift_cluster::raft::PeerAddress>,
+    /// API keys and roles ([`crate::auth`]).
+    pub auth: Arc<crate::auth::AuthState>,
 }
 
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+    // Every route but the probes needs a key (checked after routing: an unknown path is a
+    // plain 404).
+    let authenticated = Router::new()
         .route("/metrics", get(metrics_text))
         .route("/v1/cluster", get(cluster_status))
         .route(
@@ -83,6 +85,15 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/debug/sessions/crash", post(crash_sessions_actor))
         .route("/v1/debug/sessions/{id}/crash", post(crash_session_actor))
         .merge(crate::chat_api::routes())
+        .merge(crate::keys_api::routes())
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.auth.clone(),
+            crate::auth::authenticate,
+        ));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(authenticated)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(count_requests))
@@ -163,7 +174,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// `Json` whose rejections are our JSON errors.
 pub struct ApiJson<T>(pub T);
@@ -344,9 +355,14 @@ async fn remove_cluster_node(
                     format!("forwarding to the leader {leader} at {public}: {error}"),
                 )))
             };
-            let response = reqwest::Client::new()
+            let mut forwarded = reqwest::Client::new()
                 .delete(format!("http://{public}/v1/cluster/nodes/{id}?force=true"))
-                .header(FORWARDED, "1")
+                .header(FORWARDED, "1");
+            // The caller's key works on the leader too: keys are replicated.
+            if let Some(authorization) = headers.get(header::AUTHORIZATION) {
+                forwarded = forwarded.header(header::AUTHORIZATION, authorization.as_bytes());
+            }
+            let response = forwarded
                 .timeout(Duration::from_secs(30))
                 .send()
                 .await
@@ -386,6 +402,7 @@ async fn readyz(State(state): State<AppState>) -> Json<serde_json::Value> {
         "remote_embedders": context.embedders.remote.keys().collect::<Vec<_>>(),
         "shards": context.registry.len(),
         "ingest_queue_depth": state.node.queue_depth(),
+        "auth": state.auth.mode.as_str(),
     }))
 }
 

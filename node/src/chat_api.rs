@@ -12,15 +12,19 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sift_actors::agent::{AgentEvent, Citation, PastTurn, RunFinish};
-use sift_actors::sessions::{EphemeralRun, MAX_SESSIONS_PAGE, RunEvent, RunEventKind, RunLog};
+use sift_actors::sessions::{
+    Caller, EphemeralRun, MAX_SESSIONS_PAGE, RunEvent, RunEventKind, RunLog,
+};
 use sift_api::{NewMessage, NewSession};
+use sift_storage::meta::Role;
 
 use crate::api::{ApiError, ApiJson, ApiPath, AppState, Page, next_after, requested_page};
+use crate::auth::Principal;
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -41,54 +45,80 @@ pub fn routes() -> Router<AppState> {
 
 // ---- sessions ----
 
+/// The session layer's view of the request's caller (put there by `auth::authenticate`).
+fn caller(principal: &Principal) -> Caller {
+    Caller {
+        owner: principal.key_id.clone(),
+        sees_all: principal.role == Role::Admin,
+    }
+}
+
 async fn create_session(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiJson(request): ApiJson<NewSession>,
 ) -> ApiResult<impl IntoResponse> {
-    let session = state.sessions.create_session(request).await?;
+    let session = state
+        .sessions
+        .create_session(request, &caller(&principal))
+        .await?;
     Ok((StatusCode::CREATED, Json(session)))
 }
 
 /// `GET /v1/sessions?after=ID&limit=N`: newest first, paged like the documents of a KB.
 async fn list_sessions(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     page: Result<Query<Page>, QueryRejection>,
 ) -> ApiResult<impl IntoResponse> {
     let (after, limit) = requested_page(page, MAX_SESSIONS_PAGE)?;
-    let sessions = state.sessions.list_sessions(after.as_deref(), limit)?;
+    let sessions = state
+        .sessions
+        .list_sessions(after.as_deref(), limit, &caller(&principal))?;
     let next = next_after(&sessions, limit, |session| &session.id);
     Ok(Json(json!({ "sessions": sessions, "next_after": next })))
 }
 
 async fn get_session(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(state.sessions.get_session(&id)?))
+    Ok(Json(state.sessions.get_session(&id, &caller(&principal))?))
 }
 
 async fn delete_session(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
-    state.sessions.delete_session(&id).await?;
+    state
+        .sessions
+        .delete_session(&id, &caller(&principal))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn list_messages(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(json!({ "messages": state.sessions.turns(&id)? })))
+    let turns = state.sessions.turns(&id, &caller(&principal))?;
+    Ok(Json(json!({ "messages": turns })))
 }
 
 /// Starts a run and streams its events (`meta` first, `done` last).
 async fn post_message(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiJson(message): ApiJson<NewMessage>,
 ) -> ApiResult<Response> {
-    let log = state.sessions.ask(&id, &message.content).await?;
+    let log = state
+        .sessions
+        .ask(&id, &message.content, &caller(&principal))
+        .await?;
     Ok(sse_response(log, 0))
 }
 
@@ -96,15 +126,17 @@ async fn post_message(
 
 async fn run_status(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(state.sessions.run(&id)?.status()))
+    Ok(Json(state.sessions.run(&id, &caller(&principal))?.status()))
 }
 
 /// The run's events after `Last-Event-ID` (all of them without the header), then new ones
 /// until `done`.
 async fn run_events(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
@@ -122,15 +154,17 @@ async fn run_events(
                 )
             })?,
     };
-    let log = state.sessions.run(&id)?;
+    let log = state.sessions.run(&id, &caller(&principal))?;
     Ok(sse_response(log, after))
 }
 
 async fn stop_run(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok((StatusCode::ACCEPTED, Json(state.sessions.stop(&id)?)))
+    let status = state.sessions.stop(&id, &caller(&principal))?;
+    Ok((StatusCode::ACCEPTED, Json(status)))
 }
 
 fn sse_event(event: &RunEvent) -> Event {
@@ -234,6 +268,7 @@ fn question_and_history(messages: &[ChatMessageIn]) -> ApiResult<(String, Vec<Pa
 
 async fn chat_completions(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiJson(request): ApiJson<ChatCompletionRequest>,
 ) -> ApiResult<Response> {
     let model = request.model.clone();
@@ -253,12 +288,15 @@ async fn chat_completions(
     let (question, history) = question_and_history(&request.messages)?;
     let log = state
         .sessions
-        .ask_ephemeral(EphemeralRun {
-            agent: Some(model.clone()),
-            kbs: extension.kbs,
-            question,
-            history,
-        })
+        .ask_ephemeral(
+            EphemeralRun {
+                agent: Some(model.clone()),
+                kbs: extension.kbs,
+                question,
+                history,
+            },
+            &caller(&principal),
+        )
         .await?;
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -33,6 +33,10 @@ pub struct Cli {
         default_value = "http://127.0.0.1:7700"
     )]
     pub node: String,
+    /// API key of client commands [default: DATA_DIR/admin.key when --node is on this
+    /// machine, DATA_DIR being SIFT_DATA_DIR or ./sift-data].
+    #[arg(long, global = true, env = "SIFT_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -259,7 +263,8 @@ pub fn run() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> Result<(), CliError> {
-    let client = client(&cli.node);
+    let api_key = cli.api_key.clone().or_else(|| local_admin_key(&cli.node));
+    let client = client(&cli.node, api_key);
     match cli.command {
         Command::Serve(args) => serve(args).await.map_err(CliError::Other),
         Command::Kb(command) => kb(&client, command).await,
@@ -678,15 +683,33 @@ pub fn print_hits(query: &str, answer: &Value) {
     }
 }
 
+/// The admin key a node on this machine wrote to its data dir (`SIFT_DATA_DIR`, else
+/// `./sift-data`), when `node` is a loopback address and the file is there.
+fn local_admin_key(node: &str) -> Option<String> {
+    let host = reqwest::Url::parse(node).ok()?.host_str()?.to_string();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !loopback {
+        return None;
+    }
+    let data_dir = std::env::var_os("SIFT_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(crate::config::DEFAULT_DATA_DIR));
+    crate::auth::read_key_file(&crate::auth::admin_key_path(&data_dir))
+}
+
 /// The client of the node at `base` for the CLI's commands.
-pub fn client(base: &str) -> Client {
+pub fn client(base: &str, api_key: Option<String>) -> Client {
     let http = reqwest::Client::builder()
         // Bounds a whole request, event streams of `ask` included (runs have their own
         // deadline, 300 s by default).
         .timeout(Duration::from_secs(900))
         .build()
         .unwrap_or_default();
-    Client::with_http(base, None, http)
+    Client::with_http(base, api_key, http)
 }
 
 /// Uploads one file (its name as the document's file name).

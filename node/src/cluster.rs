@@ -124,7 +124,7 @@ pub async fn start_member(
         }
         None => match &config.join {
             Some(seed) => {
-                let seed = resolve_seed(seed).await;
+                let seed = resolve_seed(seed, &config.secret).await;
                 info!(%seed, "joining the cluster");
                 let id = join_cluster(&seed, &config.secret, address.clone(), JOIN_TIMEOUT)
                     .await
@@ -184,8 +184,9 @@ pub async fn start_member(
 }
 
 /// `--join` may name a member's public address: its `GET /v1/cluster` tells the internal
-/// address of the leader (or of any member). Anything else is taken as an internal address.
-async fn resolve_seed(seed: &str) -> String {
+/// address of the leader (or of any member); the cluster secret authorizes that read.
+/// Anything else is taken as an internal address.
+async fn resolve_seed(seed: &str, secret: &str) -> String {
     let client = match reqwest::Client::builder()
         .timeout(Duration::from_secs(3))
         .build()
@@ -201,6 +202,7 @@ async fn resolve_seed(seed: &str) -> String {
     let view = async {
         client
             .get(format!("{base}/v1/cluster"))
+            .header(crate::auth::CLUSTER_SECRET_HEADER, secret)
             .send()
             .await
             .ok()?

@@ -13,6 +13,8 @@ use sift_actors::agent::AgentPreset;
 use sift_actors::sessions::RunLimits;
 use sift_models::llm::config::LlmConfig;
 
+use crate::auth::AuthMode;
+
 /// The config file's shape. Every field is optional; unknown fields are an error.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,6 +27,11 @@ pub struct FileConfig {
     pub join: Option<String>,
     /// The secret every member of a cluster shares (also SIFT_CLUSTER_SECRET).
     pub cluster_secret: Option<String>,
+    /// `on` (default): every public route but /healthz and /readyz needs an API key. `off`:
+    /// every request is served as an admin, accepted only on a loopback listen address.
+    pub auth: Option<String>,
+    /// An admin key to register at start instead of making one (also SIFT_ADMIN_KEY).
+    pub admin_key: Option<String>,
     /// Largest accepted upload, in bytes.
     pub max_upload_bytes: Option<u64>,
     /// Largest accepted JSON body, in bytes.
@@ -143,7 +150,15 @@ pub struct Config {
     pub runs: RunLimits,
     pub agents: Vec<AgentPreset>,
     pub llm: LlmConfig,
+    pub auth: AuthMode,
+    /// `SIFT_ADMIN_KEY`: registered as an admin key at start.
+    pub admin_key: Option<String>,
 }
+
+/// The admin key of [`Config::for_test`] and of the test harness's nodes. Public test data:
+/// never a key of a real deployment.
+pub const TEST_ADMIN_KEY: &str =
+    "sk-sift-7e5700000000-7e57000000000000000000000000000000000000000000a1";
 
 /// Cluster mode: metadata is replicated with Raft between the members.
 #[derive(Clone, Debug)]
@@ -197,6 +212,12 @@ impl Config {
         }
         if let Some(v) = get("SIFT_JOIN") {
             file.join = Some(v);
+        }
+        if let Some(v) = get("SIFT_AUTH") {
+            file.auth = Some(v);
+        }
+        if let Some(v) = get("SIFT_ADMIN_KEY").filter(|v| !v.is_empty()) {
+            file.admin_key = Some(v);
         }
         if let Some(v) = get("SIFT_CLUSTER_SECRET") {
             file.cluster_secret = Some(v);
@@ -291,6 +312,18 @@ impl Config {
         let listen: SocketAddr = listen_text.parse().with_context(|| {
             format!("listen address {listen_text:?} is not HOST:PORT (an IP address and a port)")
         })?;
+        let auth = match file.auth.as_deref().unwrap_or("on") {
+            "on" => AuthMode::On,
+            "off" if listen.ip().is_loopback() => AuthMode::Off,
+            "off" => bail!(
+                "auth = \"off\" is accepted only on a loopback listen address, not {listen}: \
+                 anyone who reaches the port would be an admin"
+            ),
+            other => bail!("auth must be \"on\" or \"off\", not {other:?}"),
+        };
+        if let Some(key) = &file.admin_key {
+            crate::auth::admin_record_of(key, 0)?;
+        }
         let cluster = match file.internal_listen {
             Some(text) => {
                 let internal_listen: SocketAddr = text.parse().with_context(|| {
@@ -487,15 +520,18 @@ impl Config {
             connections,
             options,
             embedding: file.embedding,
+            auth,
+            admin_key: file.admin_key,
         })
     }
 
-    /// A config for tests: a temp data dir, port 0, fault injection on.
+    /// A config for tests: a temp data dir, port 0, fault injection on, [`TEST_ADMIN_KEY`].
     pub fn for_test(data_dir: &Path) -> Config {
         let mut file = FileConfig {
             data_dir: Some(data_dir.to_path_buf()),
             listen: Some("127.0.0.1:0".into()),
             debug_faults: Some(true),
+            admin_key: Some(TEST_ADMIN_KEY.to_string()),
             ..FileConfig::default()
         };
         file.embedding.model_dir = std::env::var_os("SIFT_MODEL_DIR").map(PathBuf::from);
@@ -535,6 +571,36 @@ mod tests {
                 .unwrap()
                 .cluster
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn auth_off_only_on_loopback_and_the_admin_key_must_be_well_formed() {
+        let check = |pairs: &[(&str, &str)]| {
+            let env: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Config::check(Config::load(None, &env).unwrap())
+        };
+        assert_eq!(check(&[]).unwrap().auth, AuthMode::On, "on by default");
+        let off = check(&[("SIFT_AUTH", "off"), ("SIFT_LISTEN", "127.0.0.1:7700")]).unwrap();
+        assert_eq!(off.auth, AuthMode::Off);
+        let error = check(&[("SIFT_AUTH", "off"), ("SIFT_LISTEN", "0.0.0.0:7700")]).unwrap_err();
+        assert!(format!("{error:#}").contains("loopback"), "{error:#}");
+        let error = check(&[("SIFT_AUTH", "maybe")]).unwrap_err();
+        assert!(
+            format!("{error:#}").contains("\"on\" or \"off\""),
+            "{error:#}"
+        );
+        let error = check(&[("SIFT_ADMIN_KEY", "hunter2")]).unwrap_err();
+        assert!(format!("{error:#}").contains("SIFT_ADMIN_KEY"), "{error:#}");
+        let given = check(&[("SIFT_ADMIN_KEY", TEST_ADMIN_KEY)]).unwrap();
+        assert_eq!(given.admin_key.as_deref(), Some(TEST_ADMIN_KEY));
+        assert_eq!(
+            check(&[("SIFT_ADMIN_KEY", "")]).unwrap().admin_key,
+            None,
+            "empty is unset"
         );
     }
 

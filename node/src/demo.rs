@@ -45,7 +45,9 @@ pub async fn run(data_dir: &Path, samples: &Path) -> Result<(), CliError> {
         running.url(),
         data_dir.display()
     );
-    let outcome = demo(&crate::cli::client(&running.url()), samples).await;
+    // The key the node made at its first start.
+    let key = crate::auth::read_key_file(&crate::auth::admin_key_path(data_dir));
+    let outcome = demo(&crate::cli::client(&running.url(), key), samples).await;
     running.shutdown().await;
     outcome
 }

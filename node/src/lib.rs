@@ -3,6 +3,8 @@
 //! - [`config`]: layered configuration (TOML file, `SIFT_*` environment, flags).
 //! - [`server`]: boots a node (model clients, actor tree) and serves [`api`].
 //! - [`api`]: the public HTTP API, with one error mapping.
+//! - [`auth`]: API keys and roles on every route; the admin key made at first start.
+//! - [`keys_api`]: `/v1/keys`, creating, listing and revoking keys.
 //! - [`chat_api`]: sessions, run event streams, OpenAI-compatible chat completions.
 //! - [`cluster`]: cluster mode (`--internal-listen`): the Raft member and `GET /v1/cluster`.
 //! - [`cli`]: `sift serve | kb | ingest | search | ask | demo`; client commands talk HTTP.
@@ -12,11 +14,13 @@
 
 pub mod api;
 pub mod ask;
+pub mod auth;
 pub mod chat_api;
 pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod demo;
+pub mod keys_api;
 pub mod server;
 pub mod telemetry;
 pub mod views;

@@ -162,7 +162,24 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         },
     )
     .context("starting the session layer")?;
+    crate::auth::bootstrap_at_start(
+        node.clone(),
+        config.auth,
+        config.admin_key.clone(),
+        config.data_dir.clone(),
+    )
+    .await
+    .context("making the admin key")?;
+    let auth = Arc::new(crate::auth::AuthState {
+        mode: config.auth,
+        node: node.clone(),
+        cluster_secret: config
+            .cluster
+            .as_ref()
+            .map(|cluster| cluster.secret.clone()),
+    });
     let state = AppState {
+        auth,
         sessions: sessions.clone(),
         node: node.clone(),
         prometheus,

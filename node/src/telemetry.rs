@@ -52,6 +52,10 @@ fn describe() {
     );
     describe_counter!("sift_ingest_chunks_total", "chunks written to shards");
     describe_counter!(
+        "sift_auth_failures_total",
+        "requests refused by API-key checks, by reason (missing, invalid, revoked, expired, forbidden)"
+    );
+    describe_counter!(
         "sift_ingest_chunks_embedded_total",
         "chunks embedded (cache hits included)"
     );

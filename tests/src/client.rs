@@ -90,14 +90,20 @@ pub struct ApiClient {
 }
 
 impl ApiClient {
+    /// A client with the test nodes' admin key ([`sift_node::config::TEST_ADMIN_KEY`]).
     pub fn new(base: &str) -> ApiClient {
+        ApiClient::with_key(base, Some(sift_node::config::TEST_ADMIN_KEY))
+    }
+
+    /// A client sending `key` as its bearer token, or no `Authorization` header at all.
+    pub fn with_key(base: &str, key: Option<&str>) -> ApiClient {
         // A bound on every request, so a hung node fails the test instead of hanging it.
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(300))
             .build()
             .expect("building the HTTP client");
         ApiClient {
-            api: sift_client::Client::with_http(base, None, http),
+            api: sift_client::Client::with_http(base, key.map(str::to_string), http),
         }
     }
 
@@ -110,6 +116,7 @@ impl ApiClient {
         self.api.base_url()
     }
 
+    /// The HTTP client underneath: requests built on it carry no API key (see `request`).
     pub fn http(&self) -> &reqwest::Client {
         self.api.http()
     }

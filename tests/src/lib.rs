@@ -31,7 +31,7 @@ pub use client::{
     document_ids, hits, in_progress,
 };
 pub use in_process::InProcessNode;
-pub use process::NodeProcess;
+pub use process::{NodeProcess, binary as node_binary};
 
 /// The generous bound on every wait for the node (ingestion, restarts, recoveries). Waits end
 /// as soon as their condition holds; this only turns a hang into a clear failure.

@@ -88,6 +88,8 @@ impl NodeProcess {
                 command.env_remove(name);
             }
         }
+        // Every test node shares one admin key; `extra_env` may override it ("" for none).
+        command.env("SIFT_ADMIN_KEY", sift_node::config::TEST_ADMIN_KEY);
         for (name, value) in extra_env {
             command.env(name, value);
         }
@@ -212,6 +214,11 @@ impl NodeProcess {
     /// The exit status, if the process has ended (reaped), without waiting.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().expect("polling the node")
+    }
+
+    /// The node's log file (its stderr).
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
     }
 
     /// The last lines of the node's log, for failure messages.

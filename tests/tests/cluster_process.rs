@@ -190,6 +190,7 @@ async fn three_processes_replicate_metadata_fail_over_and_rejoin() {
     // `sift node remove ID` through the restarted node (a follower). The node holds replicas
     // of a replication-factor-3 KB: draining it would leave 2 nodes, so it is refused...
     let refused = std::process::Command::new(env!("CARGO_BIN_EXE_sift-under-test"))
+        .env("SIFT_API_KEY", sift_node::config::TEST_ADMIN_KEY)
         .args(["--node", restarted_client.url(), "node", "remove"])
         .arg(removed.to_string())
         .output()
@@ -199,6 +200,7 @@ async fn three_processes_replicate_metadata_fail_over_and_rejoin() {
     assert!(message.contains("cannot_drain"), "{message}");
     // ... and `--force` removes it at once (forwarded to the leader).
     let removal = std::process::Command::new(env!("CARGO_BIN_EXE_sift-under-test"))
+        .env("SIFT_API_KEY", sift_node::config::TEST_ADMIN_KEY)
         .args([
             "--node",
             restarted_client.url(),
@@ -271,7 +273,8 @@ fn serve_expecting_refusal(
     command
         .env("SIFT_CLUSTER_SECRET", SECRET)
         .env("SIFT_INTERNAL_LISTEN", internal)
-        .env("SIFT_JOIN", join);
+        .env("SIFT_JOIN", join)
+        .env("SIFT_ADMIN_KEY", sift_node::config::TEST_ADMIN_KEY);
     let output = command.output().expect("running sift serve");
     let log = format!(
         "{}{}",

@@ -27,8 +27,11 @@ const MAX_ATTEMPTS: usize = 3;
 
 /// A document's record, or None when the node did not answer (it may be dying).
 async fn try_document(client: &ApiClient, id: &str) -> Option<Value> {
-    let url = format!("{}/v1/kbs/{KB}/documents/{id}", client.url());
-    let response = client.http().get(url).send().await.ok()?;
+    let request = client.request(
+        reqwest::Method::GET,
+        &format!("/v1/kbs/{KB}/documents/{id}"),
+    );
+    let response = request.send().await.ok()?;
     if !response.status().is_success() {
         return None;
     }

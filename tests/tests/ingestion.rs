@@ -254,11 +254,10 @@ async fn uploads_of_each_format_are_parsed_and_searchable() {
 /// Opens a document's event stream; once this returns, the node is subscribed.
 async fn open_events(client: &ApiClient, id: &str) -> reqwest::Response {
     let response = client
-        .http()
-        .get(format!(
-            "{}/v1/kbs/{KB}/documents/{id}/events",
-            client.url()
-        ))
+        .request(
+            reqwest::Method::GET,
+            &format!("/v1/kbs/{KB}/documents/{id}/events"),
+        )
         .send()
         .await
         .expect("opening the event stream");

@@ -139,6 +139,7 @@ async fn remote_embedder_serves_a_kb_and_a_dimension_change_fails_clearly() {
     let mut file = FileConfig {
         data_dir: Some(dir.path().join("data")),
         listen: Some("127.0.0.1:0".into()),
+        admin_key: Some(sift_node::config::TEST_ADMIN_KEY.into()),
         ..FileConfig::default()
     };
     let remote = RemoteEmbedderConfig {

@@ -800,6 +800,7 @@ async fn sift_ask_renders_the_answer_and_sources_and_fails_clearly() {
     let fixture = fixture(vec![], |_| {}).await;
     let binary = env!("CARGO_BIN_EXE_sift-under-test");
     let output = tokio::process::Command::new(binary)
+        .env("SIFT_API_KEY", sift_node::config::TEST_ADMIN_KEY)
         .args(["ask", "--node", &fixture.node.url, "papers", &fixture.query])
         .env_remove("SIFT_NODE")
         .output()
@@ -829,6 +830,7 @@ async fn sift_ask_renders_the_answer_and_sources_and_fails_clearly() {
         .trim_end_matches(')')
         .to_string();
     let output = tokio::process::Command::new(binary)
+        .env("SIFT_API_KEY", sift_node::config::TEST_ADMIN_KEY)
         .args([
             "ask",
             "--node",
@@ -850,6 +852,7 @@ async fn sift_ask_renders_the_answer_and_sources_and_fails_clearly() {
     assert_eq!(turns["messages"].as_array().unwrap().len(), 2);
 
     let output = tokio::process::Command::new(binary)
+        .env("SIFT_API_KEY", sift_node::config::TEST_ADMIN_KEY)
         .args(["ask", "--node", &fixture.node.url, "nope", "anything"])
         .output()
         .await

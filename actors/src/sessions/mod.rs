@@ -56,6 +56,8 @@ use sift_models::llm::SharedChatModel;
 pub(crate) struct PreparedRun {
     pub preset: Arc<AgentPreset>,
     pub input: RunInput,
+    /// Who may follow and stop the run (see [`Caller`]).
+    pub owner: Option<String>,
     /// For a run stored in a session: how many of its turns a new history summary covers.
     pub stored_turns: Option<u32>,
 }
@@ -91,6 +93,29 @@ fn sessions_actor_spec(sessions: std::sync::Weak<Sessions>) -> ChildSpec {
             })
         }),
         policy: RestartPolicy::default(),
+    }
+}
+
+/// Who calls the session layer: the API key that will own what it creates, and whether it
+/// may see everyone's sessions and runs (admins, and everyone with auth off). Someone else's
+/// session or run is answered as if it did not exist.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub owner: Option<String>,
+    pub sees_all: bool,
+}
+
+impl Caller {
+    /// Sees everything, owns nothing (auth off, internal callers).
+    pub fn anyone() -> Caller {
+        Caller {
+            owner: None,
+            sees_all: true,
+        }
+    }
+
+    fn may_see(&self, owner: Option<&str>) -> bool {
+        self.sees_all || (self.owner.is_some() && self.owner.as_deref() == owner)
     }
 }
 
@@ -305,44 +330,68 @@ impl Sessions {
 
     // ---- sessions ----
 
-    pub async fn create_session(&self, request: NewSession) -> Result<SessionRecord> {
+    /// Creates a session owned by the caller's key.
+    pub async fn create_session(
+        &self,
+        request: NewSession,
+        caller: &Caller,
+    ) -> Result<SessionRecord> {
         let agent = request.agent.unwrap_or_else(|| "default".into());
         self.preset(&agent)?;
         let kbs = self.resolve_kbs(&request.kbs)?;
-        let outcome = self
-            .node
-            .context()
-            .meta
-            .propose(MetaOp::CreateSession {
-                id: uuid::Uuid::now_v7().to_string(),
+        let id = uuid::Uuid::now_v7().to_string();
+        let created_at_ms = now_ms();
+        let op = match &caller.owner {
+            Some(owner) => MetaOp::CreateOwnedSession {
+                id,
                 kbs,
                 agent,
-                created_at_ms: now_ms(),
-            })
-            .await?;
+                created_at_ms,
+                owner: owner.clone(),
+            },
+            None => MetaOp::CreateSession {
+                id,
+                kbs,
+                agent,
+                created_at_ms,
+            },
+        };
+        let outcome = self.node.context().meta.propose(op).await?;
         match outcome {
             MetaOutcome::Session(session) => Ok(session),
             other => Err(SiftError::Internal(format!("unexpected outcome {other:?}"))),
         }
     }
 
-    /// A page of sessions, newest first (see `SledMetaStore::list_sessions`); `limit` is
-    /// clamped to 1..=[`MAX_SESSIONS_PAGE`].
-    pub fn list_sessions(&self, after: Option<&str>, limit: usize) -> Result<Vec<SessionRecord>> {
-        Ok(self
-            .store()
-            .list_sessions(after, limit.clamp(1, MAX_SESSIONS_PAGE))?)
+    /// A page of the sessions the caller may see, newest first (see
+    /// `SledMetaStore::list_sessions`); `limit` is clamped to 1..=[`MAX_SESSIONS_PAGE`].
+    pub fn list_sessions(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        caller: &Caller,
+    ) -> Result<Vec<SessionRecord>> {
+        let limit = limit.clamp(1, MAX_SESSIONS_PAGE);
+        if caller.sees_all {
+            return Ok(self.store().list_sessions(after, limit, None)?);
+        }
+        match &caller.owner {
+            Some(owner) => Ok(self.store().list_sessions(after, limit, Some(owner))?),
+            None => Ok(Vec::new()),
+        }
     }
 
-    pub fn get_session(&self, id: &str) -> Result<SessionRecord> {
+    /// The session, if the caller may see it; else `session_not_found`, as for none.
+    pub fn get_session(&self, id: &str, caller: &Caller) -> Result<SessionRecord> {
         self.store()
             .get_session(id)?
+            .filter(|session| caller.may_see(session.owner.as_deref()))
             .ok_or_else(|| session_not_found(id))
     }
 
     /// Deletes a session and its turns; a running run of it is stopped.
-    pub async fn delete_session(&self, id: &str) -> Result<()> {
-        self.get_session(id)?;
+    pub async fn delete_session(&self, id: &str, caller: &Caller) -> Result<()> {
+        self.get_session(id, caller)?;
         // Delete first, then stop the run: a stopped run stores its turn, and that store must
         // find the session gone (refused) rather than race the delete and outlive it.
         self.node
@@ -356,8 +405,8 @@ impl Sessions {
         Ok(())
     }
 
-    pub fn turns(&self, id: &str) -> Result<Vec<TurnView>> {
-        self.get_session(id)?;
+    pub fn turns(&self, id: &str, caller: &Caller) -> Result<Vec<TurnView>> {
+        self.get_session(id, caller)?;
         Ok(self
             .store()
             .session_turns(id)?
@@ -395,8 +444,13 @@ impl Sessions {
 
     /// Starts a run answering `content` in the session. Returns its log, which already holds
     /// the `meta` event; the run may still wait for admission.
-    pub async fn ask(self: &Arc<Self>, session_id: &str, content: &str) -> Result<Arc<RunLog>> {
-        let session = self.get_session(session_id)?;
+    pub async fn ask(
+        self: &Arc<Self>,
+        session_id: &str,
+        content: &str,
+        caller: &Caller,
+    ) -> Result<Arc<RunLog>> {
+        let session = self.get_session(session_id, caller)?;
         let question = self.check_question(content)?;
         let preset = self.preset(&session.agent)?;
         let kbs: Vec<String> = session
@@ -445,6 +499,7 @@ impl Sessions {
         let run = PreparedRun {
             preset,
             input,
+            owner: session.owner.clone(),
             stored_turns: Some(summarised_through),
         };
         self.route(run, |run, reply| SessionsMessage::Ask {
@@ -455,7 +510,11 @@ impl Sessions {
     }
 
     /// Starts a run that is not stored in any session.
-    pub async fn ask_ephemeral(self: &Arc<Self>, request: EphemeralRun) -> Result<Arc<RunLog>> {
+    pub async fn ask_ephemeral(
+        self: &Arc<Self>,
+        request: EphemeralRun,
+        caller: &Caller,
+    ) -> Result<Arc<RunLog>> {
         let preset = self.preset(request.agent.as_deref().unwrap_or("default"))?;
         let kbs = self.resolve_kbs(&request.kbs)?;
         let question = self.check_question(&request.question)?;
@@ -472,6 +531,7 @@ impl Sessions {
         let run = PreparedRun {
             preset,
             input,
+            owner: caller.owner.clone(),
             stored_turns: None,
         };
         self.route(run, |run, reply| SessionsMessage::AskEphemeral {
@@ -520,7 +580,7 @@ impl Sessions {
     /// Fault injection (`debug_faults` only): the `Session` actor of a session panics.
     pub fn crash_session_actor(&self, session_id: &str) -> Result<()> {
         self.check_faults()?;
-        self.get_session(session_id)?;
+        self.get_session(session_id, &Caller::anyone())?;
         let actor = self
             .node
             .child(tree::ACTOR_NAME)
@@ -557,9 +617,14 @@ impl Sessions {
         let PreparedRun {
             preset,
             input,
+            owner,
             stored_turns,
         } = run;
-        let log = Arc::new(RunLog::new(input.run_id.clone(), input.session_id.clone()));
+        let log = Arc::new(RunLog::new(
+            input.run_id.clone(),
+            input.session_id.clone(),
+            owner,
+        ));
         log.push(RunEventKind::Meta {
             session_id: input.session_id.clone(),
             run_id: input.run_id.clone(),
@@ -672,16 +737,18 @@ impl Sessions {
         });
     }
 
-    pub fn run(&self, run_id: &str) -> Result<Arc<RunLog>> {
+    /// The run's log, if the caller may see it; else `run_not_found`, as for none.
+    pub fn run(&self, run_id: &str, caller: &Caller) -> Result<Arc<RunLog>> {
         self.lock_runs()
             .get(run_id)
+            .filter(|log| caller.may_see(log.owner.as_deref()))
             .cloned()
             .ok_or_else(|| run_not_found(run_id))
     }
 
     /// Stops a running run: its stream ends with `done` {finish_reason: "stopped"}.
-    pub fn stop(&self, run_id: &str) -> Result<RunStatus> {
-        let log = self.run(run_id)?;
+    pub fn stop(&self, run_id: &str, caller: &Caller) -> Result<RunStatus> {
+        let log = self.run(run_id, caller)?;
         if log.is_finished() {
             return Err(SiftError::Conflict {
                 code: "run_finished",

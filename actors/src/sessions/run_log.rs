@@ -85,6 +85,9 @@ struct LogState {
 pub struct RunLog {
     pub run_id: String,
     pub session_id: String,
+    /// The API key whose run it is (the session's owner, or the caller of a run outside
+    /// sessions): only it and admins may follow or stop it.
+    pub owner: Option<String>,
     pub cancel: RunCancel,
     state: Mutex<LogState>,
     /// The id of the last event (0 before the first), for followers to wait on.
@@ -92,10 +95,11 @@ pub struct RunLog {
 }
 
 impl RunLog {
-    pub fn new(run_id: String, session_id: String) -> RunLog {
+    pub fn new(run_id: String, session_id: String, owner: Option<String>) -> RunLog {
         RunLog {
             run_id,
             session_id,
+            owner,
             cancel: RunCancel::new(),
             state: Mutex::new(LogState::default()),
             last_id: watch::Sender::new(0),
@@ -216,7 +220,7 @@ mod tests {
 
     #[tokio::test]
     async fn followers_get_everything_and_resume_after_an_id() {
-        let log = Arc::new(RunLog::new("r".into(), "s".into()));
+        let log = Arc::new(RunLog::new("r".into(), "s".into(), None));
         log.push(RunEventKind::Meta {
             session_id: "s".into(),
             run_id: "r".into(),

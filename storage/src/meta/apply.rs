@@ -251,21 +251,26 @@ impl SledMetaStore {
                 kbs,
                 agent,
                 created_at_ms,
-            } => {
-                let record = SessionRecord {
-                    id: id.clone(),
-                    kbs: kbs.clone(),
-                    agent: agent.clone(),
-                    created_at_ms: *created_at_ms,
-                    updated_at_ms: *created_at_ms,
-                    turns: 0,
-                    history_summary: None,
-                    summary_turns: 0,
-                };
-                Ok(MetaOutcome::Session(
-                    self.apply_create_session(pending, &record)?,
-                ))
-            }
+            } => Ok(MetaOutcome::Session(self.apply_create_session(
+                pending,
+                &SessionRecord::new(id, kbs, agent, *created_at_ms, None),
+            )?)),
+            MetaOp::CreateOwnedSession {
+                id,
+                kbs,
+                agent,
+                created_at_ms,
+                owner,
+            } => Ok(MetaOutcome::Session(self.apply_create_session(
+                pending,
+                &SessionRecord::new(id, kbs, agent, *created_at_ms, Some(owner.clone())),
+            )?)),
+            MetaOp::CreateApiKey(key) => Ok(MetaOutcome::ApiKey(
+                self.apply_create_api_key(pending, key)?,
+            )),
+            MetaOp::RevokeApiKey { id, at_ms } => Ok(MetaOutcome::ApiKey(
+                self.apply_revoke_api_key(pending, id, *at_ms)?,
+            )),
             MetaOp::DeleteSession { id } => Ok(match self.apply_delete_session(pending, id)? {
                 Some(session) => MetaOutcome::SessionDeleted(session),
                 None => MetaOutcome::Unchanged,

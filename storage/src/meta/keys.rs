@@ -17,6 +17,7 @@
 //! | `sess/{session_id}` | [`SessionRecord`] |
 //! | `turn/{session_id}/{seq:010}` | [`StoredTurn`] |
 //! | `turnmsg/{session_id}/{message_id}` | seq of the turn (decimal text): idempotent appends |
+//! | `apikey/{id}` | [`ApiKeyRecord`]: a key's hash, role, expiry, revocation |
 //! | `opid/{op_id}` | `(u64, MetaOutcome)`: log index and outcome of an op with an id |
 //! | `opindex/{index:020}` | op id (text) applied at that index: the op-id window |
 //! | `index/derived/v1` | `1` (text): `pend/` and `shardbytes/` cover every document |
@@ -31,6 +32,7 @@
 //! [`PendingWork`]: super::PendingWork
 //! [`SessionRecord`]: super::SessionRecord
 //! [`StoredTurn`]: super::StoredTurn
+//! [`ApiKeyRecord`]: super::ApiKeyRecord
 
 /// The last applied log index.
 pub(super) const APPLIED_KEY: &[u8] = b"applied";
@@ -50,6 +52,8 @@ pub(super) const SHARD_BYTES_PREFIX: &[u8] = b"shardbytes/";
 pub(super) const DRAIN_PREFIX: &[u8] = b"drain/";
 /// Every session record.
 pub(super) const SESSION_PREFIX: &[u8] = b"sess/";
+/// Every API key record.
+pub(super) const API_KEY_PREFIX: &[u8] = b"apikey/";
 
 pub(super) fn kb_key(kb_id: &str) -> Vec<u8> {
     format!("kb/{kb_id}").into_bytes()
@@ -95,6 +99,9 @@ pub(super) fn shard_bytes_key(kb_id: &str, shard: u32) -> Vec<u8> {
 }
 pub(super) fn drain_key(node: u64) -> Vec<u8> {
     format!("drain/{node:020}").into_bytes()
+}
+pub(super) fn api_key_key(id: &str) -> Vec<u8> {
+    format!("apikey/{id}").into_bytes()
 }
 pub(super) fn session_key(id: &str) -> Vec<u8> {
     format!("sess/{id}").into_bytes()

@@ -35,6 +35,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Result, StorageError};
 
+mod api_keys;
 mod apply;
 mod keys;
 mod log;
@@ -45,6 +46,7 @@ mod records;
 mod sessions;
 mod snapshot;
 
+pub use api_keys::{ApiKeyRecord, Role};
 pub use log::{LoggedOp, MetaStateMachine, OP_ID_WINDOW};
 pub use ops::{MetaOp, MetaOutcome, Registered, StatusUpdate};
 pub use read::{DocumentCounts, PendingDocument};

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::api_keys::ApiKeyRecord;
 use super::records::{DocStatus, DocumentRecord, KbRecord, KbSettings, ReplicaState, Tombstone};
 use super::sessions::{SessionRecord, StoredTurn};
 
@@ -126,6 +127,24 @@ pub enum MetaOp {
         node: u64,
         draining: bool,
     },
+    /// Stores a new API key (a retried create with the same secret hash returns it; another
+    /// key with the same id is a conflict).
+    CreateApiKey(ApiKeyRecord),
+    /// [`MetaOp::CreateSession`] for the API key `owner`: only it (and admins) may see the
+    /// session.
+    CreateOwnedSession {
+        id: String,
+        kbs: Vec<String>,
+        agent: String,
+        created_at_ms: u64,
+        owner: String,
+    },
+    /// Revokes an API key: refused on every node once applied there. Revoking twice keeps
+    /// the first time.
+    RevokeApiKey {
+        id: String,
+        at_ms: u64,
+    },
 }
 
 /// The outcome of registering one document (see [`MetaOp::RegisterDocuments`]).
@@ -162,4 +181,5 @@ pub enum MetaOutcome {
         node: u64,
         draining: bool,
     },
+    ApiKey(ApiKeyRecord),
 }

@@ -30,6 +30,33 @@ pub struct SessionRecord {
     /// Summary of the oldest `summary_turns` turns, made by context management.
     pub history_summary: Option<String>,
     pub summary_turns: u32,
+    /// The id of the API key that made the session: only it (and admins) may see or use it.
+    /// `None` for sessions made with auth off (or before keys existed): admins only.
+    #[serde(default)]
+    pub owner: Option<String>,
+}
+
+impl SessionRecord {
+    /// A new session, before any turn.
+    pub fn new(
+        id: &str,
+        kbs: &[String],
+        agent: &str,
+        created_at_ms: u64,
+        owner: Option<String>,
+    ) -> SessionRecord {
+        SessionRecord {
+            id: id.to_string(),
+            kbs: kbs.to_vec(),
+            agent: agent.to_string(),
+            created_at_ms,
+            updated_at_ms: created_at_ms,
+            turns: 0,
+            history_summary: None,
+            summary_turns: 0,
+            owner,
+        }
+    }
 }
 
 /// A citation as stored with a turn.
@@ -93,22 +120,29 @@ impl SledMetaStore {
 
     /// A page of at most `limit` sessions in descending id order (newest first: the node's
     /// session ids are UUIDv7, ordered by creation time), starting after the session `after`
-    /// when given. Reads only the page, however many sessions there are.
-    pub fn list_sessions(&self, after: Option<&str>, limit: usize) -> Result<Vec<SessionRecord>> {
+    /// when given; with `owner`, only the sessions of that key. Reads only up to the page
+    /// (and, with `owner`, the other keys' sessions in between).
+    pub fn list_sessions(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        owner: Option<&str>,
+    ) -> Result<Vec<SessionRecord>> {
         let end = match after {
             Some(id) => session_key(id),
             // Every key under the prefix sorts below the prefix followed by 0xff.
             None => [SESSION_PREFIX, &[0xff]].concat(),
         };
         let mut sessions = Vec::new();
-        for item in self
-            .tree
-            .range(SESSION_PREFIX.to_vec()..end)
-            .rev()
-            .take(limit)
-        {
+        for item in self.tree.range(SESSION_PREFIX.to_vec()..end).rev() {
+            if sessions.len() == limit {
+                break;
+            }
             let (_, value) = item?;
-            sessions.push(decode::<SessionRecord>(&value)?);
+            let session = decode::<SessionRecord>(&value)?;
+            if owner.is_none_or(|owner| session.owner.as_deref() == Some(owner)) {
+                sessions.push(session);
+            }
         }
         Ok(sessions)
     }

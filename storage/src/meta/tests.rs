@@ -447,7 +447,7 @@ fn sessions_turns_and_summary() {
     .unwrap();
     let listed = |after: Option<&str>, limit: usize| -> Vec<String> {
         store
-            .list_sessions(after, limit)
+            .list_sessions(after, limit, None)
             .unwrap()
             .into_iter()
             .map(|s| s.id)
@@ -468,6 +468,39 @@ fn sessions_turns_and_summary() {
         listed(Some("s3"), 10),
         ["s2", "s1"],
         "an unknown id above them"
+    );
+    // Owned sessions: an owner sees only its own, a page at a time.
+    for (id, owner) in [("s3", "key-a"), ("s4", "key-b"), ("s5", "key-a")] {
+        log.apply(MetaOp::CreateOwnedSession {
+            id: id.into(),
+            kbs: vec![],
+            agent: "default".into(),
+            created_at_ms: 30,
+            owner: owner.into(),
+        })
+        .unwrap();
+    }
+    let owned = |owner: &str, after: Option<&str>, limit: usize| -> Vec<String> {
+        store
+            .list_sessions(after, limit, Some(owner))
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect()
+    };
+    assert_eq!(owned("key-a", None, 10), ["s5", "s3"]);
+    assert_eq!(owned("key-a", None, 1), ["s5"]);
+    assert_eq!(owned("key-a", Some("s5"), 10), ["s3"]);
+    assert_eq!(owned("key-b", None, 10), ["s4"]);
+    assert!(owned("key-c", None, 10).is_empty());
+    assert_eq!(
+        store.get_session("s4").unwrap().unwrap().owner.as_deref(),
+        Some("key-b")
+    );
+    assert_eq!(
+        listed(None, 10),
+        ["s5", "s4", "s3", "s2", "s1"],
+        "all, for admins"
     );
 
     let MetaOutcome::TurnAppended(first) = log
@@ -556,6 +589,26 @@ fn session_ops_round_trip_through_bincode() {
             at_ms: 3,
         },
         MetaOp::DeleteSession { id: "s".into() },
+        MetaOp::CreateOwnedSession {
+            id: "o".into(),
+            kbs: vec!["k1".into()],
+            agent: "default".into(),
+            created_at_ms: 4,
+            owner: "0123456789ab".into(),
+        },
+        MetaOp::CreateApiKey(ApiKeyRecord {
+            id: "0123456789ab".into(),
+            name: "ci".into(),
+            role: Role::Reader,
+            secret_sha256: "ab".repeat(32),
+            created_at_ms: 5,
+            expires_at_ms: Some(6),
+            revoked_at_ms: None,
+        }),
+        MetaOp::RevokeApiKey {
+            id: "0123456789ab".into(),
+            at_ms: 7,
+        },
     ];
     for op in ops {
         let bin = bincode::serde::encode_to_vec(&op, bincode::config::standard()).unwrap();
@@ -1020,4 +1073,82 @@ fn a_batch_applies_exactly_like_its_ops_one_at_a_time() {
         "the retry did not recreate k1"
     );
     assert_eq!(batch.applied_index(), ops.len() as u64 + 1);
+}
+
+#[test]
+fn api_keys_are_created_once_and_stay_revoked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    let mut log = Log {
+        store: &store,
+        index: 0,
+    };
+    let key = |id: &str, hash: &str, role: Role| ApiKeyRecord {
+        id: id.into(),
+        name: "k".into(),
+        role,
+        secret_sha256: hash.into(),
+        created_at_ms: 1,
+        expires_at_ms: None,
+        revoked_at_ms: None,
+    };
+    assert!(!store.has_live_admin_key(10).unwrap());
+    let admin = key("aaaaaaaaaaaa", "h1", Role::Admin);
+    assert_eq!(
+        log.apply(MetaOp::CreateApiKey(admin.clone())).unwrap(),
+        MetaOutcome::ApiKey(admin.clone())
+    );
+    // A retried create is the same key; another secret under the same id is refused.
+    assert_eq!(
+        log.apply(MetaOp::CreateApiKey(admin.clone())).unwrap(),
+        MetaOutcome::ApiKey(admin.clone())
+    );
+    let clash = log
+        .apply(MetaOp::CreateApiKey(key("aaaaaaaaaaaa", "h2", Role::Admin)))
+        .unwrap_err();
+    assert!(clash.to_string().contains("already exists"), "{clash}");
+    assert!(store.has_live_admin_key(10).unwrap());
+    log.apply(MetaOp::CreateApiKey(key(
+        "bbbbbbbbbbbb",
+        "h3",
+        Role::Reader,
+    )))
+    .unwrap();
+
+    // Revoked once, at the first time; the record stays.
+    let MetaOutcome::ApiKey(revoked) = log
+        .apply(MetaOp::RevokeApiKey {
+            id: "aaaaaaaaaaaa".into(),
+            at_ms: 20,
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(revoked.revoked_at_ms, Some(20));
+    log.apply(MetaOp::RevokeApiKey {
+        id: "aaaaaaaaaaaa".into(),
+        at_ms: 30,
+    })
+    .unwrap();
+    let stored = store.get_api_key("aaaaaaaaaaaa").unwrap().unwrap();
+    assert_eq!(stored.revoked_at_ms, Some(20));
+    assert!(!stored.is_live(25));
+    assert!(
+        !store.has_live_admin_key(25).unwrap(),
+        "a reader is not an admin"
+    );
+    assert_eq!(store.list_api_keys().unwrap().len(), 2);
+    let missing = log
+        .apply(MetaOp::RevokeApiKey {
+            id: "cccccccccccc".into(),
+            at_ms: 40,
+        })
+        .unwrap_err();
+    assert!(missing.to_string().contains("cccccccccccc"), "{missing}");
+
+    // Expiry: live before its time, not at or after it.
+    let mut expiring = key("dddddddddddd", "h4", Role::Admin);
+    expiring.expires_at_ms = Some(100);
+    assert!(expiring.is_live(99) && !expiring.is_live(100));
 }
