@@ -47,12 +47,12 @@ pub async fn run(data_dir: &Path, samples: &Path) -> Result<(), CliError> {
     );
     // The key the node made at its first start.
     let key = crate::auth::read_key_file(&crate::auth::admin_key_path(data_dir));
-    let outcome = demo(&crate::cli::client(&running.url(), key), samples).await;
+    let outcome = demo(&crate::cli::client(&running.url(), key), samples, data_dir).await;
     running.shutdown().await;
     outcome
 }
 
-async fn demo(client: &Client, samples: &Path) -> Result<(), CliError> {
+async fn demo(client: &Client, samples: &Path, data_dir: &Path) -> Result<(), CliError> {
     let ready: Value = client.readyz().await?;
     if ready["embedded_model"].is_null() {
         return Err(CliError::Other(anyhow::anyhow!(
@@ -85,9 +85,12 @@ async fn demo(client: &Client, samples: &Path) -> Result<(), CliError> {
     }
     println!("\n== an agent run (no LLM configured: the answer is extractive, with sources) ==");
     crate::ask::ask(client, &["demo".to_string()], QUERIES[0], None, None, false).await?;
+    let data_dir = data_dir.display();
     println!(
-        "\nsearch any KB yourself: sift serve, then sift search demo \"your question\" or \
-         sift ask demo \"your question\" (set SIFT_LLM_BASE_URL and SIFT_LLM_MODEL for an LLM agent)"
+        "\nsearch the demo KB yourself: sift serve --data-dir {data_dir}, then (the CLI finds the \
+         node's key in SIFT_DATA_DIR/admin.key) SIFT_DATA_DIR={data_dir} sift search demo \"your \
+         question\" or SIFT_DATA_DIR={data_dir} sift ask demo \"your question\" (set \
+         SIFT_LLM_BASE_URL and SIFT_LLM_MODEL on sift serve for an LLM agent)"
     );
     Ok(())
 }
