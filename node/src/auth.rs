@@ -25,6 +25,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use sift_actors::SiftNode;
+use sift_actors::ingest::pipeline::now_ms;
 use sift_storage::meta::{ApiKeyRecord, MetaOp, MetaOutcome, Role};
 use subtle::ConstantTimeEq;
 use tracing::{info, warn};
@@ -332,12 +333,6 @@ pub async fn authenticate(
             response
         }
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis() as u64)
 }
 
 /// Where a node writes the admin key it made.

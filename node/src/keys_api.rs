@@ -8,6 +8,7 @@ use axum::response::IntoResponse;
 use axum::routing::{delete, post};
 use axum::{Json, Router};
 use serde::Serialize;
+use sift_actors::ingest::pipeline::now_ms;
 use sift_api::NewApiKey;
 use sift_storage::meta::{ApiKeyRecord, MetaOp, MetaOutcome, Role};
 
@@ -60,12 +61,6 @@ struct CreatedKey {
 
 fn invalid(code: &str, message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, code, message)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis() as u64)
 }
 
 async fn create_key(

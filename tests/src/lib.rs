@@ -171,6 +171,16 @@ pub async fn wait_for_voters(clients: &[ApiClient]) -> (Vec<u64>, u64) {
     (ids, leader)
 }
 
+/// The ids of the sessions in a `GET /v1/sessions` page, in order.
+pub fn session_ids(page: &serde_json::Value) -> Vec<String> {
+    page["sessions"]
+        .as_array()
+        .expect("a page of sessions")
+        .iter()
+        .map(|session| session["id"].as_str().expect("a session id").to_string())
+        .collect()
+}
+
 /// A bulk-API document.
 pub fn text_document(external_id: &str, title: &str, text: &str) -> serde_json::Value {
     serde_json::json!({ "external_id": external_id, "title": title, "text": text })

@@ -341,14 +341,7 @@ async fn sessions_and_runs_are_private_to_their_key() {
     assert_eq!(events.last().unwrap().event, "done");
 
     // Alice sees her session and its run; an admin sees it too.
-    let ids = |page: Value| -> Vec<String> {
-        page["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|session| session["id"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let ids = |page: Value| sift_tests::session_ids(&page);
     assert_eq!(
         ids(alice.get("/v1/sessions").await.expect(200)),
         vec![id.clone()]

@@ -613,14 +613,7 @@ async fn sessions_are_listed_newest_first_a_page_at_a_time() {
         created.push(new_session(&client).await);
     }
     created.reverse(); // newest first
-    let ids = |page: &Value| -> Vec<String> {
-        page["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|session| session["id"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let ids = sift_tests::session_ids;
 
     let all = client.get("/v1/sessions").await.expect(200);
     assert_eq!(ids(&all), created);
