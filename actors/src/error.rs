@@ -20,6 +20,8 @@ pub enum ErrorKind {
     Invalid,
     /// The request collides with the current state (a name taken, a change under way).
     Conflict,
+    /// The caller may see the thing but not do this to it (a KB shared read-only).
+    Forbidden,
     /// Well-formed but unusable content (an empty document, a file that does not parse).
     Unprocessable,
     /// The content is of a type the node cannot read.
@@ -44,6 +46,9 @@ pub enum SiftError {
     Invalid { code: &'static str, message: String },
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
+    /// The caller may see the thing but not change it (403).
+    #[error("{message}")]
+    Forbidden { code: &'static str, message: String },
     /// Well-formed but unusable content (an empty document, ...): 422 like a bad upload.
     #[error("{message}")]
     Unprocessable { code: &'static str, message: String },
@@ -100,6 +105,7 @@ impl SiftError {
             SiftError::NotFound { code, .. }
             | SiftError::Invalid { code, .. }
             | SiftError::Conflict { code, .. }
+            | SiftError::Forbidden { code, .. }
             | SiftError::Unprocessable { code, .. } => code,
             SiftError::TooLarge { .. } => "payload_too_large",
             SiftError::Parse(error) => error.code(),
@@ -128,6 +134,7 @@ impl SiftError {
             SiftError::NotFound { .. } => ErrorKind::NotFound,
             SiftError::Invalid { .. } => ErrorKind::Invalid,
             SiftError::Conflict { .. } => ErrorKind::Conflict,
+            SiftError::Forbidden { .. } => ErrorKind::Forbidden,
             SiftError::Unprocessable { .. } => ErrorKind::Unprocessable,
             SiftError::TooLarge { .. } | SiftError::QuestionTooLong { .. } => ErrorKind::TooLarge,
             SiftError::Parse(ParseError::UnsupportedType(_)) => ErrorKind::UnsupportedType,
@@ -176,6 +183,7 @@ impl SiftError {
             SiftError::NotFound { .. }
             | SiftError::Invalid { .. }
             | SiftError::Conflict { .. }
+            | SiftError::Forbidden { .. }
             | SiftError::Unprocessable { .. }
             | SiftError::TooLarge { .. }
             | SiftError::Parse(_)

@@ -31,9 +31,11 @@ pub mod meta;
 pub mod node;
 pub mod reconcile;
 pub mod retrieval;
+pub mod scope;
 pub mod sessions;
 pub mod shards;
 
 pub use context::{EMBEDDED_MODEL, Embedders, NodeContext, NodeOptions};
 pub use error::{ErrorKind, Result, SiftError};
 pub use node::SiftNode;
+pub use scope::{Need, Scope};

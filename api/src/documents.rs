@@ -29,6 +29,17 @@ pub struct NewTextDocument {
     /// Values filters can match (`filters.metadata` of a search).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<JsonMap>,
+    /// Who may read the document; everyone who reaches the KB when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<DocumentAccess>,
+}
+
+/// `access` of a document: only keys of one of these groups (and the tenant's admins) read
+/// it, in search, chat and every document route.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DocumentAccess {
+    pub groups: Vec<String>,
 }
 
 impl NewTextDocument {

@@ -18,10 +18,10 @@ pub mod keys;
 pub mod search;
 pub mod sessions;
 
-pub use self::documents::{AddedDocument, BulkDocuments, NewTextDocument};
+pub use self::documents::{AddedDocument, BulkDocuments, DocumentAccess, NewTextDocument};
 pub use self::error::{ErrorBody, ErrorDetail};
 pub use self::kbs::{CreateKb, SettingsPatch, UpdateKb};
-pub use self::keys::NewApiKey;
+pub use self::keys::{NewApiKey, NewTenant};
 pub use self::search::{ChannelWeights, SearchFilters, SearchQuery};
 pub use self::sessions::{NewMessage, NewSession};
 

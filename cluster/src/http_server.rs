@@ -188,7 +188,18 @@ impl Connection {
             .http2()
             .timer(TokioTimer::new())
             .enable_connect_protocol();
-        let service = TowerToHyperService::new(self.app);
+        // Handlers see the client's address as `ConnectInfo` (the audit log records it).
+        let peer = self.peer;
+        let app = tower::ServiceExt::map_request(
+            self.app,
+            move |mut request: axum::http::Request<hyper::body::Incoming>| {
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                request
+            },
+        );
+        let service = TowerToHyperService::new(app);
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(self.stream), service);
         tokio::pin!(connection);
         let mut stopped = self.stopped;

@@ -15,7 +15,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use futures::Stream;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
@@ -25,11 +25,12 @@ use sha2::{Digest, Sha256};
 use sift_actors::SiftNode;
 use sift_actors::events::DocumentEvent;
 use sift_actors::node::{Upload, metadata_from_json};
-use sift_actors::{ErrorKind, SiftError};
+use sift_actors::{ErrorKind, Need, Scope, SiftError};
 use sift_api::{BulkDocuments, CreateKb, ErrorBody, SearchQuery, UpdateKb};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::broadcast;
 
+use crate::auth::Principal;
 use crate::views::{KbList, KbView};
 
 /// Shared by every handler.
@@ -80,12 +81,18 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/kbs/{kb}/documents/{doc}/chunks", get(document_chunks))
         .route("/v1/kbs/{kb}/search", post(search))
         .route("/v1/kbs/{kb}/shards", get(kb_shards))
+        .route(
+            "/v1/kbs/{kb}/shares/{tenant}",
+            axum::routing::put(share_kb).delete(unshare_kb),
+        )
         .route("/v1/debug/kbs/{kb}/shards/{shard}/crash", post(crash_shard))
         .route("/v1/debug/reconciler/crash", post(crash_reconciler))
         .route("/v1/debug/sessions/crash", post(crash_sessions_actor))
         .route("/v1/debug/sessions/{id}/crash", post(crash_session_actor))
         .merge(crate::chat_api::routes())
         .merge(crate::keys_api::routes())
+        .merge(crate::tenants_api::routes())
+        .merge(crate::audit::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             state.auth.clone(),
             crate::auth::authenticate,
@@ -128,6 +135,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::Invalid => StatusCode::BAD_REQUEST,
         ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::Forbidden => StatusCode::FORBIDDEN,
         ErrorKind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::UnsupportedType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -415,46 +423,86 @@ async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
 
 async fn create_kb(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiJson(request): ApiJson<CreateKb>,
 ) -> ApiResult<impl IntoResponse> {
-    let kb = state.node.create_kb(request).await?;
+    let kb = state.node.create_kb(&principal.scope(), request).await?;
     Ok((StatusCode::CREATED, Json(KbView::from(kb))))
 }
 
-async fn list_kbs(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
-    Ok(Json(KbList::from(state.node.list_kbs()?)))
+async fn list_kbs(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+) -> ApiResult<impl IntoResponse> {
+    Ok(Json(KbList::from(state.node.list_kbs(&principal.scope())?)))
 }
 
 async fn get_kb(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(kb): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(KbView::from(state.node.get_kb(&kb)?)))
+    Ok(Json(KbView::from(
+        state.node.get_kb(&principal.scope(), &kb)?,
+    )))
 }
 
 async fn kb_shards(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(kb): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
-    let shards = state.node.kb_shards(&kb).await?;
+    let shards = state.node.kb_shards(&principal.scope(), &kb).await?;
     Ok(Json(serde_json::json!({ "shards": shards })))
 }
 
 async fn update_kb(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(kb): ApiPath<String>,
     ApiJson(request): ApiJson<UpdateKb>,
 ) -> ApiResult<impl IntoResponse> {
     Ok(Json(KbView::from(
-        state.node.update_kb(&kb, request).await?,
+        state
+            .node
+            .update_kb(&principal.scope(), &kb, request)
+            .await?,
     )))
 }
 
 async fn delete_kb(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(kb): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
-    state.node.delete_kb(&kb).await?;
+    state.node.delete_kb(&principal.scope(), &kb).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT /v1/kbs/{kb}/shares/{tenant}`: the tenant may read and search the KB, not change it.
+async fn share_kb(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath((kb, tenant)): ApiPath<(String, String)>,
+) -> ApiResult<impl IntoResponse> {
+    Ok(Json(KbView::from(
+        state
+            .node
+            .share_kb(&principal.scope(), &kb, &tenant, true)
+            .await?,
+    )))
+}
+
+/// `DELETE /v1/kbs/{kb}/shares/{tenant}`.
+async fn unshare_kb(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath((kb, tenant)): ApiPath<(String, String)>,
+) -> ApiResult<impl IntoResponse> {
+    state
+        .node
+        .share_kb(&principal.scope(), &kb, &tenant, false)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -462,17 +510,19 @@ async fn delete_kb(
 /// bulk texts, by content type.
 async fn add_documents(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(kb): ApiPath<String>,
     request: Request,
 ) -> ApiResult<Response> {
+    let scope = principal.scope();
     let content_type = request
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_ascii_lowercase();
-    // Fail fast on an unknown KB, before reading any body.
-    state.node.find_kb(&kb)?;
+    // Fail fast on an unknown (or read-only) KB, before reading any body.
+    state.node.find_kb(&scope, &kb, Need::Write)?;
     if content_type.starts_with("multipart/form-data") {
         let multipart = Multipart::from_request(request, &state)
             .await
@@ -485,7 +535,7 @@ async fn add_documents(
             })?;
         let upload = receive_upload(&state, multipart).await?;
         let temp = upload.temp_path.clone();
-        let outcome = state.node.add_upload(&kb, upload).await;
+        let outcome = state.node.add_upload(&scope, &kb, upload).await;
         let _ = tokio::fs::remove_file(&temp).await; // gone already when adopted
         let added = outcome?;
         Ok((StatusCode::ACCEPTED, Json(json!({ "documents": [added] }))).into_response())
@@ -513,7 +563,7 @@ async fn add_documents(
                 ),
             ));
         }
-        let added = state.node.add_texts(&kb, bulk.documents).await?;
+        let added = state.node.add_texts(&scope, &kb, bulk.documents).await?;
         Ok((StatusCode::ACCEPTED, Json(json!({ "documents": added }))).into_response())
     } else {
         Err(ApiError::new(
@@ -589,6 +639,7 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
     let mut file: Option<(PathBuf, String, u64, String)> = None;
     let mut external_id = None;
     let mut metadata = sift_storage::chunk::Metadata::new();
+    let mut groups = Vec::new();
     let result: ApiResult<()> = async {
         while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
             match field.name().unwrap_or("") {
@@ -648,11 +699,25 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
                         })?;
                     metadata = metadata_from_json(map)?;
                 }
+                "access" => {
+                    let text = text_field(&mut field, "access").await?;
+                    let access: sift_api::DocumentAccess =
+                        serde_json::from_str(&text).map_err(|e| {
+                            ApiError::new(
+                                StatusCode::BAD_REQUEST,
+                                "invalid_access",
+                                format!("access: {e}"),
+                            )
+                        })?;
+                    groups = access.groups;
+                }
                 other => {
                     return Err(ApiError::new(
                         StatusCode::BAD_REQUEST,
                         "invalid_multipart",
-                        format!("unknown field {other:?}; fields are file, external_id, metadata"),
+                        format!(
+                            "unknown field {other:?}; fields are file, external_id, metadata, access"
+                        ),
                     ));
                 }
             }
@@ -688,6 +753,7 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
         size_bytes,
         content_hash,
         metadata,
+        groups,
     })
 }
 
@@ -724,52 +790,70 @@ pub(crate) fn next_after<T>(items: &[T], limit: usize, id: impl Fn(&T) -> &str) 
 
 async fn list_documents(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(kb): ApiPath<String>,
     page: Result<Query<Page>, QueryRejection>,
 ) -> ApiResult<impl IntoResponse> {
     let (after, limit) = requested_page(page, 1000)?;
-    let documents = state.node.list_documents(&kb, after.as_deref(), limit)?;
+    let documents = state
+        .node
+        .list_documents(&principal.scope(), &kb, after.as_deref(), limit)?;
     let next = next_after(&documents, limit, |document| &document.id);
     Ok(Json(json!({ "documents": documents, "next_after": next })))
 }
 
 async fn get_document(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath((kb, doc)): ApiPath<(String, String)>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(state.node.get_document(&kb, &doc)?))
+    Ok(Json(state.node.get_document(
+        &principal.scope(),
+        &kb,
+        &doc,
+    )?))
 }
 
 async fn delete_document(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath((kb, doc)): ApiPath<(String, String)>,
 ) -> ApiResult<impl IntoResponse> {
-    state.node.delete_document(&kb, &doc).await?;
+    state
+        .node
+        .delete_document(&principal.scope(), &kb, &doc)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn document_chunks(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath((kb, doc)): ApiPath<(String, String)>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(
-        json!({ "chunks": state.node.document_chunks(&kb, &doc).await? }),
-    ))
+    let chunks = state
+        .node
+        .document_chunks(&principal.scope(), &kb, &doc)
+        .await?;
+    Ok(Json(json!({ "chunks": chunks })))
 }
 
 /// Progress of one document as server-sent events: the current status first, then every
 /// change, ending after `ready`, `failed` or deletion. Event name = status.
 async fn document_events(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath((kb, doc)): ApiPath<(String, String)>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     // Subscribe before reading the current status so no change falls between the two.
     let receiver = state.node.subscribe_events();
-    let record = state.node.get_document(&kb, &doc)?;
+    let scope = principal.scope();
+    let record = state.node.get_document(&scope, &kb, &doc)?;
     let first = DocumentEvent::from_record(&record);
     struct Progress {
         receiver: broadcast::Receiver<DocumentEvent>,
         node: Arc<SiftNode>,
+        scope: Scope,
         kb: String,
         document_id: String,
         pending: Option<DocumentEvent>,
@@ -778,6 +862,7 @@ async fn document_events(
     let progress = Progress {
         receiver,
         node: state.node.clone(),
+        scope,
         kb,
         document_id: record.id.clone(),
         pending: Some(first),
@@ -795,10 +880,11 @@ async fn document_events(
                     Ok(_) => continue,
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         // Missed events: re-read the current status instead.
-                        match progress
-                            .node
-                            .get_document(&progress.kb, &progress.document_id)
-                        {
+                        match progress.node.get_document(
+                            &progress.scope,
+                            &progress.kb,
+                            &progress.document_id,
+                        ) {
                             Ok(record) => break DocumentEvent::from_record(&record),
                             Err(_) => return None,
                         }
@@ -824,10 +910,13 @@ async fn document_events(
 
 async fn search(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(kb): ApiPath<String>,
     ApiJson(query): ApiJson<SearchQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(state.node.search(&kb, query).await?))
+    Ok(Json(
+        state.node.search(&principal.scope(), &kb, query).await?,
+    ))
 }
 
 async fn crash_shard(

@@ -24,9 +24,9 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
-use sift_actors::SiftNode;
 use sift_actors::ingest::pipeline::now_ms;
-use sift_storage::meta::{ApiKeyRecord, MetaOp, MetaOutcome, Role};
+use sift_actors::{Scope, SiftNode};
+use sift_storage::meta::{ApiKeyFields, DEFAULT_TENANT, MetaOp, MetaOutcome, Role};
 use subtle::ConstantTimeEq;
 use tracing::{info, warn};
 
@@ -66,20 +66,53 @@ pub struct Principal {
     /// The key's public id; `None` with auth off.
     pub key_id: Option<String>,
     pub role: Role,
+    /// The key's tenant (the default one with auth off).
+    pub tenant: String,
+    /// The document groups the key reads besides open documents.
+    pub groups: Vec<String>,
+}
+
+impl Principal {
+    /// An admin of the default tenant (auth off, the cluster secret).
+    fn operator() -> Principal {
+        Principal {
+            key_id: None,
+            role: Role::Admin,
+            tenant: DEFAULT_TENANT.to_string(),
+            groups: Vec::new(),
+        }
+    }
+
+    /// An admin of the default tenant: the cluster, the tenants and the debug routes are
+    /// theirs.
+    pub fn is_operator(&self) -> bool {
+        self.role == Role::Admin && self.tenant == DEFAULT_TENANT
+    }
+
+    /// The scope of the node operations the request makes: the key's tenant, and (but for
+    /// admins, who read every document of their tenant) its groups.
+    pub fn scope(&self) -> Scope {
+        let groups = (self.role != Role::Admin).then(|| self.groups.clone());
+        Scope::tenant(self.tenant.clone()).with_groups(groups)
+    }
 }
 
 /// What the middleware needs.
 pub struct AuthState {
     pub mode: AuthMode,
     pub node: Arc<SiftNode>,
+    /// Request rates per key and tenant ([`crate::limits`]).
+    pub limits: crate::limits::RateLimits,
+    /// How long audit entries are kept ([`crate::audit`]).
+    pub audit_retention: std::time::Duration,
     /// Cluster mode: the shared secret, accepted on `GET /v1/cluster` only (joining nodes).
     pub cluster_secret: Option<String>,
 }
 
-/// A key just made: the full text (shown once) and the record stored for it.
+/// A key just made: the full text (shown once) and the fields stored for it.
 pub struct NewKey {
     pub key: String,
-    pub record: ApiKeyRecord,
+    pub record: ApiKeyFields,
 }
 
 fn random_hex(digits: usize) -> anyhow::Result<String> {
@@ -117,8 +150,8 @@ fn record_for(
     role: Role,
     expires_at_ms: Option<u64>,
     now_ms: u64,
-) -> ApiKeyRecord {
-    ApiKeyRecord {
+) -> ApiKeyFields {
+    ApiKeyFields {
         id: id.to_string(),
         name: name.to_string(),
         role,
@@ -140,7 +173,7 @@ pub fn parse_key(text: &str) -> Option<(&str, &str)> {
 }
 
 /// The record of a key given whole (`SIFT_ADMIN_KEY`), as an admin key.
-pub fn admin_record_of(key: &str, now_ms: u64) -> anyhow::Result<ApiKeyRecord> {
+pub fn admin_record_of(key: &str, now_ms: u64) -> anyhow::Result<ApiKeyFields> {
     let Some((id, secret)) = parse_key(key) else {
         bail!(
             "SIFT_ADMIN_KEY is not a Sift key: it must be {KEY_PREFIX}<{ID_HEX} hex digits>-<{SECRET_HEX} hex digits> (lowercase)"
@@ -164,6 +197,8 @@ enum Refusal {
     Revoked,
     Expired,
     Forbidden,
+    /// A route of the operator (an admin of the default tenant) called by another key.
+    NotOperator,
 }
 
 impl Refusal {
@@ -173,7 +208,7 @@ impl Refusal {
             Refusal::Invalid => "invalid",
             Refusal::Revoked => "revoked",
             Refusal::Expired => "expired",
-            Refusal::Forbidden => "forbidden",
+            Refusal::Forbidden | Refusal::NotOperator => "forbidden",
         }
     }
 
@@ -204,19 +239,21 @@ impl Refusal {
                 "forbidden",
                 format!("this route needs the {} role", needed.as_str()),
             ),
+            Refusal::NotOperator => (
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("this route needs an admin key of the {DEFAULT_TENANT} tenant"),
+            ),
         };
         ApiError::new(status, code, message)
     }
 }
 
-/// The role a route needs: `admin` for the cluster, keys and debug faults; `editor` for
-/// changes to KBs and documents; `reader` for the rest (reads, search, sessions, runs, chat,
-/// `/metrics`).
+/// The role a route needs: `admin` for the cluster, tenants, keys and debug faults; `editor`
+/// for changes to KBs and documents; `reader` for the rest (reads, search, sessions, runs,
+/// chat, `/metrics`).
 pub fn required_role(method: &Method, route: &str) -> Role {
-    if route.starts_with("/v1/cluster")
-        || route.starts_with("/v1/keys")
-        || route.starts_with("/v1/debug/")
-    {
+    if operator_route(route) || route.starts_with("/v1/keys") || route == "/v1/audit" {
         return Role::Admin;
     }
     let changes = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
@@ -224,6 +261,26 @@ pub fn required_role(method: &Method, route: &str) -> Role {
         return Role::Editor;
     }
     Role::Reader
+}
+
+/// The routes of the node as a whole, not of one tenant: the cluster, the tenants, the debug
+/// faults and `/metrics` need a key of the default tenant (an admin's, but for `/metrics`).
+fn operator_route(route: &str) -> bool {
+    route.starts_with("/v1/cluster")
+        || route.starts_with("/v1/tenants")
+        || route.starts_with("/v1/debug/")
+}
+
+/// Whether `principal` may call `route` with `method`.
+fn permit(principal: &Principal, method: &Method, route: &str) -> Result<(), Refusal> {
+    if principal.role < required_role(method, route) {
+        return Err(Refusal::Forbidden);
+    }
+    let node_wide = operator_route(route) || route == "/metrics";
+    if node_wide && principal.tenant != DEFAULT_TENANT {
+        return Err(Refusal::NotOperator);
+    }
+    Ok(())
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -241,10 +298,7 @@ impl AuthState {
         route: &str,
     ) -> Result<Principal, Refusal> {
         if self.mode == AuthMode::Off {
-            return Ok(Principal {
-                key_id: None,
-                role: Role::Admin,
-            });
+            return Ok(Principal::operator());
         }
         if route == "/v1/cluster"
             && *method == Method::GET
@@ -252,10 +306,7 @@ impl AuthState {
             && let Some(given) = headers.get(CLUSTER_SECRET_HEADER)
         {
             return if bool::from(given.as_bytes().ct_eq(secret.as_bytes())) {
-                Ok(Principal {
-                    key_id: None,
-                    role: Role::Admin,
-                })
+                Ok(Principal::operator())
             } else {
                 Err(Refusal::Invalid)
             };
@@ -287,14 +338,28 @@ impl AuthState {
         if !record.is_live(now_ms()) {
             return Err(Refusal::Expired);
         }
+        // A key of a deleted tenant is revoked by the delete; a tenant that is gone anyway
+        // (never made, or deleted) reaches nothing.
+        match self.node.context().meta.store().get_tenant(&record.tenant) {
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(Refusal::Revoked),
+            Err(error) => {
+                warn!(key_id = id, %error, "reading a tenant failed");
+                return Err(Refusal::Invalid);
+            }
+        }
         Ok(Principal {
             key_id: Some(record.id),
             role: record.role,
+            tenant: record.tenant,
+            groups: record.groups,
         })
     }
 }
 
 /// The middleware: authenticates the request and checks its role, or answers the refusal.
+/// Changes ([`crate::audit::audited`]) by a known key, allowed or not, go into the audit log
+/// with their outcome before the answer is sent.
 pub async fn authenticate(
     State(auth): State<Arc<AuthState>>,
     mut request: Request,
@@ -306,33 +371,51 @@ pub async fn authenticate(
         .map(|path| path.as_str().to_string())
         .unwrap_or_else(|| request.uri().path().to_string());
     let needed = required_role(request.method(), &route);
-    let outcome = auth
-        .principal(request.headers(), request.method(), &route)
-        .and_then(|principal| {
-            if principal.role >= needed {
-                Ok(principal)
-            } else {
-                Err(Refusal::Forbidden)
-            }
-        });
-    match outcome {
-        Ok(principal) => {
-            request.extensions_mut().insert(principal);
-            next.run(request).await
+    let principal = match auth.principal(request.headers(), request.method(), &route) {
+        Ok(principal) => principal,
+        Err(refusal) => return refused(refusal, needed),
+    };
+    let audited = crate::audit::audited(request.method(), &route);
+    if let Err(refusal) = permit(&principal, request.method(), &route) {
+        if audited {
+            crate::audit::Call::of(&request, &route, &principal)
+                .record(&auth, StatusCode::FORBIDDEN)
+                .await;
         }
-        Err(refusal) => {
-            metrics::counter!("sift_auth_failures_total", "reason" => refusal.reason())
-                .increment(1);
-            let mut response = refusal.into_error(needed).into_response();
-            if response.status() == StatusCode::UNAUTHORIZED {
-                response.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    header::HeaderValue::from_static("Bearer"),
-                );
-            }
-            response
-        }
+        return refused(refusal, needed);
     }
+    if let Err(limited) = auth.limits.check(&principal) {
+        let mut error = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "too many requests for this {}; retry after {} s",
+                limited.scope, limited.retry_after_secs
+            ),
+        );
+        error.retry_after_secs = Some(limited.retry_after_secs);
+        return error.into_response();
+    }
+    let call = audited.then(|| crate::audit::Call::of(&request, &route, &principal));
+    request.extensions_mut().insert(principal);
+    let response = next.run(request).await;
+    if let Some(call) = call {
+        call.record(&auth, response.status()).await;
+    }
+    response
+}
+
+/// The answer to a refused request, counted in `sift_auth_failures_total{reason}`.
+fn refused(refusal: Refusal, needed: Role) -> Response {
+    metrics::counter!("sift_auth_failures_total", "reason" => refusal.reason()).increment(1);
+    let mut response = refusal.into_error(needed).into_response();
+    if response.status() == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+    }
+    response
 }
 
 /// Where a node writes the admin key it made.
@@ -464,7 +547,10 @@ pub async fn bootstrap_at_start(
 const BOOTSTRAP_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 const BOOTSTRAP_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
 
-async fn propose_key(node: &SiftNode, record: ApiKeyRecord) -> anyhow::Result<ApiKeyRecord> {
+async fn propose_key(
+    node: &SiftNode,
+    record: ApiKeyFields,
+) -> anyhow::Result<sift_storage::meta::ApiKeyRecord> {
     match node
         .context()
         .meta
@@ -552,11 +638,53 @@ mod tests {
             (Method::GET, "/v1/cluster", Role::Admin),
             (Method::DELETE, "/v1/cluster/nodes/{id}", Role::Admin),
             (Method::GET, "/v1/keys", Role::Admin),
+            (Method::POST, "/v1/tenants", Role::Admin),
+            (Method::PUT, "/v1/kbs/{kb}/shares/{tenant}", Role::Editor),
             (Method::POST, "/v1/debug/reconciler/crash", Role::Admin),
         ];
         for (method, route, role) in cases {
             assert_eq!(required_role(&method, route), role, "{method} {route}");
         }
+    }
+
+    #[test]
+    fn node_wide_routes_need_a_key_of_the_default_tenant() {
+        let key = |role, tenant: &str| Principal {
+            key_id: Some("aaaaaaaaaaaa".into()),
+            role,
+            tenant: tenant.into(),
+            groups: Vec::new(),
+        };
+        let operator = key(Role::Admin, DEFAULT_TENANT);
+        let tenant_admin = key(Role::Admin, "acme");
+        assert!(operator.is_operator() && !tenant_admin.is_operator());
+        for route in [
+            "/v1/cluster",
+            "/v1/tenants",
+            "/v1/tenants/{name}",
+            "/v1/debug/reconciler/crash",
+        ] {
+            assert_eq!(permit(&operator, &Method::GET, route), Ok(()), "{route}");
+            assert_eq!(
+                permit(&tenant_admin, &Method::GET, route),
+                Err(Refusal::NotOperator),
+                "{route}"
+            );
+        }
+        // A tenant's admin manages its keys; /metrics is the default tenant's.
+        assert_eq!(permit(&tenant_admin, &Method::POST, "/v1/keys"), Ok(()));
+        assert_eq!(
+            permit(&key(Role::Reader, "acme"), &Method::GET, "/metrics"),
+            Err(Refusal::NotOperator)
+        );
+        assert_eq!(
+            permit(&key(Role::Reader, DEFAULT_TENANT), &Method::GET, "/metrics"),
+            Ok(())
+        );
+        assert_eq!(
+            permit(&key(Role::Reader, "acme"), &Method::POST, "/v1/kbs"),
+            Err(Refusal::Forbidden)
+        );
     }
 
     #[test]

@@ -49,7 +49,8 @@ pub fn routes() -> Router<AppState> {
 fn caller(principal: &Principal) -> Caller {
     Caller {
         owner: principal.key_id.clone(),
-        sees_all: principal.role == Role::Admin,
+        scope: principal.scope(),
+        sees_tenant: principal.role == Role::Admin,
     }
 }
 

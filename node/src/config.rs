@@ -32,6 +32,18 @@ pub struct FileConfig {
     pub auth: Option<String>,
     /// An admin key to register at start instead of making one (also SIFT_ADMIN_KEY).
     pub admin_key: Option<String>,
+    /// Requests one API key may make per minute on a node (default: no limit; also
+    /// SIFT_RATE_LIMIT_PER_KEY).
+    pub rate_limit_per_key: Option<u32>,
+    /// Requests one key may make at once past its rate (default: two seconds' worth).
+    pub rate_limit_burst_per_key: Option<u32>,
+    /// Requests all keys of one tenant may make per minute on a node (default: no limit;
+    /// also SIFT_RATE_LIMIT_PER_TENANT).
+    pub rate_limit_per_tenant: Option<u32>,
+    /// Requests a tenant may make at once past its rate (default: two seconds' worth).
+    pub rate_limit_burst_per_tenant: Option<u32>,
+    /// Days an audit log entry is kept (default 90; also SIFT_AUDIT_RETENTION_DAYS).
+    pub audit_retention_days: Option<u64>,
     /// Largest accepted upload, in bytes.
     pub max_upload_bytes: Option<u64>,
     /// Largest accepted JSON body, in bytes.
@@ -153,6 +165,11 @@ pub struct Config {
     pub auth: AuthMode,
     /// `SIFT_ADMIN_KEY`: registered as an admin key at start.
     pub admin_key: Option<String>,
+    /// How long audit log entries are kept.
+    pub audit_retention: Duration,
+    /// Request rates per key and per tenant (none: unlimited).
+    pub rate_per_key: Option<crate::limits::Rate>,
+    pub rate_per_tenant: Option<crate::limits::Rate>,
 }
 
 /// The admin key of [`Config::for_test`] and of the test harness's nodes. Public test data:
@@ -201,6 +218,17 @@ impl Config {
                 .map(|v| usize::try_from(v).with_context(|| format!("{name} is too large")))
                 .transpose()
         };
+        if let Some(v) = parse("SIFT_RATE_LIMIT_PER_KEY")? {
+            file.rate_limit_per_key =
+                Some(u32::try_from(v).context("SIFT_RATE_LIMIT_PER_KEY is too large")?);
+        }
+        if let Some(v) = parse("SIFT_RATE_LIMIT_PER_TENANT")? {
+            file.rate_limit_per_tenant =
+                Some(u32::try_from(v).context("SIFT_RATE_LIMIT_PER_TENANT is too large")?);
+        }
+        if let Some(v) = parse("SIFT_AUDIT_RETENTION_DAYS")? {
+            file.audit_retention_days = Some(v);
+        }
         if let Some(v) = get("SIFT_DATA_DIR") {
             file.data_dir = Some(v.into());
         }
@@ -312,6 +340,11 @@ impl Config {
         let listen: SocketAddr = listen_text.parse().with_context(|| {
             format!("listen address {listen_text:?} is not HOST:PORT (an IP address and a port)")
         })?;
+        let audit_days = file.audit_retention_days.unwrap_or(90);
+        if !(1..=36_500).contains(&audit_days) {
+            bail!("audit_retention_days must be between 1 and 36500, not {audit_days}");
+        }
+        let audit_retention = Duration::from_secs(audit_days * 24 * 3600);
         let auth = match file.auth.as_deref().unwrap_or("on") {
             "on" => AuthMode::On,
             "off" if listen.ip().is_loopback() => AuthMode::Off,
@@ -522,6 +555,13 @@ impl Config {
             embedding: file.embedding,
             auth,
             admin_key: file.admin_key,
+            audit_retention,
+            rate_per_key: file
+                .rate_limit_per_key
+                .and_then(|rate| crate::limits::Rate::new(rate, file.rate_limit_burst_per_key)),
+            rate_per_tenant: file
+                .rate_limit_per_tenant
+                .and_then(|rate| crate::limits::Rate::new(rate, file.rate_limit_burst_per_tenant)),
         })
     }
 

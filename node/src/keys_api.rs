@@ -1,7 +1,12 @@
 //! `/v1/keys`: API keys, for admins. A new key's full text is in the answer to its creation
 //! and nowhere else; lists show the public id (`sk-sift-{id}-…`), never the secret or its
 //! hash. A revoke is a Raft op: every node refuses the key once it has applied it.
+//!
+//! A tenant's admins see and make the keys of their tenant only (another tenant's key is
+//! `api_key_not_found`); the operator (an admin of the default tenant) those of every tenant,
+//! and makes a new tenant's first keys by naming it.
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -10,10 +15,11 @@ use axum::{Json, Router};
 use serde::Serialize;
 use sift_actors::ingest::pipeline::now_ms;
 use sift_api::NewApiKey;
-use sift_storage::meta::{ApiKeyRecord, MetaOp, MetaOutcome, Role};
+use sift_storage::meta::{ApiKeyRecord, DEFAULT_TENANT, MetaOp, MetaOutcome, Role};
 
 use crate::api::{ApiError, ApiJson, ApiPath, ApiResult, AppState};
-use crate::auth::{KEY_PREFIX, generate_key};
+use crate::auth::{KEY_PREFIX, Principal, generate_key};
+use crate::tenants_api::{check_tenant_name, tenant_not_found};
 
 /// Longest key name, in characters.
 const MAX_NAME_CHARS: usize = 200;
@@ -32,6 +38,8 @@ pub struct KeyView {
     pub prefix: String,
     pub name: String,
     pub role: Role,
+    pub tenant: String,
+    pub groups: Vec<String>,
     pub created_at_ms: u64,
     pub expires_at_ms: Option<u64>,
     pub revoked_at_ms: Option<u64>,
@@ -44,6 +52,8 @@ impl From<ApiKeyRecord> for KeyView {
             id: record.id,
             name: record.name,
             role: record.role,
+            tenant: record.tenant,
+            groups: record.groups,
             created_at_ms: record.created_at_ms,
             expires_at_ms: record.expires_at_ms,
             revoked_at_ms: record.revoked_at_ms,
@@ -63,10 +73,39 @@ fn invalid(code: &str, message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, code, message)
 }
 
+/// Whether `principal` manages the keys of `tenant`.
+fn manages(principal: &Principal, tenant: &str) -> bool {
+    principal.is_operator() || principal.tenant == tenant
+}
+
 async fn create_key(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiJson(request): ApiJson<NewApiKey>,
 ) -> ApiResult<impl IntoResponse> {
+    let tenant = request
+        .tenant
+        .clone()
+        .unwrap_or_else(|| principal.tenant.clone());
+    if !manages(&principal, &tenant) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("only an admin of the {DEFAULT_TENANT} tenant makes keys of other tenants"),
+        ));
+    }
+    check_tenant_name(&tenant)?;
+    if state
+        .node
+        .context()
+        .meta
+        .store()
+        .get_tenant(&tenant)
+        .map_err(sift_actors::SiftError::from)?
+        .is_none()
+    {
+        return Err(tenant_not_found(&tenant));
+    }
     let name = request.name.trim();
     if name.is_empty()
         || name.chars().count() > MAX_NAME_CHARS
@@ -97,12 +136,18 @@ async fn create_key(
             error.to_string(),
         )
     })?;
-    let outcome = state
-        .node
-        .context()
-        .meta
-        .propose(MetaOp::CreateApiKey(new.record))
-        .await?;
+    let groups = sift_actors::scope::check_groups(request.groups.as_deref().unwrap_or_default())?;
+    // The default tenant's keys without groups keep the op from before tenants.
+    let op = if tenant == DEFAULT_TENANT && groups.is_empty() {
+        MetaOp::CreateApiKey(new.record)
+    } else {
+        MetaOp::CreateTenantApiKey {
+            key: new.record,
+            tenant,
+            groups,
+        }
+    };
+    let outcome = state.node.context().meta.propose(op).await?;
     let MetaOutcome::ApiKey(record) = outcome else {
         return Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -119,7 +164,10 @@ async fn create_key(
     ))
 }
 
-async fn list_keys(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
+async fn list_keys(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+) -> ApiResult<impl IntoResponse> {
     let keys: Vec<KeyView> = state
         .node
         .context()
@@ -128,6 +176,7 @@ async fn list_keys(State(state): State<AppState>) -> ApiResult<impl IntoResponse
         .list_api_keys()
         .map_err(sift_actors::SiftError::from)?
         .into_iter()
+        .filter(|key| manages(&principal, &key.tenant))
         .map(KeyView::from)
         .collect();
     Ok(Json(serde_json::json!({ "keys": keys })))
@@ -135,6 +184,7 @@ async fn list_keys(State(state): State<AppState>) -> ApiResult<impl IntoResponse
 
 async fn revoke_key(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
     let not_found = || {
@@ -145,10 +195,10 @@ async fn revoke_key(
         )
     };
     let store = state.node.context().meta.store();
-    if store
+    if !store
         .get_api_key(&id)
         .map_err(sift_actors::SiftError::from)?
-        .is_none()
+        .is_some_and(|key| manages(&principal, &key.tenant))
     {
         return Err(not_found());
     }

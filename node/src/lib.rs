@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod ask;
+pub mod audit;
 pub mod auth;
 pub mod chat_api;
 pub mod cli;
@@ -21,8 +22,10 @@ pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod keys_api;
+pub mod limits;
 pub mod server;
 pub mod telemetry;
+pub mod tenants_api;
 pub mod views;
 
 /// The `sift` binary's entry point (also used by test binaries that run the real CLI).

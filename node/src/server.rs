@@ -173,6 +173,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let auth = Arc::new(crate::auth::AuthState {
         mode: config.auth,
         node: node.clone(),
+        audit_retention: config.audit_retention,
+        limits: crate::limits::RateLimits::new(config.rate_per_key, config.rate_per_tenant),
         cluster_secret: config
             .cluster
             .as_ref()

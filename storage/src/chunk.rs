@@ -8,6 +8,29 @@ use serde::{Deserialize, Serialize};
 /// users are stringified at the API boundary, so equality filters are plain string matches.
 pub type Metadata = BTreeMap<String, String>;
 
+/// The metadata key that holds a document's access groups, comma-separated: only callers
+/// of one of them see the document (none: everyone). `sift.` keys are reserved: user
+/// metadata may not set them.
+pub const ACCESS_GROUPS_KEY: &str = "sift.groups";
+
+/// The access groups of a document (empty: open to everyone who reaches its KB).
+pub fn access_groups(metadata: &Metadata) -> Vec<&str> {
+    metadata
+        .get(ACCESS_GROUPS_KEY)
+        .map(|groups| groups.split(',').filter(|g| !g.is_empty()).collect())
+        .unwrap_or_default()
+}
+
+/// Whether a caller of `groups` (`None`: one who sees every document) may read a document
+/// with `metadata`: an open document, or one that shares a group with the caller.
+pub fn may_read(metadata: &Metadata, groups: Option<&[String]>) -> bool {
+    let Some(groups) = groups else {
+        return true;
+    };
+    let required = access_groups(metadata);
+    required.is_empty() || required.iter().any(|g| groups.iter().any(|c| c == g))
+}
+
 /// The public id of a chunk: `"{document_id}#{position}"`. Stable across restarts and rebuilds.
 pub fn chunk_id(document_id: &str, position: u32) -> String {
     format!("{document_id}#{position}")
@@ -63,11 +86,14 @@ pub struct SearchFilter {
     pub document_ids: Option<Vec<String>>,
     /// Every pair must match the document's metadata exactly.
     pub metadata: Metadata,
+    /// When set, only documents this caller's groups may read ([`may_read`]).
+    #[serde(default)]
+    pub groups: Option<Vec<String>>,
 }
 
 impl SearchFilter {
     pub fn is_empty(&self) -> bool {
-        self.document_ids.is_none() && self.metadata.is_empty()
+        self.document_ids.is_none() && self.metadata.is_empty() && self.groups.is_none()
     }
 }
 

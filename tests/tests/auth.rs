@@ -388,3 +388,63 @@ async fn sessions_and_runs_are_private_to_their_key() {
     assert_eq!(turns["messages"].as_array().unwrap().len(), 1);
     node.shutdown().await;
 }
+
+/// Request rates per key and per tenant: a key gets its burst, then 429 `rate_limited` with
+/// `Retry-After`; other keys have their own buckets, and a tenant's keys share the tenant's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_tenants_are_rate_limited() {
+    use sift_node::limits::Rate;
+    let dir = sift_tests::temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    // One request a minute with a burst of 3 per key, 4 per tenant: nothing refills within
+    // the test.
+    config.rate_per_key = Rate::new(1, Some(3));
+    config.rate_per_tenant = Rate::new(1, Some(4));
+    let node = InProcessNode::start_with(config).await;
+    let operator = node.client();
+    operator
+        .post_json("/v1/tenants", &json!({ "name": "acme" }))
+        .await
+        .expect(201);
+    let mut keys = Vec::new();
+    for n in 0..2 {
+        let created = operator
+            .post_json(
+                "/v1/keys",
+                &json!({ "name": format!("acme {n}"), "role": "reader", "tenant": "acme" }),
+            )
+            .await
+            .expect(201);
+        keys.push(created["key"].as_str().unwrap().to_string());
+    }
+    // The operator used its burst of 3; its next request waits.
+    let refused = operator.get("/v1/kbs").await;
+    let retry_after: u64 = refused.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    refused.expect_error(429, "rate_limited");
+
+    // acme's first key: 3 requests, then its own bucket is empty.
+    let first = ApiClient::with_key(&node.url, Some(&keys[0]));
+    for _ in 0..3 {
+        first.get("/v1/kbs").await.expect(200);
+    }
+    let message = first.get("/v1/kbs").await.expect_error(429, "rate_limited");
+    assert!(message.contains("key"), "{message}");
+    // The second key has a full bucket of its own, but acme's holds one more request.
+    let second = ApiClient::with_key(&node.url, Some(&keys[1]));
+    second.get("/v1/kbs").await.expect(200);
+    let message = second
+        .get("/v1/kbs")
+        .await
+        .expect_error(429, "rate_limited");
+    assert!(message.contains("tenant"), "{message}");
+    // Without a key there is no bucket to take from: 401 as always.
+    ApiClient::with_key(&node.url, None)
+        .get("/v1/kbs")
+        .await
+        .expect_error(401, "missing_api_key");
+}

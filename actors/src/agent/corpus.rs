@@ -1,12 +1,12 @@
 //! The agent's view of the knowledge it answers from: the few reads its tools make, behind
-//! one trait. The node implements it over its shards ([`SiftNode`]); the agent's unit tests
+//! one trait. The node implements it over its shards, in the caller's scope
+//! ([`crate::scope::ScopedCorpus`]); the agent's unit tests
 //! implement it over a handful of chunks in memory, without booting a node.
 
 use futures::future::BoxFuture;
 use sift_storage::chunk::ChunkView;
 use sift_storage::meta::{DocumentRecord, KbRecord};
 
-use crate::SiftNode;
 use crate::error::Result;
 use crate::retrieval::SearchResponse;
 use crate::retrieval::query::SearchQuery;
@@ -41,39 +41,4 @@ pub trait Corpus: Send + Sync {
         kb: &'a str,
         query: SearchQuery,
     ) -> BoxFuture<'a, Result<SearchResponse>>;
-}
-
-impl Corpus for SiftNode {
-    fn find_kb(&self, kb: &str) -> Result<KbRecord> {
-        SiftNode::find_kb(self, kb)
-    }
-
-    fn get_document(&self, kb: &str, document: &str) -> Result<DocumentRecord> {
-        SiftNode::get_document(self, kb, document)
-    }
-
-    fn list_documents(
-        &self,
-        kb: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<DocumentRecord>> {
-        SiftNode::list_documents(self, kb, after, limit)
-    }
-
-    fn document_chunks<'a>(
-        &'a self,
-        kb: &'a str,
-        document: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<ChunkView>>> {
-        Box::pin(SiftNode::document_chunks(self, kb, document))
-    }
-
-    fn search<'a>(
-        &'a self,
-        kb: &'a str,
-        query: SearchQuery,
-    ) -> BoxFuture<'a, Result<SearchResponse>> {
-        Box::pin(SiftNode::search(self, kb, query))
-    }
 }

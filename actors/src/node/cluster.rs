@@ -10,13 +10,14 @@ use sift_storage::meta::MetaOp;
 use super::SiftNode;
 use crate::error::{Result, SiftError};
 use crate::reconcile::rebalance::replicas_on;
+use crate::scope::{Need, Scope};
 use crate::shards::{ShardKey, ShardReply, ShardRpc};
 
 impl SiftNode {
     /// `GET /v1/kbs/{kb}/shards`: every shard's replicas, their states and (when their node
     /// answers within a second) their document and chunk counts.
-    pub async fn kb_shards(&self, kb: &str) -> Result<Vec<ShardView>> {
-        let kb = self.find_kb_for_data(kb).await?;
+    pub async fn kb_shards(&self, scope: &Scope, kb: &str) -> Result<Vec<ShardView>> {
+        let kb = self.find_kb_for_data(scope, kb, Need::Read).await?;
         let access = &self.context.access;
         let mut views = Vec::with_capacity(kb.settings.shards as usize);
         for shard in 0..kb.settings.shards {

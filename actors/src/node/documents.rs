@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use sha2::{Digest, Sha256};
 use sift_api::documents::{AddedDocument, NewTextDocument};
 use sift_cluster::placement::shard_for_document;
-use sift_storage::chunk::{ChunkView, Metadata};
+use sift_storage::chunk::{ACCESS_GROUPS_KEY, ChunkView, Metadata};
 use sift_storage::meta::{DocSource, DocStatus, DocumentRecord, KbRecord, MetaOp, MetaOutcome};
 
 use super::SiftNode;
@@ -16,6 +16,7 @@ use crate::ingest::handoff::{self, JOB_DOCUMENTS};
 use crate::ingest::parse::{SourceFormat, parse_document};
 use crate::ingest::pipeline::{self, now_ms};
 use crate::ingest::queue::IngestJob;
+use crate::scope::{Need, Scope, check_groups};
 
 /// An upload already streamed to a temp file by the HTTP layer.
 #[derive(Clone, Debug)]
@@ -27,6 +28,8 @@ pub struct Upload {
     /// sha256 of the bytes, hex.
     pub content_hash: String,
     pub metadata: Metadata,
+    /// The groups that may read it (the `access` field); empty: everyone.
+    pub groups: Vec<String>,
 }
 
 impl SiftNode {
@@ -34,10 +37,11 @@ impl SiftNode {
     /// rejects the request and stores nothing.
     pub async fn add_texts(
         &self,
+        scope: &Scope,
         kb: &str,
         documents: Vec<NewTextDocument>,
     ) -> Result<Vec<AddedDocument>> {
-        let kb = self.find_kb_for_data(kb).await?;
+        let kb = self.find_kb_for_data(scope, kb, Need::Write).await?;
         if documents.is_empty() {
             return Err(SiftError::invalid("empty_request", "documents is empty"));
         }
@@ -59,9 +63,17 @@ impl SiftNode {
                 ));
             }
             validate_external_id(document.external_id.as_deref())?;
-            let metadata = metadata_from_json(document.metadata.unwrap_or_default())?;
+            let mut metadata = metadata_from_json(document.metadata.unwrap_or_default())?;
+            let groups = match &document.access {
+                Some(access) => check_groups(&access.groups)?,
+                None => Vec::new(),
+            };
+            set_access(&mut metadata, &groups);
             let id = uuid::Uuid::now_v7().to_string();
             let mut hasher = Sha256::new();
+            // The same text for other readers is another document, not a duplicate.
+            hasher.update(groups.join(",").as_bytes());
+            hasher.update([0]);
             hasher.update(format.as_bytes());
             hasher.update([0]);
             hasher.update(document.title.as_deref().unwrap_or("").as_bytes());
@@ -107,8 +119,13 @@ impl SiftNode {
 
     /// Validates an uploaded file (type, size, decodable text), then registers and queues it.
     /// Invalid files are refused before anything is stored.
-    pub async fn add_upload(&self, kb: &str, upload: Upload) -> Result<AddedDocument> {
-        let kb = self.find_kb_for_data(kb).await?;
+    pub async fn add_upload(
+        &self,
+        scope: &Scope,
+        kb: &str,
+        upload: Upload,
+    ) -> Result<AddedDocument> {
+        let kb = self.find_kb_for_data(scope, kb, Need::Write).await?;
         let format = SourceFormat::from_file_name(&upload.file_name).ok_or_else(|| {
             crate::ingest::parse::ParseError::UnsupportedType(format!(
                 "{:?}: supported types are .txt, .md, .html, .json, .jsonl",
@@ -116,6 +133,9 @@ impl SiftNode {
             ))
         })?;
         validate_external_id(upload.external_id.as_deref())?;
+        let groups = check_groups(&upload.groups)?;
+        let mut metadata = upload.metadata.clone();
+        set_access(&mut metadata, &groups);
         let options = pipeline::parse_options(&kb);
         let temp = upload.temp_path.clone();
         let parsed = tokio::task::spawn_blocking(move || -> Result<Option<String>> {
@@ -140,12 +160,12 @@ impl SiftNode {
                 file_name: upload.file_name.clone(),
                 format: format!("{format:?}").to_lowercase(),
             },
-            content_hash: upload.content_hash.clone(),
+            content_hash: access_hash(&upload.content_hash, &groups),
             size_bytes: upload.size_bytes,
             status: DocStatus::Queued,
             error: None,
             chunk_count: 0,
-            metadata: upload.metadata.clone(),
+            metadata,
             created_at_ms: now,
             updated_at_ms: now,
         };
@@ -273,32 +293,48 @@ impl SiftNode {
         Ok(added)
     }
 
-    pub fn get_document(&self, kb: &str, document: &str) -> Result<DocumentRecord> {
-        let kb = self.find_kb(kb)?;
+    pub fn get_document(&self, scope: &Scope, kb: &str, document: &str) -> Result<DocumentRecord> {
+        let kb = self.find_kb(scope, kb, Need::Read)?;
         self.store()
             .find_document(&kb.id, document)?
+            .filter(|record| scope.may_read(record))
             .ok_or_else(|| SiftError::document_not_found(document))
     }
 
     pub fn list_documents(
         &self,
+        scope: &Scope,
         kb: &str,
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<DocumentRecord>> {
-        let kb = self.find_kb(kb)?;
-        Ok(self
-            .store()
-            .list_documents(&kb.id, after, limit.clamp(1, 1000))?)
+        let kb = self.find_kb(scope, kb, Need::Read)?;
+        let limit = limit.clamp(1, 1000);
+        let mut documents = Vec::new();
+        let mut after = after.map(String::from);
+        // Pages of the store until this page is full of documents the scope reads.
+        loop {
+            let page = self
+                .store()
+                .list_documents(&kb.id, after.as_deref(), limit)?;
+            let full = page.len() == limit;
+            after = page.last().map(|document| document.id.clone());
+            documents.extend(page.into_iter().filter(|d| scope.may_read(d)));
+            if !full || documents.len() >= limit {
+                documents.truncate(limit);
+                return Ok(documents);
+            }
+        }
     }
 
     /// Deletes a document: a tombstone in metadata first (from then on no search returns it),
     /// then the shard delete, then the raw bytes.
-    pub async fn delete_document(&self, kb: &str, document: &str) -> Result<()> {
-        let kb = self.find_kb(kb)?;
+    pub async fn delete_document(&self, scope: &Scope, kb: &str, document: &str) -> Result<()> {
+        let kb = self.find_kb(scope, kb, Need::Write)?;
         let record = self
             .store()
             .find_document(&kb.id, document)?
+            .filter(|record| scope.may_read(record))
             .ok_or_else(|| SiftError::document_not_found(document))?;
         self.context
             .meta
@@ -317,11 +353,17 @@ impl SiftNode {
     }
 
     /// The chunks of a document, in order (from an active replica of its shard).
-    pub async fn document_chunks(&self, kb: &str, document: &str) -> Result<Vec<ChunkView>> {
-        let kb = self.find_kb_for_data(kb).await?;
+    pub async fn document_chunks(
+        &self,
+        scope: &Scope,
+        kb: &str,
+        document: &str,
+    ) -> Result<Vec<ChunkView>> {
+        let kb = self.find_kb_for_data(scope, kb, Need::Read).await?;
         let record = self
             .store()
             .find_document(&kb.id, document)?
+            .filter(|record| scope.may_read(record))
             .ok_or_else(|| SiftError::document_not_found(document))?;
         match self
             .context
@@ -360,6 +402,26 @@ fn validate_external_id(external_id: Option<&str>) -> Result<()> {
 }
 
 /// JSON metadata values become strings (scalars only) so filters are plain equality.
+/// Records `groups` (checked) as the document's access groups in its metadata.
+fn set_access(metadata: &mut Metadata, groups: &[String]) {
+    if !groups.is_empty() {
+        metadata.insert(ACCESS_GROUPS_KEY.to_string(), groups.join(","));
+    }
+}
+
+/// The content hash of an upload readable by `groups`: the same bytes for other readers are
+/// another document, not a duplicate of one the uploader may not see.
+fn access_hash(bytes_hash: &str, groups: &[String]) -> String {
+    if groups.is_empty() {
+        return bytes_hash.to_string();
+    }
+    let mut hasher = Sha256::new();
+    hasher.update(bytes_hash.as_bytes());
+    hasher.update([0]);
+    hasher.update(groups.join(",").as_bytes());
+    hex::encode(hasher.finalize())
+}
+
 pub fn metadata_from_json(map: serde_json::Map<String, serde_json::Value>) -> Result<Metadata> {
     let mut metadata = Metadata::new();
     for (key, value) in map {
@@ -374,10 +436,10 @@ pub fn metadata_from_json(map: serde_json::Map<String, serde_json::Value>) -> Re
                 ));
             }
         };
-        if key.is_empty() || key.contains('=') {
+        if key.is_empty() || key.contains('=') || key.starts_with("sift.") {
             return Err(SiftError::invalid(
                 "invalid_metadata",
-                "metadata keys must be non-empty without '='",
+                "metadata keys must be non-empty, without '=', and not start with \"sift.\" (reserved)",
             ));
         }
         metadata.insert(key, value);

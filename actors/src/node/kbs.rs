@@ -4,8 +4,8 @@
 use sift_api::kbs::{CreateKb, SettingsPatch, UpdateKb};
 use sift_cluster::placement::place_replicas;
 use sift_storage::meta::{
-    DocumentCounts, KbRecord, KbSettings, MetaOp, MetaOutcome, Replica, ReplicaState,
-    ShardPlacement,
+    DEFAULT_TENANT, DocumentCounts, KbAccess, KbRecord, KbSettings, MetaOp, MetaOutcome, Replica,
+    ReplicaState, ShardPlacement,
 };
 
 use super::SiftNode;
@@ -14,6 +14,7 @@ use crate::error::{Result, SiftError};
 use crate::ingest::pipeline::now_ms;
 use crate::reconcile::rebalance::{node_loads, replicas_on};
 use crate::retrieval::settings as retrieval_settings;
+use crate::scope::{Need, Scope};
 use crate::shards::supervisor::drop_kb_shards;
 
 /// A KB with its document counts by status; the node's answer to reads and writes of KBs.
@@ -21,12 +22,22 @@ use crate::shards::supervisor::drop_kb_shards;
 pub struct KbState {
     pub record: KbRecord,
     pub documents: DocumentCounts,
+    /// The tenant that owns it.
+    pub tenant: String,
+    /// How the caller reaches it.
+    pub access: KbAccess,
+    /// The tenants its owner shares it with (empty for a caller it is shared with).
+    pub shared_with: Vec<String>,
 }
 
 impl SiftNode {
-    pub async fn create_kb(&self, request: CreateKb) -> Result<KbState> {
+    pub async fn create_kb(&self, scope: &Scope, request: CreateKb) -> Result<KbState> {
         validate_kb_name(&request.name)?;
-        if self.store().find_kb(&request.name)?.is_some() {
+        if self
+            .store()
+            .find_kb_in(scope.name(), &request.name)?
+            .is_some_and(|(_, access)| access == KbAccess::Owner)
+        {
             return Err(SiftError::Conflict {
                 code: "kb_exists",
                 message: format!("a knowledge base named {:?} already exists", request.name),
@@ -115,10 +126,19 @@ impl SiftNode {
             updated_at_ms: now,
             placement,
         };
+        // The default tenant's KBs keep the op from before tenants.
+        let op = if scope.name() == DEFAULT_TENANT {
+            MetaOp::CreateKb(kb)
+        } else {
+            MetaOp::CreateTenantKb {
+                tenant: scope.name().to_string(),
+                kb,
+            }
+        };
         let outcome = self
             .context
             .meta
-            .propose(MetaOp::CreateKb(kb))
+            .propose(op)
             .await
             .map_err(conflict_as_kb_exists)?;
         let MetaOutcome::Kb(kb) = outcome else {
@@ -127,56 +147,117 @@ impl SiftNode {
             )));
         };
         self.open_shards(&kb).await?;
-        self.kb_state(kb)
+        self.kb_state(kb, KbAccess::Owner)
     }
 
-    pub fn find_kb(&self, kb: &str) -> Result<KbRecord> {
+    /// The KB `kb` (an id, a name of the scope's tenant, or `{tenant}:{name}`) as the scope
+    /// reaches it: the one lookup of every KB operation. A KB of another tenant not shared
+    /// with the scope's is `kb_not_found`, as one that does not exist; a shared one refuses
+    /// [`Need::Write`] (`kb_read_only`).
+    pub fn find_kb(&self, scope: &Scope, kb: &str, need: Need) -> Result<KbRecord> {
+        let (record, access) = self.find_kb_access(scope, kb)?;
+        check_need(&record, access, need)?;
+        Ok(record)
+    }
+
+    fn find_kb_access(&self, scope: &Scope, kb: &str) -> Result<(KbRecord, KbAccess)> {
         self.store()
-            .find_kb(kb)?
+            .find_kb_in(scope.name(), kb)?
             .ok_or_else(|| SiftError::kb_not_found(kb))
     }
 
     /// The KB about to take documents or queries on this node. In cluster mode a KB created
     /// elsewhere may not be applied here yet (a linearizable read settles it) and this node's
     /// replicas of it not open yet (the reconciler opens them within a round; so does this).
-    pub(super) async fn find_kb_for_data(&self, kb: &str) -> Result<KbRecord> {
+    pub(super) async fn find_kb_for_data(
+        &self,
+        scope: &Scope,
+        kb: &str,
+        need: Need,
+    ) -> Result<KbRecord> {
         if !self.context.meta.is_replicated() {
-            return self.find_kb(kb);
+            return self.find_kb(scope, kb, need);
         }
-        let record = match self.store().find_kb(kb)? {
-            Some(record) => record,
+        let record = match self.store().find_kb_in(scope.name(), kb)? {
+            Some((record, access)) => {
+                check_need(&record, access, need)?;
+                record
+            }
             None => {
                 self.context.meta.linearizable_barrier().await?;
-                self.find_kb(kb)?
+                self.find_kb(scope, kb, need)?
             }
         };
         self.open_shards(&record).await?;
         Ok(record)
     }
 
-    pub fn get_kb(&self, kb: &str) -> Result<KbState> {
-        let kb = self.find_kb(kb)?;
-        self.kb_state(kb)
+    pub fn get_kb(&self, scope: &Scope, kb: &str) -> Result<KbState> {
+        let (kb, access) = self.find_kb_access(scope, kb)?;
+        self.kb_state(kb, access)
     }
 
-    fn kb_state(&self, kb: KbRecord) -> Result<KbState> {
-        let documents = self.store().document_counts(&kb.id)?;
+    fn kb_state(&self, kb: KbRecord, access: KbAccess) -> Result<KbState> {
+        let store = self.store();
+        let documents = store.document_counts(&kb.id)?;
+        let shared_with = match access {
+            KbAccess::Owner => store.kb_shares(&kb.id)?,
+            KbAccess::Shared => Vec::new(),
+        };
         Ok(KbState {
+            tenant: store.kb_tenant(&kb.id)?,
             record: kb,
             documents,
+            access,
+            shared_with,
         })
     }
 
-    pub fn list_kbs(&self) -> Result<Vec<KbState>> {
+    /// The KBs of the scope's tenant and those shared with it.
+    pub fn list_kbs(&self, scope: &Scope) -> Result<Vec<KbState>> {
         self.store()
-            .list_kbs()?
+            .list_kbs_in(scope.name())?
             .into_iter()
-            .map(|kb| self.kb_state(kb))
+            .map(|(kb, access)| self.kb_state(kb, access))
             .collect()
     }
 
-    pub async fn update_kb(&self, kb: &str, request: UpdateKb) -> Result<KbState> {
-        let kb = self.find_kb(kb)?;
+    /// Shares a KB of the scope's tenant read-only with `tenant` (`shared`), or stops.
+    pub async fn share_kb(
+        &self,
+        scope: &Scope,
+        kb: &str,
+        tenant: &str,
+        shared: bool,
+    ) -> Result<KbState> {
+        let kb = self.find_kb(scope, kb, Need::Write)?;
+        if shared {
+            if self.store().get_tenant(tenant)?.is_none() {
+                return Err(SiftError::NotFound {
+                    code: "tenant_not_found",
+                    what: format!("tenant {tenant:?}"),
+                });
+            }
+            if tenant == scope.name() {
+                return Err(SiftError::invalid(
+                    "invalid_tenant",
+                    "a knowledge base is not shared with its own tenant",
+                ));
+            }
+        }
+        self.context
+            .meta
+            .propose(MetaOp::ShareKb {
+                kb_id: kb.id.clone(),
+                tenant: tenant.to_string(),
+                shared,
+            })
+            .await?;
+        self.kb_state(kb, KbAccess::Owner)
+    }
+
+    pub async fn update_kb(&self, scope: &Scope, kb: &str, request: UpdateKb) -> Result<KbState> {
+        let kb = self.find_kb(scope, kb, Need::Write)?;
         if request.shards.is_some_and(|s| s != kb.settings.shards) {
             return Err(SiftError::invalid(
                 "immutable_setting",
@@ -216,7 +297,7 @@ impl SiftNode {
         let MetaOutcome::Kb(kb) = outcome else {
             return Err(SiftError::kb_not_found(&kb.id));
         };
-        self.kb_state(kb)
+        self.kb_state(kb, KbAccess::Owner)
     }
 
     /// Sets the values `patch` carries on `settings` (the defaults of a new KB, or a KB's
@@ -253,8 +334,8 @@ impl SiftNode {
         Ok(())
     }
 
-    pub async fn delete_kb(&self, kb: &str) -> Result<()> {
-        let kb = self.find_kb(kb)?;
+    pub async fn delete_kb(&self, scope: &Scope, kb: &str) -> Result<()> {
+        let kb = self.find_kb(scope, kb, Need::Write)?;
         let outcome = self
             .context
             .meta
@@ -271,6 +352,20 @@ impl SiftNode {
         }
         Ok(())
     }
+}
+
+/// Refuses a change to a KB the caller reaches only through a share.
+fn check_need(kb: &KbRecord, access: KbAccess, need: Need) -> Result<()> {
+    if need == Need::Write && access == KbAccess::Shared {
+        return Err(SiftError::Forbidden {
+            code: "kb_read_only",
+            message: format!(
+                "knowledge base {:?} is shared with your tenant read-only",
+                kb.name
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn conflict_as_kb_exists(error: SiftError) -> SiftError {

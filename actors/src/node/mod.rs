@@ -288,7 +288,11 @@ impl SiftNode {
         if !self.context.options.debug_faults {
             return Err(fault_injection_off());
         }
-        let kb = self.find_kb(kb)?;
+        // The operator's tool: any tenant's KB, by id (or a default-tenant name).
+        let kb = self
+            .store()
+            .find_kb(kb)?
+            .ok_or_else(|| SiftError::kb_not_found(kb))?;
         let actor = self
             .context
             .registry

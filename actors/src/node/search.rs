@@ -7,12 +7,20 @@ use super::SiftNode;
 use crate::error::Result;
 use crate::retrieval::query::{self, SearchQuery};
 use crate::retrieval::{SearchRequest, SearchResponse};
+use crate::scope::{Need, Scope};
 
 impl SiftNode {
-    pub async fn search(&self, kb: &str, query: SearchQuery) -> Result<SearchResponse> {
+    pub async fn search(
+        &self,
+        scope: &Scope,
+        kb: &str,
+        query: SearchQuery,
+    ) -> Result<SearchResponse> {
         let started = Instant::now();
-        let kb = self.find_kb_for_data(kb).await?;
-        let search = query::resolve(&query, &kb.settings.retrieval, self.root.rerankers())?;
+        let kb = self.find_kb_for_data(scope, kb, Need::Read).await?;
+        let mut search = query::resolve(&query, &kb.settings.retrieval, self.root.rerankers())?;
+        // Document-level access: applied inside every shard, before ranking.
+        search.filter.groups = scope.groups().map(<[String]>::to_vec);
         let embed_started = Instant::now();
         let mut vectors = if search.channels.dense {
             let embedder = self.context.embedders.get(&kb.settings.embedding_model)?;

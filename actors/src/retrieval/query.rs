@@ -178,6 +178,7 @@ pub fn resolve(
     let filter = SearchFilter {
         document_ids: filters.document_ids,
         metadata: crate::node::metadata_from_json(filters.metadata.unwrap_or_default())?,
+        ..SearchFilter::default()
     };
     let extra_queries = extra_queries(&text, query.queries.as_deref(), settings.multi_query)?;
     Ok(ResolvedSearch {

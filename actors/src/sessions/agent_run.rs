@@ -38,6 +38,8 @@ pub(crate) struct AgentRunArguments {
     pub sessions: Arc<Sessions>,
     pub preset: Arc<AgentPreset>,
     pub input: RunInput,
+    /// Whose data the run reads.
+    pub scope: crate::scope::Scope,
     /// For a run stored in a session: how many of its turns a new history summary covers.
     pub stored_turns: Option<u32>,
     pub log: Arc<RunLog>,
@@ -133,6 +135,7 @@ async fn execute(arguments: AgentRunArguments) {
         sessions,
         preset,
         input,
+        scope,
         stored_turns,
         log,
     } = arguments;
@@ -142,7 +145,7 @@ async fn execute(arguments: AgentRunArguments) {
     };
     let question = input.question.clone();
     let given_summary = input.history_summary.clone();
-    let end = run(&sessions, preset, input, &log).await;
+    let end = run(&sessions, preset, input, scope, &log).await;
     let mut message_id = None;
     if let (Some(summary_turns), Some(outcome)) = (stored_turns, &end.outcome) {
         message_id = sessions
@@ -187,6 +190,7 @@ async fn run(
     sessions: &Sessions,
     preset: Arc<AgentPreset>,
     input: RunInput,
+    scope: crate::scope::Scope,
     log: &RunLog,
 ) -> RunEnd {
     let started = Instant::now();
@@ -223,7 +227,10 @@ async fn run(
         panic!("injected agent run panic");
     }
     let deps = AgentDeps {
-        corpus: sessions.node().clone(),
+        corpus: Arc::new(crate::scope::ScopedCorpus {
+            node: sessions.node().clone(),
+            scope,
+        }),
         model: sessions.model(),
         preset,
     };

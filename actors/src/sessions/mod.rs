@@ -49,6 +49,7 @@ use crate::agent::{
 use crate::error::{Result, SiftError};
 use crate::ingest::pipeline::now_ms;
 use crate::node::supervisor::{ChildSpec, RestartPolicy};
+use crate::scope::{Need, Scope};
 use sift_models::llm::SharedChatModel;
 
 /// A question checked and ready to run: what its `AgentRun` needs.
@@ -58,6 +59,8 @@ pub(crate) struct PreparedRun {
     pub input: RunInput,
     /// Who may follow and stop the run (see [`Caller`]).
     pub owner: Option<String>,
+    /// Whose data the run reads: its caller's.
+    pub scope: Scope,
     /// For a run stored in a session: how many of its turns a new history summary covers.
     pub stored_turns: Option<u32>,
 }
@@ -96,26 +99,25 @@ fn sessions_actor_spec(sessions: std::sync::Weak<Sessions>) -> ChildSpec {
     }
 }
 
-/// Who calls the session layer: the API key that will own what it creates, and whether it
-/// may see everyone's sessions and runs (admins, and everyone with auth off). Someone else's
-/// session or run is answered as if it did not exist.
+/// Who calls the session layer: the API key that will own what it creates, its tenant
+/// (whose KBs its sessions may search), and whether it may see every session and run of its
+/// tenant (its admins, and everyone with auth off). A session or run it may not see is
+/// answered as if it did not exist.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller {
     pub owner: Option<String>,
-    pub sees_all: bool,
+    pub scope: Scope,
+    pub sees_tenant: bool,
 }
 
 impl Caller {
-    /// Sees everything, owns nothing (auth off, internal callers).
+    /// The default tenant's admin that owns nothing (auth off, internal callers).
     pub fn anyone() -> Caller {
         Caller {
             owner: None,
-            sees_all: true,
+            scope: Scope::default_tenant(),
+            sees_tenant: true,
         }
-    }
-
-    fn may_see(&self, owner: Option<&str>) -> bool {
-        self.sees_all || (self.owner.is_some() && self.owner.as_deref() == owner)
     }
 }
 
@@ -310,8 +312,21 @@ impl Sessions {
         self.node.context().meta.store()
     }
 
-    /// Resolves KB names or ids to ids (deduplicated, in order).
-    fn resolve_kbs(&self, kbs: &[String]) -> Result<Vec<String>> {
+    /// Whether `caller` may see a session or run of the key `owner`: its own, or, for its
+    /// tenant's admins, any of its tenant's.
+    fn may_see(&self, caller: &Caller, owner: Option<&str>) -> bool {
+        if caller.owner.is_some() && caller.owner.as_deref() == owner {
+            return true;
+        }
+        caller.sees_tenant
+            && matches!(
+                self.store().owner_tenant(owner),
+                Ok(Some(tenant)) if tenant == caller.scope.name()
+            )
+    }
+
+    /// Resolves KB names or ids, in the caller's scope, to ids (deduplicated, in order).
+    fn resolve_kbs(&self, kbs: &[String], scope: &Scope) -> Result<Vec<String>> {
         if kbs.is_empty() || kbs.len() > MAX_SESSION_KBS {
             return Err(SiftError::invalid(
                 "invalid_kbs",
@@ -320,7 +335,7 @@ impl Sessions {
         }
         let mut ids: Vec<String> = Vec::new();
         for kb in kbs {
-            let id = self.node.find_kb(kb)?.id;
+            let id = self.node.find_kb(scope, kb, Need::Read)?.id;
             if !ids.contains(&id) {
                 ids.push(id);
             }
@@ -338,7 +353,7 @@ impl Sessions {
     ) -> Result<SessionRecord> {
         let agent = request.agent.unwrap_or_else(|| "default".into());
         self.preset(&agent)?;
-        let kbs = self.resolve_kbs(&request.kbs)?;
+        let kbs = self.resolve_kbs(&request.kbs, &caller.scope)?;
         let id = uuid::Uuid::now_v7().to_string();
         let created_at_ms = now_ms();
         let op = match &caller.owner {
@@ -372,20 +387,19 @@ impl Sessions {
         caller: &Caller,
     ) -> Result<Vec<SessionRecord>> {
         let limit = limit.clamp(1, MAX_SESSIONS_PAGE);
-        if caller.sees_all {
-            return Ok(self.store().list_sessions(after, limit, None)?);
+        if caller.owner.is_none() && !caller.sees_tenant {
+            return Ok(Vec::new());
         }
-        match &caller.owner {
-            Some(owner) => Ok(self.store().list_sessions(after, limit, Some(owner))?),
-            None => Ok(Vec::new()),
-        }
+        Ok(self.store().list_sessions(after, limit, |session| {
+            self.may_see(caller, session.owner.as_deref())
+        })?)
     }
 
     /// The session, if the caller may see it; else `session_not_found`, as for none.
     pub fn get_session(&self, id: &str, caller: &Caller) -> Result<SessionRecord> {
         self.store()
             .get_session(id)?
-            .filter(|session| caller.may_see(session.owner.as_deref()))
+            .filter(|session| self.may_see(caller, session.owner.as_deref()))
             .ok_or_else(|| session_not_found(id))
     }
 
@@ -453,10 +467,11 @@ impl Sessions {
         let session = self.get_session(session_id, caller)?;
         let question = self.check_question(content)?;
         let preset = self.preset(&session.agent)?;
+        // The KBs the caller still reaches (a share may have ended since).
         let kbs: Vec<String> = session
             .kbs
             .iter()
-            .filter(|kb| matches!(self.store().get_kb(kb), Ok(Some(_))))
+            .filter(|kb| self.node.find_kb(&caller.scope, kb, Need::Read).is_ok())
             .cloned()
             .collect();
         if kbs.is_empty() {
@@ -500,6 +515,7 @@ impl Sessions {
             preset,
             input,
             owner: session.owner.clone(),
+            scope: caller.scope.clone(),
             stored_turns: Some(summarised_through),
         };
         self.route(run, |run, reply| SessionsMessage::Ask {
@@ -516,7 +532,7 @@ impl Sessions {
         caller: &Caller,
     ) -> Result<Arc<RunLog>> {
         let preset = self.preset(request.agent.as_deref().unwrap_or("default"))?;
-        let kbs = self.resolve_kbs(&request.kbs)?;
+        let kbs = self.resolve_kbs(&request.kbs, &caller.scope)?;
         let question = self.check_question(&request.question)?;
         let run_id = uuid::Uuid::now_v7().to_string();
         let input = RunInput {
@@ -532,6 +548,7 @@ impl Sessions {
             preset,
             input,
             owner: caller.owner.clone(),
+            scope: caller.scope.clone(),
             stored_turns: None,
         };
         self.route(run, |run, reply| SessionsMessage::AskEphemeral {
@@ -618,6 +635,7 @@ impl Sessions {
             preset,
             input,
             owner,
+            scope,
             stored_turns,
         } = run;
         let log = Arc::new(RunLog::new(
@@ -645,6 +663,7 @@ impl Sessions {
             sessions: self.clone(),
             preset,
             input,
+            scope,
             stored_turns,
             log: log.clone(),
         };
@@ -741,7 +760,7 @@ impl Sessions {
     pub fn run(&self, run_id: &str, caller: &Caller) -> Result<Arc<RunLog>> {
         self.lock_runs()
             .get(run_id)
-            .filter(|log| caller.may_see(log.owner.as_deref()))
+            .filter(|log| self.may_see(caller, log.owner.as_deref()))
             .cloned()
             .ok_or_else(|| run_not_found(run_id))
     }

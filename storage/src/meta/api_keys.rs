@@ -43,6 +43,49 @@ impl Role {
     }
 }
 
+/// The tenant of everything made before tenants existed, of the first admin key and of
+/// everything made with auth off. Its admins are the operators: they alone reach the
+/// cluster, the tenants and the debug routes.
+pub const DEFAULT_TENANT: &str = "default";
+
+fn default_tenant() -> String {
+    DEFAULT_TENANT.to_string()
+}
+
+/// A key as [`MetaOp::CreateApiKey`] carries it: the fields of the first key format, frozen
+/// (ops are bincode in the Raft log; [`MetaOp::CreateTenantApiKey`] carries the tenant and
+/// groups besides).
+///
+/// [`MetaOp::CreateApiKey`]: super::MetaOp::CreateApiKey
+/// [`MetaOp::CreateTenantApiKey`]: super::MetaOp::CreateTenantApiKey
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiKeyFields {
+    pub id: String,
+    pub name: String,
+    pub role: Role,
+    pub secret_sha256: String,
+    pub created_at_ms: u64,
+    pub expires_at_ms: Option<u64>,
+    pub revoked_at_ms: Option<u64>,
+}
+
+impl ApiKeyFields {
+    /// The record stored for these fields in `tenant`, with `groups`.
+    pub fn into_record(self, tenant: &str, groups: &[String]) -> ApiKeyRecord {
+        ApiKeyRecord {
+            id: self.id,
+            name: self.name,
+            role: self.role,
+            secret_sha256: self.secret_sha256,
+            created_at_ms: self.created_at_ms,
+            expires_at_ms: self.expires_at_ms,
+            revoked_at_ms: self.revoked_at_ms,
+            tenant: tenant.to_string(),
+            groups: groups.to_vec(),
+        }
+    }
+}
+
 /// A stored API key: never the secret, only its hash.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApiKeyRecord {
@@ -58,6 +101,14 @@ pub struct ApiKeyRecord {
     pub expires_at_ms: Option<u64>,
     /// Refused since this time, when set.
     pub revoked_at_ms: Option<u64>,
+    /// The tenant whose data the key reaches (records of keys made before tenants: the
+    /// default one).
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
+    /// The document groups the key may read besides documents open to all (see the
+    /// document-level access of tenants); empty: those only.
+    #[serde(default)]
+    pub groups: Vec<String>,
 }
 
 impl ApiKeyRecord {
@@ -85,12 +136,12 @@ impl SledMetaStore {
         Ok(keys)
     }
 
-    /// Whether any admin key can still be used at `now_ms` (first start makes one otherwise).
+    /// Whether any admin key of the default tenant (an operator's) can still be used at
+    /// `now_ms` (first start makes one otherwise).
     pub fn has_live_admin_key(&self, now_ms: u64) -> Result<bool> {
-        Ok(self
-            .list_api_keys()?
-            .iter()
-            .any(|key| key.role == Role::Admin && key.is_live(now_ms)))
+        Ok(self.list_api_keys()?.iter().any(|key| {
+            key.role == Role::Admin && key.tenant == DEFAULT_TENANT && key.is_live(now_ms)
+        }))
     }
 
     pub(super) fn apply_create_api_key(
@@ -98,6 +149,9 @@ impl SledMetaStore {
         pending: &mut Pending<'_>,
         key: &ApiKeyRecord,
     ) -> Result<ApiKeyRecord> {
+        if !self.tenant_exists_in(pending, &key.tenant)? {
+            return Err(StorageError::NotFound(format!("tenant {:?}", key.tenant)));
+        }
         if let Some(existing) = pending.get::<ApiKeyRecord>(&api_key_key(&key.id))? {
             if existing.secret_sha256 == key.secret_sha256 {
                 return Ok(existing); // a retried create

@@ -3,6 +3,7 @@
 //! refused op can be rolled back (see `log.rs`). Nothing here may depend on anything but the
 //! op and the state before it: no clock, no randomness, no node-local facts.
 
+use super::api_keys::DEFAULT_TENANT;
 use super::keys::{
     DOC_PREFIX, doc_key, doc_prefix, drain_key, ext_key, ext_prefix, hash_key, hash_prefix, kb_key,
     kb_name_key, pending_key, pending_prefix, shard_bytes_key, shard_bytes_prefix, tomb_key,
@@ -53,7 +54,7 @@ impl SledMetaStore {
                     return Ok(MetaOutcome::Unchanged);
                 };
                 pending.remove(kb_key(kb_id));
-                pending.remove(kb_name_key(&kb.name));
+                self.remove_kb_tenancy(pending, &kb)?;
                 let mut documents = Vec::new();
                 let prefixes = [
                     doc_prefix(kb_id),
@@ -266,8 +267,48 @@ impl SledMetaStore {
                 &SessionRecord::new(id, kbs, agent, *created_at_ms, Some(owner.clone())),
             )?)),
             MetaOp::CreateApiKey(key) => Ok(MetaOutcome::ApiKey(
-                self.apply_create_api_key(pending, key)?,
+                self.apply_create_api_key(pending, &key.clone().into_record(DEFAULT_TENANT, &[]))?,
             )),
+            MetaOp::CreateTenantApiKey {
+                key,
+                tenant,
+                groups,
+            } => Ok(MetaOutcome::ApiKey(self.apply_create_api_key(
+                pending,
+                &key.clone().into_record(tenant, groups),
+            )?)),
+            MetaOp::CreateTenant {
+                name,
+                created_at_ms,
+            } => Ok(MetaOutcome::Tenant(self.apply_create_tenant(
+                pending,
+                name,
+                *created_at_ms,
+            )?)),
+            MetaOp::DeleteTenant { name, at_ms } => {
+                Ok(match self.apply_delete_tenant(pending, name, *at_ms)? {
+                    Some(deleted) => MetaOutcome::TenantDeleted(deleted),
+                    None => MetaOutcome::Unchanged,
+                })
+            }
+            MetaOp::AppendAudit {
+                entry,
+                forget_before_ms,
+            } => {
+                self.apply_append_audit(pending, entry, *forget_before_ms)?;
+                Ok(MetaOutcome::Unchanged)
+            }
+            MetaOp::CreateTenantKb { tenant, kb } => Ok(MetaOutcome::Kb(
+                self.apply_create_tenant_kb(pending, tenant, kb)?,
+            )),
+            MetaOp::ShareKb {
+                kb_id,
+                tenant,
+                shared,
+            } => Ok(MetaOutcome::Shares {
+                kb_id: kb_id.clone(),
+                tenants: self.apply_share_kb(pending, kb_id, tenant, *shared)?,
+            }),
             MetaOp::RevokeApiKey { id, at_ms } => Ok(MetaOutcome::ApiKey(
                 self.apply_revoke_api_key(pending, id, *at_ms)?,
             )),

@@ -6,7 +6,11 @@
 //! | key | value |
 //! |---|---|
 //! | `kb/{kb_id}` | [`KbRecord`] |
-//! | `kbname/{name}` | kb id (text) |
+//! | `kbname/{name}` | kb id (text): a KB of the default tenant |
+//! | `kbname/{tenant}:{name}` | kb id (text): a KB of another tenant |
+//! | `kbtenant/{kb_id}` | tenant name (text); none: the default tenant |
+//! | `kbshare/{kb_id}/{tenant}` | `1` (text): the KB is shared read-only with the tenant |
+//! | `tenant/{name}` | [`TenantRecord`] (the default tenant has none) |
 //! | `doc/{kb_id}/{doc_id}` | [`DocumentRecord`] |
 //! | `docext/{kb_id}/{external_id}` | doc id (text) |
 //! | `dochash/{kb_id}/{content_hash}` | doc id (text) |
@@ -17,6 +21,7 @@
 //! | `sess/{session_id}` | [`SessionRecord`] |
 //! | `turn/{session_id}/{seq:010}` | [`StoredTurn`] |
 //! | `turnmsg/{session_id}/{message_id}` | seq of the turn (decimal text): idempotent appends |
+//! | `audit/{id}` | [`AuditEntry`]: one audited request (UUIDv7 ids: time order) |
 //! | `apikey/{id}` | [`ApiKeyRecord`]: a key's hash, role, expiry, revocation |
 //! | `opid/{op_id}` | `(u64, MetaOutcome)`: log index and outcome of an op with an id |
 //! | `opindex/{index:020}` | op id (text) applied at that index: the op-id window |
@@ -33,6 +38,8 @@
 //! [`SessionRecord`]: super::SessionRecord
 //! [`StoredTurn`]: super::StoredTurn
 //! [`ApiKeyRecord`]: super::ApiKeyRecord
+//! [`TenantRecord`]: super::TenantRecord
+//! [`AuditEntry`]: super::AuditEntry
 
 /// The last applied log index.
 pub(super) const APPLIED_KEY: &[u8] = b"applied";
@@ -55,6 +62,36 @@ pub(super) const SESSION_PREFIX: &[u8] = b"sess/";
 /// Every API key record.
 pub(super) const API_KEY_PREFIX: &[u8] = b"apikey/";
 
+/// Every audit entry.
+pub(super) const AUDIT_PREFIX: &[u8] = b"audit/";
+pub(super) fn audit_key(id: &str) -> Vec<u8> {
+    format!("audit/{id}").into_bytes()
+}
+/// Every tenant record.
+pub(super) const TENANT_PREFIX: &[u8] = b"tenant/";
+/// Every share of every KB.
+pub(super) const KB_SHARE_PREFIX: &[u8] = b"kbshare/";
+
+/// The name key of a KB of `tenant` (the default tenant's keep the form from before tenants).
+pub(super) fn tenant_kb_name_key(tenant: &str, name: &str) -> Vec<u8> {
+    if tenant == super::DEFAULT_TENANT {
+        kb_name_key(name)
+    } else {
+        format!("kbname/{tenant}:{name}").into_bytes()
+    }
+}
+pub(super) fn kb_tenant_key(kb_id: &str) -> Vec<u8> {
+    format!("kbtenant/{kb_id}").into_bytes()
+}
+pub(super) fn kb_share_prefix(kb_id: &str) -> Vec<u8> {
+    format!("kbshare/{kb_id}/").into_bytes()
+}
+pub(super) fn kb_share_key(kb_id: &str, tenant: &str) -> Vec<u8> {
+    format!("kbshare/{kb_id}/{tenant}").into_bytes()
+}
+pub(super) fn tenant_key(name: &str) -> Vec<u8> {
+    format!("tenant/{name}").into_bytes()
+}
 pub(super) fn kb_key(kb_id: &str) -> Vec<u8> {
     format!("kb/{kb_id}").into_bytes()
 }

@@ -23,7 +23,7 @@
 //! One sled tree (`meta`) holds the state, keys prefixed by kind, values JSON; the layout is
 //! the table in `keys.rs`. The code is split by concern: the stored records (`records.rs`),
 //! ops and outcomes (`ops.rs`), keys (`keys.rs`), the in-memory overlay of a batch
-//! (`pending.rs`), what each op does (`apply.rs`, `sessions.rs` for chat sessions), applying
+//! (`pending.rs`), what each op does (`apply.rs`, `sessions.rs` for chat sessions, `api_keys.rs`, `tenants.rs`, `audit.rs`), applying
 //! log entries and op ids (`log.rs`), snapshots (`snapshot.rs`) and read queries (`read.rs`).
 
 use std::collections::BTreeMap;
@@ -37,6 +37,7 @@ use crate::error::{Result, StorageError};
 
 mod api_keys;
 mod apply;
+mod audit;
 mod keys;
 mod log;
 mod ops;
@@ -45,8 +46,10 @@ mod read;
 mod records;
 mod sessions;
 mod snapshot;
+mod tenants;
 
-pub use api_keys::{ApiKeyRecord, Role};
+pub use api_keys::{ApiKeyFields, ApiKeyRecord, DEFAULT_TENANT, Role};
+pub use audit::AuditEntry;
 pub use log::{LoggedOp, MetaStateMachine, OP_ID_WINDOW};
 pub use ops::{MetaOp, MetaOutcome, Registered, StatusUpdate};
 pub use read::{DocumentCounts, PendingDocument};
@@ -55,6 +58,7 @@ pub use records::{
     RetrievalSettings, ShardPlacement, Tombstone,
 };
 pub use sessions::{SessionRecord, StoredTurn, TurnCitation, TurnTraceStep, TurnUsage};
+pub use tenants::{KbAccess, TenantDeleted, TenantRecord};
 
 use keys::{DOC_PREFIX, PENDING_INDEX_KEY, pending_key, shard_bytes_key};
 

@@ -5,9 +5,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::api_keys::ApiKeyRecord;
+use super::api_keys::{ApiKeyFields, ApiKeyRecord};
+use super::audit::AuditEntry;
 use super::records::{DocStatus, DocumentRecord, KbRecord, KbSettings, ReplicaState, Tombstone};
 use super::sessions::{SessionRecord, StoredTurn};
+use super::tenants::{TenantDeleted, TenantRecord};
 
 /// One document's move to another ingestion stage (see [`MetaOp::SetDocumentStatus`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -127,9 +129,9 @@ pub enum MetaOp {
         node: u64,
         draining: bool,
     },
-    /// Stores a new API key (a retried create with the same secret hash returns it; another
-    /// key with the same id is a conflict).
-    CreateApiKey(ApiKeyRecord),
+    /// Stores a new API key of the default tenant (a retried create with the same secret
+    /// hash returns it; another key with the same id is a conflict).
+    CreateApiKey(ApiKeyFields),
     /// [`MetaOp::CreateSession`] for the API key `owner`: only it (and admins) may see the
     /// session.
     CreateOwnedSession {
@@ -144,6 +146,42 @@ pub enum MetaOp {
     RevokeApiKey {
         id: String,
         at_ms: u64,
+    },
+    /// Creates a tenant (a retried create returns it; another of the same name is a
+    /// conflict; the default tenant always exists).
+    CreateTenant {
+        name: String,
+        created_at_ms: u64,
+    },
+    /// Deletes a tenant that owns no KB: revokes its keys, deletes its sessions and the
+    /// shares made to it.
+    DeleteTenant {
+        name: String,
+        at_ms: u64,
+    },
+    /// [`MetaOp::CreateKb`] for `tenant`: the name is unique within the tenant.
+    CreateTenantKb {
+        tenant: String,
+        kb: KbRecord,
+    },
+    /// Shares a KB read-only with another tenant (`shared`), or stops sharing it.
+    ShareKb {
+        kb_id: String,
+        tenant: String,
+        shared: bool,
+    },
+    /// [`MetaOp::CreateApiKey`] for a key of `tenant` that may read the documents of
+    /// `groups` besides those open to all.
+    CreateTenantApiKey {
+        key: ApiKeyFields,
+        tenant: String,
+        groups: Vec<String>,
+    },
+    /// Appends an entry to the audit log, and forgets entries made before
+    /// `forget_before_ms` (the retention is the proposer's; applying stays deterministic).
+    AppendAudit {
+        entry: AuditEntry,
+        forget_before_ms: u64,
     },
 }
 
@@ -182,4 +220,11 @@ pub enum MetaOutcome {
         draining: bool,
     },
     ApiKey(ApiKeyRecord),
+    Tenant(TenantRecord),
+    TenantDeleted(TenantDeleted),
+    /// The tenants a KB is shared with after a [`MetaOp::ShareKb`].
+    Shares {
+        kb_id: String,
+        tenants: Vec<String>,
+    },
 }

@@ -54,6 +54,35 @@ impl<'a> Pending<'a> {
             .take_while(|(key, _)| key.starts_with(prefix));
         Self::merge(self.tree.scan_prefix(prefix), overlay)
     }
+    /// The first `limit` entries whose keys start with `prefix`, the overlay's writes
+    /// included, reading no further into sled than that.
+    pub(super) fn scan_prefix_head(
+        &self,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut entries = BTreeMap::new();
+        for item in self.tree.scan_prefix(prefix) {
+            if entries.len() == limit {
+                break;
+            }
+            let (key, value) = item?;
+            // A key the overlay wrote is the overlay's to decide.
+            if !self.writes.contains_key(key.as_ref()) {
+                entries.insert(key.to_vec(), value.to_vec());
+            }
+        }
+        let overlay = self
+            .writes
+            .range(prefix.to_vec()..)
+            .take_while(|(key, _)| key.starts_with(prefix));
+        for (key, value) in overlay {
+            if let Some(value) = value {
+                entries.insert(key.clone(), value.clone());
+            }
+        }
+        Ok(entries.into_iter().take(limit).collect())
+    }
     /// The entries with keys in `start..=end`, the overlay's writes included.
     pub(super) fn scan_range(
         &self,

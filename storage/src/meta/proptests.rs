@@ -252,7 +252,34 @@ fn op() -> impl Strategy<Value = MetaOp> {
             .prop_map(|(session_id, summary, summary_turns, at_ms)| {
                 MetaOp::SetHistorySummary { session_id, summary, summary_turns, at_ms }
             }),
+        1 => (tenant(), at_ms())
+            .prop_map(|(name, created_at_ms)| MetaOp::CreateTenant { name, created_at_ms }),
+        1 => (tenant(), at_ms()).prop_map(|(name, at_ms)| MetaOp::DeleteTenant { name, at_ms }),
+        1 => (tenant(), kb_record()).prop_map(|(tenant, kb)| MetaOp::CreateTenantKb { tenant, kb }),
+        1 => (kb_id(), tenant(), any::<bool>())
+            .prop_map(|(kb_id, tenant, shared)| MetaOp::ShareKb { kb_id, tenant, shared }),
+        2 => (at_ms(), 0u64..200, tenant()).prop_map(|(at_ms, forget_before_ms, tenant)| {
+            MetaOp::AppendAudit {
+                entry: super::AuditEntry {
+                    id: format!("{at_ms:08}"),
+                    at_ms,
+                    key_id: None,
+                    tenant,
+                    role: "admin".into(),
+                    method: "POST".into(),
+                    route: "/v1/kbs".into(),
+                    target: "/v1/kbs".into(),
+                    status: 201,
+                    address: None,
+                },
+                forget_before_ms,
+            }
+        }),
     ]
+}
+
+fn tenant() -> impl Strategy<Value = String> {
+    prop_oneof![Just("acme"), Just("globex"), Just("default")].prop_map(String::from)
 }
 
 /// How an entry of the log carries an op id: none (a single node's op), its own, or the id

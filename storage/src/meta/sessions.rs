@@ -120,13 +120,13 @@ impl SledMetaStore {
 
     /// A page of at most `limit` sessions in descending id order (newest first: the node's
     /// session ids are UUIDv7, ordered by creation time), starting after the session `after`
-    /// when given; with `owner`, only the sessions of that key. Reads only up to the page
-    /// (and, with `owner`, the other keys' sessions in between).
+    /// when given; only the sessions `keep` accepts. Reads only up to the page (and the
+    /// sessions `keep` refuses in between).
     pub fn list_sessions(
         &self,
         after: Option<&str>,
         limit: usize,
-        owner: Option<&str>,
+        mut keep: impl FnMut(&SessionRecord) -> bool,
     ) -> Result<Vec<SessionRecord>> {
         let end = match after {
             Some(id) => session_key(id),
@@ -140,7 +140,7 @@ impl SledMetaStore {
             }
             let (_, value) = item?;
             let session = decode::<SessionRecord>(&value)?;
-            if owner.is_none_or(|owner| session.owner.as_deref() == Some(owner)) {
+            if keep(&session) {
                 sessions.push(session);
             }
         }

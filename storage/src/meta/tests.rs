@@ -447,7 +447,7 @@ fn sessions_turns_and_summary() {
     .unwrap();
     let listed = |after: Option<&str>, limit: usize| -> Vec<String> {
         store
-            .list_sessions(after, limit, None)
+            .list_sessions(after, limit, |_| true)
             .unwrap()
             .into_iter()
             .map(|s| s.id)
@@ -482,7 +482,9 @@ fn sessions_turns_and_summary() {
     }
     let owned = |owner: &str, after: Option<&str>, limit: usize| -> Vec<String> {
         store
-            .list_sessions(after, limit, Some(owner))
+            .list_sessions(after, limit, |session| {
+                session.owner.as_deref() == Some(owner)
+            })
             .unwrap()
             .into_iter()
             .map(|s| s.id)
@@ -596,7 +598,7 @@ fn session_ops_round_trip_through_bincode() {
             created_at_ms: 4,
             owner: "0123456789ab".into(),
         },
-        MetaOp::CreateApiKey(ApiKeyRecord {
+        MetaOp::CreateApiKey(ApiKeyFields {
             id: "0123456789ab".into(),
             name: "ci".into(),
             role: Role::Reader,
@@ -608,6 +610,36 @@ fn session_ops_round_trip_through_bincode() {
         MetaOp::RevokeApiKey {
             id: "0123456789ab".into(),
             at_ms: 7,
+        },
+        MetaOp::CreateTenant {
+            name: "acme".into(),
+            created_at_ms: 8,
+        },
+        MetaOp::DeleteTenant {
+            name: "acme".into(),
+            at_ms: 9,
+        },
+        MetaOp::CreateTenantKb {
+            tenant: "acme".into(),
+            kb: kb("k2", "docs"),
+        },
+        MetaOp::ShareKb {
+            kb_id: "k2".into(),
+            tenant: "globex".into(),
+            shared: true,
+        },
+        MetaOp::CreateTenantApiKey {
+            key: ApiKeyFields {
+                id: "0123456789ac".into(),
+                name: "acme ci".into(),
+                role: Role::Editor,
+                secret_sha256: "cd".repeat(32),
+                created_at_ms: 10,
+                expires_at_ms: None,
+                revoked_at_ms: None,
+            },
+            tenant: "acme".into(),
+            groups: vec!["finance".into()],
         },
     ];
     for op in ops {
@@ -1083,7 +1115,7 @@ fn api_keys_are_created_once_and_stay_revoked() {
         store: &store,
         index: 0,
     };
-    let key = |id: &str, hash: &str, role: Role| ApiKeyRecord {
+    let key = |id: &str, hash: &str, role: Role| ApiKeyFields {
         id: id.into(),
         name: "k".into(),
         role,
@@ -1096,12 +1128,12 @@ fn api_keys_are_created_once_and_stay_revoked() {
     let admin = key("aaaaaaaaaaaa", "h1", Role::Admin);
     assert_eq!(
         log.apply(MetaOp::CreateApiKey(admin.clone())).unwrap(),
-        MetaOutcome::ApiKey(admin.clone())
+        MetaOutcome::ApiKey(admin.clone().into_record(DEFAULT_TENANT, &[]))
     );
     // A retried create is the same key; another secret under the same id is refused.
     assert_eq!(
         log.apply(MetaOp::CreateApiKey(admin.clone())).unwrap(),
-        MetaOutcome::ApiKey(admin.clone())
+        MetaOutcome::ApiKey(admin.clone().into_record(DEFAULT_TENANT, &[]))
     );
     let clash = log
         .apply(MetaOp::CreateApiKey(key("aaaaaaaaaaaa", "h2", Role::Admin)))
@@ -1148,7 +1180,254 @@ fn api_keys_are_created_once_and_stay_revoked() {
     assert!(missing.to_string().contains("cccccccccccc"), "{missing}");
 
     // Expiry: live before its time, not at or after it.
-    let mut expiring = key("dddddddddddd", "h4", Role::Admin);
+    let mut expiring = key("dddddddddddd", "h4", Role::Admin).into_record(DEFAULT_TENANT, &[]);
     expiring.expires_at_ms = Some(100);
     assert!(expiring.is_live(99) && !expiring.is_live(100));
+}
+
+/// The first key format (before tenants) is still read: its records belong to the default
+/// tenant, with no groups.
+#[test]
+fn api_key_records_from_before_tenants_are_default_tenant_keys() {
+    let old = r#"{"id":"aaaaaaaaaaaa","name":"k","role":"admin","secret_sha256":"h","created_at_ms":1,"expires_at_ms":null,"revoked_at_ms":null}"#;
+    let record: ApiKeyRecord = serde_json::from_str(old).unwrap();
+    assert_eq!(record.tenant, DEFAULT_TENANT);
+    assert!(record.groups.is_empty());
+}
+
+#[test]
+fn tenants_scope_kb_names_keys_sessions_and_shares() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    let mut log = Log {
+        store: &store,
+        index: 0,
+    };
+    let tenant = |name: &str| MetaOp::CreateTenant {
+        name: name.into(),
+        created_at_ms: 5,
+    };
+    log.apply(tenant("acme")).unwrap();
+    log.apply(tenant("globex")).unwrap();
+    // A retried create is the same tenant; the default one and a second acme are refused.
+    assert!(matches!(
+        log.apply(tenant("acme")).unwrap(),
+        MetaOutcome::Tenant(_)
+    ));
+    let again = log
+        .apply(MetaOp::CreateTenant {
+            name: "acme".into(),
+            created_at_ms: 6,
+        })
+        .unwrap_err();
+    assert!(matches!(again, StorageError::Conflict(_)), "{again}");
+    assert!(log.apply(tenant(DEFAULT_TENANT)).is_err());
+    let names: Vec<String> = store
+        .list_tenants()
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, ["default", "acme", "globex"]);
+
+    // The same KB name in three tenants; each finds its own, by name or id.
+    log.apply(MetaOp::CreateKb(kb("k0", "docs"))).unwrap();
+    let create = |tenant: &str, id: &str| MetaOp::CreateTenantKb {
+        tenant: tenant.into(),
+        kb: kb(id, "docs"),
+    };
+    log.apply(create("acme", "k1")).unwrap();
+    log.apply(create("globex", "k2")).unwrap();
+    let clash = log.apply(create("acme", "k3")).unwrap_err();
+    assert!(matches!(clash, StorageError::Conflict(_)), "{clash}");
+    assert!(log.apply(create("nobody", "k4")).is_err(), "no such tenant");
+    let found = |tenant: &str, kb: &str| {
+        store
+            .find_kb_in(tenant, kb)
+            .unwrap()
+            .map(|(record, access)| (record.id, access))
+    };
+    assert_eq!(
+        found(DEFAULT_TENANT, "docs"),
+        Some(("k0".into(), KbAccess::Owner))
+    );
+    assert_eq!(found("acme", "docs"), Some(("k1".into(), KbAccess::Owner)));
+    assert_eq!(found("acme", "k1"), Some(("k1".into(), KbAccess::Owner)));
+    assert_eq!(
+        found("acme", "acme:docs"),
+        Some(("k1".into(), KbAccess::Owner))
+    );
+    // Another tenant's KB is not found, by id, name or qualified name.
+    assert_eq!(found("globex", "k1"), None);
+    assert_eq!(found("globex", "acme:docs"), None);
+    assert_eq!(found(DEFAULT_TENANT, "k1"), None);
+    assert_eq!(store.kb_tenant("k1").unwrap(), "acme");
+    assert_eq!(store.kb_tenant("k0").unwrap(), DEFAULT_TENANT);
+
+    // Shared with globex: found there read-only, by id or qualified name.
+    let share = |shared| MetaOp::ShareKb {
+        kb_id: "k1".into(),
+        tenant: "globex".into(),
+        shared,
+    };
+    log.apply(share(true)).unwrap();
+    assert_eq!(found("globex", "k1"), Some(("k1".into(), KbAccess::Shared)));
+    assert_eq!(
+        found("globex", "acme:docs"),
+        Some(("k1".into(), KbAccess::Shared))
+    );
+    assert_eq!(
+        found("globex", "docs"),
+        Some(("k2".into(), KbAccess::Owner))
+    );
+    assert_eq!(store.list_kbs_in("globex").unwrap().len(), 2);
+    assert_eq!(store.list_kbs_in("acme").unwrap().len(), 1);
+    assert!(
+        log.apply(MetaOp::ShareKb {
+            kb_id: "k1".into(),
+            tenant: "acme".into(),
+            shared: true,
+        })
+        .is_err(),
+        "not with its owner"
+    );
+    log.apply(share(false)).unwrap();
+    assert_eq!(found("globex", "k1"), None);
+    log.apply(share(true)).unwrap();
+
+    // Keys of a tenant; a key of an unknown tenant is refused.
+    let key = |id: &str, tenant: &str| MetaOp::CreateTenantApiKey {
+        key: ApiKeyFields {
+            id: id.into(),
+            name: "k".into(),
+            role: Role::Admin,
+            secret_sha256: format!("hash-{id}"),
+            created_at_ms: 1,
+            expires_at_ms: None,
+            revoked_at_ms: None,
+        },
+        tenant: tenant.into(),
+        groups: vec!["team".into()],
+    };
+    log.apply(key("aaaaaaaaaaaa", "globex")).unwrap();
+    log.apply(key("bbbbbbbbbbbb", "acme")).unwrap();
+    assert!(log.apply(key("cccccccccccc", "nobody")).is_err());
+    let stored = store.get_api_key("aaaaaaaaaaaa").unwrap().unwrap();
+    assert_eq!((stored.tenant.as_str(), stored.groups.len()), ("globex", 1));
+    assert!(
+        !store.has_live_admin_key(10).unwrap(),
+        "a tenant's admin is no operator"
+    );
+    assert_eq!(
+        store.owner_tenant(Some("aaaaaaaaaaaa")).unwrap().as_deref(),
+        Some("globex")
+    );
+    assert_eq!(
+        store.owner_tenant(None).unwrap().as_deref(),
+        Some(DEFAULT_TENANT)
+    );
+    for (id, owner) in [("s1", "aaaaaaaaaaaa"), ("s2", "bbbbbbbbbbbb")] {
+        log.apply(MetaOp::CreateOwnedSession {
+            id: id.into(),
+            kbs: vec!["k2".into()],
+            agent: "default".into(),
+            created_at_ms: 1,
+            owner: owner.into(),
+        })
+        .unwrap();
+    }
+
+    // A tenant that owns a KB cannot be deleted; once its KBs are gone, its keys are
+    // revoked, its sessions and the shares made to it deleted.
+    let delete = MetaOp::DeleteTenant {
+        name: "globex".into(),
+        at_ms: 50,
+    };
+    let refused = log.apply(delete.clone()).unwrap_err();
+    assert!(matches!(refused, StorageError::Conflict(_)), "{refused}");
+    log.apply(MetaOp::DeleteKb { kb_id: "k2".into() }).unwrap();
+    assert_eq!(found("globex", "docs"), None);
+    let MetaOutcome::TenantDeleted(deleted) = log.apply(delete.clone()).unwrap() else {
+        panic!("deleted")
+    };
+    assert_eq!(deleted.revoked_keys, ["aaaaaaaaaaaa"]);
+    assert_eq!(deleted.sessions, ["s1"]);
+    assert_eq!(log.apply(delete).unwrap(), MetaOutcome::Unchanged);
+    assert!(store.get_tenant("globex").unwrap().is_none());
+    let revoked = store.get_api_key("aaaaaaaaaaaa").unwrap().unwrap();
+    assert_eq!(revoked.revoked_at_ms, Some(50));
+    assert!(store.get_session("s1").unwrap().is_none());
+    assert!(store.get_session("s2").unwrap().is_some());
+    assert!(store.kb_shares("k1").unwrap().is_empty());
+    // A new globex starts with nothing: the old share is gone.
+    log.apply(tenant("globex")).unwrap();
+    assert_eq!(found("globex", "k1"), None);
+    assert!(
+        log.apply(MetaOp::DeleteTenant {
+            name: DEFAULT_TENANT.into(),
+            at_ms: 60,
+        })
+        .is_err()
+    );
+
+    // Deleting a KB frees its name in its tenant.
+    log.apply(MetaOp::DeleteKb { kb_id: "k1".into() }).unwrap();
+    assert_eq!(found("acme", "docs"), None);
+    log.apply(create("acme", "k5")).unwrap();
+    assert_eq!(found("acme", "docs"), Some(("k5".into(), KbAccess::Owner)));
+}
+
+#[test]
+fn the_audit_log_pages_in_time_order_and_forgets_past_its_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    let mut log = Log {
+        store: &store,
+        index: 0,
+    };
+    let entry = |n: u64, tenant: &str| AuditEntry {
+        // Ids sort as the times do (the node's are UUIDv7).
+        id: format!("0000-{n:04}"),
+        at_ms: n * 10,
+        key_id: Some("aaaaaaaaaaaa".into()),
+        tenant: tenant.into(),
+        role: "editor".into(),
+        method: "POST".into(),
+        route: "/v1/kbs".into(),
+        target: "/v1/kbs".into(),
+        status: 201,
+        address: Some("127.0.0.1".into()),
+    };
+    for n in 1..=6 {
+        let tenant = if n % 2 == 0 { "acme" } else { DEFAULT_TENANT };
+        log.apply(MetaOp::AppendAudit {
+            entry: entry(n, tenant),
+            forget_before_ms: 0,
+        })
+        .unwrap();
+    }
+    let ids =
+        |entries: Vec<AuditEntry>| -> Vec<u64> { entries.iter().map(|e| e.at_ms / 10).collect() };
+    assert_eq!(
+        ids(store.list_audit(None, 4, |_| true).unwrap()),
+        [1, 2, 3, 4]
+    );
+    assert_eq!(
+        ids(store.list_audit(Some("0000-0004"), 4, |_| true).unwrap()),
+        [5, 6]
+    );
+    assert_eq!(
+        ids(store.list_audit(None, 10, |e| e.tenant == "acme").unwrap()),
+        [2, 4, 6]
+    );
+    // An append forgets what is older than its retention boundary, and only that.
+    log.apply(MetaOp::AppendAudit {
+        entry: entry(7, "acme"),
+        forget_before_ms: 35,
+    })
+    .unwrap();
+    assert_eq!(
+        ids(store.list_audit(None, 10, |_| true).unwrap()),
+        [4, 5, 6, 7]
+    );
 }

@@ -114,6 +114,7 @@ impl LiveDocuments {
 pub(crate) struct CompiledFilter<'a> {
     document_ids: Option<HashSet<&'a str>>,
     metadata: &'a Metadata,
+    groups: Option<&'a [String]>,
 }
 
 impl<'a> CompiledFilter<'a> {
@@ -124,11 +125,12 @@ impl<'a> CompiledFilter<'a> {
                 .as_ref()
                 .map(|ids| ids.iter().map(String::as_str).collect()),
             metadata: &filter.metadata,
+            groups: filter.groups.as_deref(),
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.document_ids.is_none() && self.metadata.is_empty()
+        self.document_ids.is_none() && self.metadata.is_empty() && self.groups.is_none()
     }
 
     pub fn matches(&self, document: &LiveDocument) -> bool {
@@ -140,5 +142,6 @@ impl<'a> CompiledFilter<'a> {
         self.metadata
             .iter()
             .all(|(key, value)| document.metadata.get(key) == Some(value))
+            && crate::chunk::may_read(&document.metadata, self.groups)
     }
 }

@@ -272,6 +272,7 @@ fn replacing_a_document_removes_its_old_chunks() {
     let food = SearchFilter {
         document_ids: None,
         metadata: metadata(&[("topic", "food")]),
+        ..SearchFilter::default()
     };
     assert!(
         shard
@@ -391,6 +392,7 @@ fn filters_apply_before_ranking_and_fill_k() {
     let french = SearchFilter {
         document_ids: None,
         metadata: metadata(&[("lang", "fr")]),
+        ..SearchFilter::default()
     };
     let hits = shard.search_dense(&query, 50, &french).unwrap();
     assert_eq!(hits.len(), 50);
@@ -400,6 +402,7 @@ fn filters_apply_before_ranking_and_fill_k() {
     let narrow = SearchFilter {
         document_ids: None,
         metadata: metadata(&[("lang", "fr"), ("parity", "1")]),
+        ..SearchFilter::default()
     };
     let hits = shard.search_dense(&query, 30, &narrow).unwrap();
     assert_eq!(hits.len(), 30);
@@ -435,6 +438,7 @@ fn filters_apply_before_ranking_and_fill_k() {
     let both = SearchFilter {
         document_ids: Some(vec!["doc7".to_owned(), "doc8".to_owned()]),
         metadata: metadata(&[("lang", "fr")]),
+        ..SearchFilter::default()
     };
     assert_eq!(
         documents_of(&shard.search_bm25("common", 10, &both).unwrap()),
@@ -454,6 +458,7 @@ fn filters_apply_before_ranking_and_fill_k() {
     let unknown = SearchFilter {
         document_ids: None,
         metadata: metadata(&[("lang", "de")]),
+        ..SearchFilter::default()
     };
     assert!(shard.search_dense(&query, 10, &unknown).unwrap().is_empty());
     assert!(
@@ -1146,4 +1151,85 @@ fn hnsw_recall_at_10_against_brute_force() {
         started.elapsed().as_secs_f64() * 1000.0 / queries.len() as f64
     );
     assert!(recall >= 0.99, "recall@10 {recall}");
+}
+
+/// Document-level access inside the shard: a caller whose groups reach 1% of the chunks
+/// still gets a full top-10 from both channels, all of them documents it may read, and the
+/// dense top-10 matches an exact scan over the permitted chunks; a caller of no group sees
+/// the open documents only, and one without a group filter sees everything.
+#[test]
+fn access_groups_filter_inside_the_shard_and_fill_k() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    let mut batch = Vec::new();
+    for index in 0..1000u64 {
+        let id = format!("doc{index}");
+        // 10 documents (1%) of group finance, the rest of group legal, and 5 open ones.
+        let groups = match index {
+            _ if index % 100 == 0 => Some("finance,audit"),
+            _ if index % 200 == 1 => None,
+            _ => Some("legal"),
+        };
+        let meta = match groups {
+            Some(groups) => metadata(&[(crate::chunk::ACCESS_GROUPS_KEY, groups)]),
+            None => metadata(&[]),
+        };
+        batch.push(document(
+            &id,
+            "Shared title",
+            &["common words here", "more common words"],
+            index * 10,
+            meta,
+        ));
+        if batch.len() == 200 {
+            shard.write_documents(std::mem::take(&mut batch)).unwrap();
+        }
+    }
+    let query = vector_for(5);
+    let finance = SearchFilter {
+        groups: Some(vec!["finance".to_owned()]),
+        ..SearchFilter::default()
+    };
+    let readable =
+        |hit: &ScoredChunk| crate::chunk::may_read(&hit.chunk.metadata, finance.groups.as_deref());
+    let dense = shard.search_dense(&query, 10, &finance).unwrap();
+    assert_eq!(dense.len(), 10, "a full top-10 from 1% of the chunks");
+    assert!(dense.iter().all(readable));
+    let exact = shard.search_dense_exact(&query, 10, &finance).unwrap();
+    let found: HashSet<String> = ids(&dense).into_iter().collect();
+    let truth: HashSet<String> = ids(&exact).into_iter().collect();
+    let recall = found.intersection(&truth).count() as f64 / truth.len() as f64;
+    assert!(recall >= 0.95, "recall {recall} against the exact scan");
+    let bm25 = shard.search_bm25("common words", 10, &finance).unwrap();
+    assert_eq!(bm25.len(), 10);
+    assert!(bm25.iter().all(readable));
+    assert!(
+        bm25.iter()
+            .any(|hit| !crate::chunk::access_groups(&hit.chunk.metadata).is_empty()),
+        "the group's own documents are found, not only the open ones"
+    );
+
+    // No group: the 5 open documents (10 chunks) only.
+    let nobody = SearchFilter {
+        groups: Some(Vec::new()),
+        ..SearchFilter::default()
+    };
+    for hits in [
+        shard.search_dense(&query, 50, &nobody).unwrap(),
+        shard.search_bm25("common words", 50, &nobody).unwrap(),
+    ] {
+        assert_eq!(hits.len(), 10);
+        assert!(
+            hits.iter()
+                .all(|hit| crate::chunk::access_groups(&hit.chunk.metadata).is_empty())
+        );
+    }
+    // No group filter: everything.
+    assert_eq!(
+        shard
+            .search_bm25("common words", 50, &no_filter())
+            .unwrap()
+            .len(),
+        50
+    );
 }

@@ -21,7 +21,9 @@ use std::collections::hash_map::Entry;
 use std::path::Path;
 
 use tantivy::collector::TopDocs;
-use tantivy::query::{BooleanQuery, ConstScoreQuery, Occur, Query, TermQuery, TermSetQuery};
+use tantivy::query::{
+    AllQuery, BooleanQuery, ConstScoreQuery, Occur, Query, TermQuery, TermSetQuery,
+};
 use tantivy::schema::{
     FAST, Field, INDEXED, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions,
 };
@@ -152,6 +154,14 @@ impl TextIndex {
         for (key, value) in chunk.metadata {
             document.add_text(self.fields.meta, meta_term(key, value));
         }
+        // A restricted document: a term per group, and the mark that it is restricted.
+        let groups = crate::chunk::access_groups(chunk.metadata);
+        if !groups.is_empty() {
+            document.add_text(self.fields.meta, meta_term(RESTRICTED, "1"));
+            for group in groups {
+                document.add_text(self.fields.meta, meta_term(GROUP, group));
+            }
+        }
         writer.add_document(document)?;
         Ok(())
     }
@@ -232,6 +242,29 @@ impl TextIndex {
                 zero_score(Box::new(TermQuery::new(term, IndexRecordOption::Basic))),
             ));
         }
+        // Documents the caller may read: unrestricted ones, or ones of one of its groups.
+        if let Some(groups) = &filter.groups {
+            let meta = |key: &str, value: &str| -> Box<dyn Query> {
+                Box::new(TermQuery::new(
+                    Term::from_field_text(self.fields.meta, &meta_term(key, value)),
+                    IndexRecordOption::Basic,
+                ))
+            };
+            let open: Box<dyn Query> = Box::new(BooleanQuery::new(vec![
+                (Occur::Must, Box::new(AllQuery) as Box<dyn Query>),
+                (Occur::MustNot, meta(RESTRICTED, "1")),
+            ]));
+            let mut readable = vec![(Occur::Should, open)];
+            readable.extend(
+                groups
+                    .iter()
+                    .map(|group| (Occur::Should, meta(GROUP, group))),
+            );
+            clauses.push((
+                Occur::Must,
+                zero_score(Box::new(BooleanQuery::new(readable))),
+            ));
+        }
         let query = BooleanQuery::new(clauses);
         let searcher = self.reader.searcher();
         let top = searcher.search(&query, &TopDocs::with_limit(limit).order_by_score())?;
@@ -259,6 +292,11 @@ impl TextIndex {
 fn zero_score(query: Box<dyn Query>) -> Box<dyn Query> {
     Box::new(ConstScoreQuery::new(query, 0.0))
 }
+
+/// The term a restricted document carries, and the key of its group terms (see
+/// [`crate::chunk::ACCESS_GROUPS_KEY`]).
+const RESTRICTED: &str = "sift.restricted";
+const GROUP: &str = "sift.group";
 
 fn meta_term(key: &str, value: &str) -> String {
     format!("{key}={value}")
