@@ -32,6 +32,8 @@ pub struct NodeOptions {
     pub max_kbs: usize,
     /// Shard replicas one node may hold; a KB create that would pass it is refused.
     pub max_shards_per_node: usize,
+    /// Raw bytes of live documents one tenant may hold (none: no quota).
+    pub max_bytes_per_tenant: Option<u64>,
     /// Longest a shard write may take before the documents fail.
     pub shard_write_timeout: Duration,
     /// Enables fault injection endpoints (tests only).
@@ -67,6 +69,7 @@ impl Default for NodeOptions {
             ingest_max_attempts: 3,
             max_kbs: 1000,
             max_shards_per_node: 512,
+            max_bytes_per_tenant: None,
             shard_write_timeout: Duration::from_secs(300),
             debug_faults: false,
             rerank: Default::default(),

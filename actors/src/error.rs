@@ -72,6 +72,9 @@ pub enum SiftError {
     Meta(#[from] ClusterError),
     #[error("internal: {0}")]
     Internal(String),
+    /// The caller's key has as many runs in flight as it may (429).
+    #[error("this API key already has {limit} agent runs in flight; retry when one ends")]
+    TooManyRuns { limit: usize },
     /// A question longer than the documented limit (413).
     #[error("the question is longer than {max_chars} characters")]
     QuestionTooLong { max_chars: usize },
@@ -110,6 +113,7 @@ impl SiftError {
             SiftError::TooLarge { .. } => "payload_too_large",
             SiftError::Parse(error) => error.code(),
             SiftError::QueueFull { .. } => "queue_full",
+            SiftError::TooManyRuns { .. } => "too_many_runs",
             SiftError::Embedding(EmbeddingError::DimensionMismatch { .. }) => "dimension_mismatch",
             SiftError::Embedding(_) => "embedding_failed",
             SiftError::ShardUnavailable { .. } => "shard_unavailable",
@@ -139,7 +143,7 @@ impl SiftError {
             SiftError::TooLarge { .. } | SiftError::QuestionTooLong { .. } => ErrorKind::TooLarge,
             SiftError::Parse(ParseError::UnsupportedType(_)) => ErrorKind::UnsupportedType,
             SiftError::Parse(_) => ErrorKind::Unprocessable,
-            SiftError::QueueFull { .. } => ErrorKind::Overloaded,
+            SiftError::QueueFull { .. } | SiftError::TooManyRuns { .. } => ErrorKind::Overloaded,
             SiftError::Embedding(_) => ErrorKind::Upstream,
             SiftError::ShardUnavailable { .. } => ErrorKind::Unavailable,
             SiftError::Storage(StorageError::NotFound(_))
@@ -168,6 +172,7 @@ impl SiftError {
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
             SiftError::QueueFull { retry_after_secs } => Some(*retry_after_secs),
+            SiftError::TooManyRuns { .. } => Some(1),
             SiftError::Meta(cluster) if cluster.is_transient() => Some(1),
             _ => None,
         }
@@ -176,7 +181,9 @@ impl SiftError {
     /// Whether the same request may succeed later.
     pub fn is_transient(&self) -> bool {
         match self {
-            SiftError::QueueFull { .. } | SiftError::ShardUnavailable { .. } => true,
+            SiftError::QueueFull { .. }
+            | SiftError::ShardUnavailable { .. }
+            | SiftError::TooManyRuns { .. } => true,
             SiftError::Embedding(error) => error.is_transient(),
             SiftError::Storage(error) => error.is_transient(),
             SiftError::Meta(error) => error.is_transient(),

@@ -80,6 +80,9 @@ pub struct FileConfig {
     pub max_kbs: Option<usize>,
     /// Shard replicas one node may hold.
     pub max_shards_per_node: Option<usize>,
+    /// Raw bytes of documents one tenant may hold (default: no quota; also
+    /// SIFT_MAX_BYTES_PER_TENANT).
+    pub max_bytes_per_tenant: Option<u64>,
     /// Fault injection endpoints, for tests.
     pub debug_faults: Option<bool>,
     #[serde(default)]
@@ -114,6 +117,9 @@ pub struct RunsFileConfig {
     pub max_retained: Option<usize>,
     /// Longest accepted question in characters (default 8192); longer ones get 413.
     pub max_question_chars: Option<usize>,
+    /// Runs one API key may have in flight on a node (default: no cap but max_concurrent
+    /// and max_queued); past it 429 `too_many_runs`.
+    pub max_per_key: Option<usize>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -301,6 +307,9 @@ impl Config {
         if let Some(v) = parse_count("SIFT_MAX_SHARDS_PER_NODE")? {
             file.max_shards_per_node = Some(v);
         }
+        if let Some(v) = parse("SIFT_MAX_BYTES_PER_TENANT")? {
+            file.max_bytes_per_tenant = Some(v);
+        }
         if let Some(v) = parse("SIFT_INGEST_MAX_ATTEMPTS")? {
             file.ingest_max_attempts =
                 Some(u32::try_from(v).context("SIFT_INGEST_MAX_ATTEMPTS is too large")?);
@@ -400,6 +409,7 @@ impl Config {
             max_shards_per_node: file
                 .max_shards_per_node
                 .unwrap_or(defaults.max_shards_per_node),
+            max_bytes_per_tenant: file.max_bytes_per_tenant,
             shard_write_timeout: defaults.shard_write_timeout,
             debug_faults: file.debug_faults.unwrap_or(false),
             rerank: file.rerank.clone(),
@@ -506,11 +516,15 @@ impl Config {
                 .map(Duration::from_secs)
                 .unwrap_or(run_defaults.retention),
             max_retained: file.runs.max_retained.unwrap_or(run_defaults.max_retained),
+            max_runs_per_key: file.runs.max_per_key,
             max_question_chars: file
                 .runs
                 .max_question_chars
                 .unwrap_or(run_defaults.max_question_chars),
         };
+        if runs.max_runs_per_key == Some(0) {
+            bail!("runs.max_per_key must be at least 1");
+        }
         if runs.max_concurrent_runs == 0 || runs.max_question_chars == 0 || runs.max_retained == 0 {
             bail!(
                 "runs.max_concurrent, runs.max_question_chars and runs.max_retained must be at least 1"

@@ -8,7 +8,9 @@ use sha2::{Digest, Sha256};
 use sift_api::documents::{AddedDocument, NewTextDocument};
 use sift_cluster::placement::shard_for_document;
 use sift_storage::chunk::{ACCESS_GROUPS_KEY, ChunkView, Metadata};
-use sift_storage::meta::{DocSource, DocStatus, DocumentRecord, KbRecord, MetaOp, MetaOutcome};
+use sift_storage::meta::{
+    DocSource, DocStatus, DocumentRecord, KbAccess, KbRecord, MetaOp, MetaOutcome,
+};
 
 use super::SiftNode;
 use crate::error::{Result, SiftError};
@@ -103,6 +105,7 @@ impl SiftNode {
             });
             texts.push(document.text);
         }
+        self.check_storage_quota(&kb, records.iter().map(|r| r.size_bytes).sum())?;
         // Raw texts first (durable), then the metadata op that makes them documents.
         let raw = self.context.raw.clone();
         let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
@@ -169,6 +172,7 @@ impl SiftNode {
             created_at_ms: now,
             updated_at_ms: now,
         };
+        self.check_storage_quota(&kb, record.size_bytes)?;
         // Bytes in place (durable) before the metadata op that makes them a document.
         let raw = self.context.raw.clone();
         let temp = upload.temp_path.clone();
@@ -180,6 +184,37 @@ impl SiftNode {
         added
             .pop()
             .ok_or_else(|| SiftError::Internal("registration returned nothing".into()))
+    }
+
+    /// Refuses `adding` bytes of documents to `kb` when its tenant would pass
+    /// `max_bytes_per_tenant` (the raw bytes of its KBs' live documents).
+    fn check_storage_quota(&self, kb: &KbRecord, adding: u64) -> Result<()> {
+        let Some(limit) = self.context.options.max_bytes_per_tenant else {
+            return Ok(());
+        };
+        let store = self.store();
+        let tenant = store.kb_tenant(&kb.id)?;
+        let owned: std::collections::HashSet<String> = store
+            .list_kbs_in(&tenant)?
+            .into_iter()
+            .filter(|(_, access)| *access == KbAccess::Owner)
+            .map(|(kb, _)| kb.id)
+            .collect();
+        let used: u64 = store
+            .shard_bytes()?
+            .into_iter()
+            .filter(|((kb_id, _), _)| owned.contains(kb_id))
+            .map(|(_, bytes)| bytes)
+            .sum();
+        if used.saturating_add(adding) > limit {
+            return Err(SiftError::Forbidden {
+                code: "storage_quota_exceeded",
+                message: format!(
+                    "the tenant {tenant:?} holds {used} bytes of documents; {adding} more would pass its quota of {limit} (max_bytes_per_tenant)"
+                ),
+            });
+        }
+        Ok(())
     }
 
     async fn register(

@@ -21,6 +21,8 @@ pub struct RunLimits {
     pub max_retained: usize,
     /// Longest accepted question, in characters.
     pub max_question_chars: usize,
+    /// Runs one API key may have in flight on this node (none: no cap but the node's).
+    pub max_runs_per_key: Option<usize>,
 }
 
 impl Default for RunLimits {
@@ -32,6 +34,7 @@ impl Default for RunLimits {
             retention: Duration::from_secs(600),
             max_retained: 10_000,
             max_question_chars: MAX_QUESTION_CHARS,
+            max_runs_per_key: None,
         }
     }
 }

@@ -658,7 +658,20 @@ impl Sessions {
             });
             return Ok((None, log));
         }
-        self.lock_runs().insert(input.run_id.clone(), log.clone());
+        {
+            let mut runs = self.lock_runs();
+            if let (Some(limit), Some(owner)) = (self.limits.max_runs_per_key, &log.owner) {
+                let running = runs
+                    .values()
+                    .filter(|run| run.owner.as_ref() == Some(owner) && !run.is_finished())
+                    .count();
+                if running >= limit {
+                    metrics::counter!("sift_rate_limited_total", "scope" => "runs").increment(1);
+                    return Err(SiftError::TooManyRuns { limit });
+                }
+            }
+            runs.insert(input.run_id.clone(), log.clone());
+        }
         let arguments = AgentRunArguments {
             sessions: self.clone(),
             preset,

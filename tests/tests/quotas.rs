@@ -1,0 +1,133 @@
+//! Quotas: the bytes of documents a tenant may hold, and the agent runs one key may have in
+//! flight. Past either, a 4xx with its own code; nothing already stored changes.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sift_models::fake_server::{FakeLlm, FakeReply};
+use sift_models::llm::config::ProviderConfig;
+use sift_node::config::Config;
+use sift_tests::sse::ask;
+use sift_tests::{ApiClient, InProcessNode, count, require_model};
+
+fn text(bytes: usize) -> String {
+    "quota words ".repeat(bytes / 12 + 1)[..bytes].to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_holds_no_more_bytes_than_its_quota() {
+    let dir = sift_tests::temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    config.options.max_bytes_per_tenant = Some(1000);
+    let node = InProcessNode::start_with(config).await;
+    let operator = node.client();
+    operator
+        .post_json("/v1/tenants", &json!({ "name": "acme" }))
+        .await
+        .expect(201);
+    let created = operator
+        .post_json(
+            "/v1/keys",
+            &json!({ "name": "acme editor", "role": "editor", "tenant": "acme" }),
+        )
+        .await
+        .expect(201);
+    let acme = ApiClient::with_key(&node.url, created["key"].as_str());
+    acme.create_kb(json!({ "name": "docs", "shards": 2 })).await;
+    let first = acme
+        .bulk_add("docs", &[json!({ "external_id": "a", "text": text(700) })])
+        .await;
+    // 700 + 400 > 1000: refused, nothing stored.
+    let refused = acme
+        .bulk_add_answer("docs", &[json!({ "external_id": "b", "text": text(400) })])
+        .await;
+    let message = refused.expect_error(403, "storage_quota_exceeded");
+    assert!(message.contains("1000"), "{message}");
+    let upload = acme.upload("docs", "big.txt", text(400).into_bytes()).await;
+    upload.expect_error(403, "storage_quota_exceeded");
+    assert_eq!(count(&acme.counts("docs").await, "total"), 1);
+    // Another tenant's quota is its own: the default tenant adds 900 bytes.
+    operator.create_kb(json!({ "name": "mine" })).await;
+    operator
+        .bulk_add("mine", &[json!({ "text": text(900) })])
+        .await;
+    // Deleting frees the bytes.
+    acme.wait_ready("docs", 1, Duration::from_secs(60)).await;
+    acme.delete(&format!("/v1/kbs/docs/documents/{}", first[0]))
+        .await
+        .expect(204);
+    acme.bulk_add("docs", &[json!({ "external_id": "b", "text": text(400) })])
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_has_no_more_runs_in_flight_than_its_cap() {
+    // A model that never answers: a run stays in flight until it is stopped.
+    let fake = FakeLlm::start(|_| FakeReply::Hang).await;
+    let dir = sift_tests::temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    let mut provider = ProviderConfig::openai(fake.base_url(), "fake-model", None);
+    provider.max_retries = 0;
+    provider.first_token_timeout_ms = 60_000;
+    config.llm.providers = vec![provider];
+    config.runs.max_runs_per_key = Some(1);
+    let node = InProcessNode::start_with(config).await;
+    let operator = node.client();
+    operator.create_kb(json!({ "name": "papers" })).await;
+    let mut clients = Vec::new();
+    for n in 0..2 {
+        let created = operator
+            .post_json(
+                "/v1/keys",
+                &json!({ "name": format!("r{n}"), "role": "reader" }),
+            )
+            .await
+            .expect(201);
+        clients.push(ApiClient::with_key(&node.url, created["key"].as_str()));
+    }
+    let session = |client: &ApiClient| {
+        let client = client.clone();
+        async move {
+            client
+                .post_json("/v1/sessions", &json!({ "kbs": ["papers"] }))
+                .await
+                .expect(201)["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let (one, two) = (session(&clients[0]).await, session(&clients[0]).await);
+    let mut running = ask(&clients[0], &one, "first question").await;
+    let meta = running.next().await.expect("meta");
+    let run_id = meta.data["run_id"].as_str().unwrap().to_string();
+    // The same key's second run, in another session: refused, retryable.
+    let refused = clients[0]
+        .post_json(
+            &format!("/v1/sessions/{two}/messages"),
+            &json!({ "content": "second question" }),
+        )
+        .await;
+    assert_eq!(refused.headers["retry-after"], "1");
+    refused.expect_error(429, "too_many_runs");
+    // Another key is not held back.
+    let other = session(&clients[1]).await;
+    let mut theirs = ask(&clients[1], &other, "their question").await;
+    let their_meta = theirs.next().await.expect("meta");
+    // Once the first run ends, the key may ask again.
+    clients[0]
+        .post_json(&format!("/v1/runs/{run_id}/stop"), &json!({}))
+        .await
+        .expect(202);
+    let rest = running.rest().await;
+    assert_eq!(rest.last().unwrap().event, "done", "{rest:?}");
+    let mut again = ask(&clients[0], &two, "second question").await;
+    assert_eq!(again.next().await.expect("meta").event, "meta");
+    let their_run = their_meta.data["run_id"].as_str().unwrap().to_string();
+    clients[1]
+        .post_json(&format!("/v1/runs/{their_run}/stop"), &json!({}))
+        .await
+        .expect(202);
+}
