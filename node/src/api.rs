@@ -609,6 +609,27 @@ async fn text_field(
     })
 }
 
+/// Most bytes of a refused upload read and dropped before the answer (see [`drain`]).
+const DRAIN_BYTES: u64 = 16 * 1024 * 1024;
+/// Longest a refused upload is drained before the answer.
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
+/// Reads and drops what is left of a refused upload's file, up to [`DRAIN_BYTES`] and for at
+/// most [`DRAIN_TIME`] (a lingering close): a client still sending it then reads the 413
+/// instead of a connection reset in the middle of its write.
+async fn drain(field: &mut axum::extract::multipart::Field<'_>) {
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        let mut drained = 0u64;
+        while let Ok(Some(chunk)) = field.chunk().await {
+            drained += chunk.len() as u64;
+            if drained > DRAIN_BYTES {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
 /// A file name is used only for its extension and display; anything that looks like a path
 /// is refused outright rather than sanitised.
 fn check_file_name(name: &str) -> ApiResult<()> {
@@ -664,6 +685,7 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
                     while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
                         size += chunk.len() as u64;
                         if size > state.max_upload_bytes {
+                            drain(&mut field).await;
                             return Err(ApiError::new(
                                 StatusCode::PAYLOAD_TOO_LARGE,
                                 "payload_too_large",
