@@ -57,6 +57,8 @@ pub struct NodeOptions {
     pub replace_after: Duration,
     /// The cluster secret (cluster mode), for shard requests to other nodes.
     pub cluster_secret: Option<String>,
+    /// Plain HTTP or HTTPS to other nodes' internal ports (the node's `[tls]`).
+    pub peer_tls: sift_cluster::tls::PeerTls,
 }
 
 impl Default for NodeOptions {
@@ -80,6 +82,7 @@ impl Default for NodeOptions {
             reassign_after: Duration::from_secs(15),
             replace_after: Duration::from_secs(300),
             cluster_secret: None,
+            peer_tls: sift_cluster::tls::PeerTls::plain(),
         }
     }
 }

@@ -12,7 +12,9 @@
 //! - has `TCP_NODELAY` set (Nagle's algorithm delays small HTTP/2 frames by up to 40 ms).
 //!
 //! HTTP/1 and HTTP/2 are both served (hyper-util's auto builder), with upgrades; a shutdown
-//! signal stops accepting and lets open connections finish their requests.
+//! signal stops accepting and lets open connections finish their requests. With a
+//! [`ServerTls`], every connection is TLS (the handshake must finish within the header-read
+//! timeout too; a failed one is counted in `sift_tls_handshake_failures_total`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -24,9 +26,12 @@ use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tracing::{debug, warn};
+
+use crate::tls::ServerTls;
 
 /// Bounds on the connections one server holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,13 +101,15 @@ fn take_slot(
     })
 }
 
-/// Serves `app` on `listener` within `limits` until `shutdown` completes, then waits for the
-/// open connections to finish (each is told to close after its current request).
+/// Serves `app` on `listener` within `limits` (over TLS with `tls`) until `shutdown`
+/// completes, then waits for the open connections to finish (each is told to close after its
+/// current request).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
     server: &'static str,
+    tls: Option<ServerTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let occupancy = Arc::new(Mutex::new(Occupancy::default()));
@@ -139,6 +146,7 @@ pub async fn serve(
             peer,
             app: app.clone(),
             limits,
+            tls: tls.clone(),
             stopped: stopped.clone(),
             _tracked: tracked.clone(),
             _slot: slot,
@@ -156,6 +164,7 @@ struct Connection {
     peer: SocketAddr,
     app: Router,
     limits: ConnectionLimits,
+    tls: Option<ServerTls>,
     stopped: watch::Receiver<()>,
     _tracked: watch::Receiver<()>,
     _slot: Slot,
@@ -179,43 +188,90 @@ impl Connection {
                 return;
             }
         }
-        let mut builder = Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(self.limits.header_read_timeout);
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .enable_connect_protocol();
-        // Handlers see the client's address as `ConnectInfo` (the audit log records it).
-        let peer = self.peer;
-        let app = tower::ServiceExt::map_request(
-            self.app,
-            move |mut request: axum::http::Request<hyper::body::Incoming>| {
-                request
-                    .extensions_mut()
-                    .insert(axum::extract::ConnectInfo(peer));
-                request
-            },
-        );
-        let service = TowerToHyperService::new(app);
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(self.stream), service);
-        tokio::pin!(connection);
-        let mut stopped = self.stopped;
-        tokio::select! {
-            result = connection.as_mut() => {
-                if let Err(error) = result {
-                    debug!(server, peer = %self.peer, %error, "connection ended with an error");
-                }
-                return;
+        let stream = self.stream;
+        let Some(tls) = &self.tls else {
+            serve_io(
+                stream,
+                self.peer,
+                self.app,
+                &self.limits,
+                self.stopped,
+                server,
+            )
+            .await;
+            return;
+        };
+        match tokio::time::timeout(wait, tls.acceptor().accept(stream)).await {
+            Ok(Ok(stream)) => {
+                serve_io(
+                    stream,
+                    self.peer,
+                    self.app,
+                    &self.limits,
+                    self.stopped,
+                    server,
+                )
+                .await
             }
-            _ = stopped.changed() => {}
+            Ok(Err(error)) => {
+                metrics::counter!("sift_tls_handshake_failures_total", "server" => server)
+                    .increment(1);
+                debug!(server, peer = %self.peer, %error, "TLS handshake failed");
+            }
+            Err(_) => {
+                metrics::counter!("sift_http_connections_timed_out_total", "server" => server)
+                    .increment(1);
+                debug!(server, peer = %self.peer, "connection closed: TLS handshake too slow");
+            }
         }
-        connection.as_mut().graceful_shutdown();
-        if let Err(error) = connection.await {
-            debug!(server, peer = %self.peer, %error, "connection ended with an error");
+    }
+}
+
+/// Serves HTTP on one connection (plain or TLS) until it ends or `stopped` fires.
+async fn serve_io<I>(
+    io: I,
+    peer: SocketAddr,
+    app: Router,
+    limits: &ConnectionLimits,
+    mut stopped: watch::Receiver<()>,
+    server: &'static str,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .enable_connect_protocol();
+    // Handlers see the client's address as `ConnectInfo` (the audit log records it).
+    let app = tower::ServiceExt::map_request(
+        app,
+        move |mut request: axum::http::Request<hyper::body::Incoming>| {
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            request
+        },
+    );
+    let service = TowerToHyperService::new(app);
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(error) = result {
+                debug!(server, %peer, %error, "connection ended with an error");
+            }
+            return;
         }
+        _ = stopped.changed() => {}
+    }
+    connection.as_mut().graceful_shutdown();
+    if let Err(error) = connection.await {
+        debug!(server, %peer, %error, "connection ended with an error");
     }
 }
 
@@ -229,7 +285,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(serve(listener, app, limits, "test", async move {
+        tokio::spawn(serve(listener, app, limits, "test", None, async move {
             let _ = stopped.await;
         }));
         (addr, stop)
@@ -341,6 +397,7 @@ mod tests {
             Router::new().route("/healthz", axum::routing::get(|| async { "ok" })),
             ConnectionLimits::default(),
             "test",
+            None,
             async move {
                 let _ = stopped.await;
             },
@@ -352,5 +409,86 @@ mod tests {
             .expect("the server returns after shutdown")
             .unwrap();
         assert_eq!(get(addr).await, None, "nothing listens any more");
+    }
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/tls")
+            .join(name)
+    }
+
+    #[tokio::test]
+    async fn a_tls_server_speaks_http1_and_http2_to_a_client_trusting_its_ca_only() {
+        let files = crate::tls::TlsFiles {
+            cert: fixture("node-a.crt"),
+            key: fixture("node-a.key"),
+            ca: Some(fixture("ca.crt")),
+        };
+        let tls = ServerTls::load(&files).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+        let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(
+            listener,
+            app,
+            ConnectionLimits::default(),
+            "test",
+            Some(tls),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let peer = crate::tls::PeerTls::from_files(&files).unwrap();
+        let url = peer.url(&addr.to_string(), "/healthz");
+        assert!(url.starts_with("https://"));
+        // ALPN picks h2 when the client offers it, HTTP/1.1 when that is all it speaks.
+        for http2 in [false, true] {
+            let mut builder = peer.client_builder();
+            builder = if http2 {
+                builder.http2_prior_knowledge()
+            } else {
+                builder.http1_only()
+            };
+            let response = builder.build().unwrap().get(&url).send().await.unwrap();
+            let expected = if http2 {
+                reqwest::Version::HTTP_2
+            } else {
+                reqwest::Version::HTTP_11
+            };
+            assert_eq!(response.version(), expected);
+            assert_eq!(response.text().await.unwrap(), "ok");
+        }
+        // A client that does not trust the CA is refused by its own check; plain HTTP to
+        // the TLS port gets no HTTP answer.
+        let rogue = crate::tls::PeerTls::from_files(&crate::tls::TlsFiles {
+            ca: Some(fixture("rogue.crt")),
+            ..files.clone()
+        })
+        .unwrap();
+        let refused = rogue
+            .client_builder()
+            .build()
+            .unwrap()
+            .get(&url)
+            .send()
+            .await;
+        assert!(refused.is_err());
+        let plain = get(addr).await;
+        assert!(
+            !plain
+                .as_deref()
+                .is_some_and(|line| line.starts_with("HTTP/")),
+            "{plain:?}"
+        );
+        // The server still serves after both.
+        let again = peer
+            .client_builder()
+            .build()
+            .unwrap()
+            .get(&url)
+            .send()
+            .await;
+        assert_eq!(again.unwrap().status(), 200);
     }
 }

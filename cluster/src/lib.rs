@@ -20,6 +20,7 @@ pub mod placement;
 pub mod raft;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tls;
 pub mod transport;
 
 pub use error::{ClusterError, Result};

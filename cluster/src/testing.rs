@@ -127,6 +127,7 @@ impl HttpCluster {
             Some(transport.clone()),
             self.chunk_bytes,
             None,
+            None,
         )
         .unwrap();
         self.nodes.insert(

@@ -40,6 +40,7 @@ use crate::raft::driver::RaftHandle;
 use crate::raft::network::Transport;
 use crate::raft::state_machine::Proposal;
 use crate::raft::storage::PeerAddress;
+use crate::tls::{PeerTls, ServerTls};
 
 const MESSAGES_PATH: &str = "/internal/v1/raft/messages";
 const SNAPSHOT_PATH: &str = "/internal/v1/raft/snapshot";
@@ -72,6 +73,8 @@ pub struct TransportConfig {
     pub request_timeout: Duration,
     /// Serve [`DEBUG_BLOCK_PATH`] (tests of partitions; the node's `debug_faults`).
     pub fault_injection: bool,
+    /// Plain HTTP or HTTPS to the peers, and the roots their certificates chain to.
+    pub peer_tls: PeerTls,
 }
 
 impl TransportConfig {
@@ -85,6 +88,7 @@ impl TransportConfig {
             chunk_bytes: 1024 * 1024,
             request_timeout: Duration::from_secs(5),
             fault_injection: false,
+            peer_tls: PeerTls::plain(),
         }
     }
 }
@@ -168,7 +172,8 @@ pub struct InternalServer {
 impl InternalServer {
     /// Serves Raft traffic for `raft` on `listener`. `transport` (this node's own) learns the
     /// addresses of peers that write to it. `extra` routes (shard data) are served on the
-    /// same port behind the same authentication, with their own body limits.
+    /// same port behind the same authentication, with their own body limits. With `tls`,
+    /// every connection is TLS.
     pub fn start(
         listener: tokio::net::TcpListener,
         secret: &str,
@@ -176,6 +181,7 @@ impl InternalServer {
         transport: Option<HttpTransport>,
         chunk_bytes: usize,
         extra: Option<Router>,
+        tls: Option<ServerTls>,
     ) -> Result<InternalServer> {
         let local_addr = listener
             .local_addr()
@@ -216,6 +222,7 @@ impl InternalServer {
             app,
             crate::http_server::ConnectionLimits::default(),
             "internal",
+            tls,
             async move {
                 let _ = shutdown_signal.await;
             },
@@ -614,8 +621,10 @@ pub async fn join_cluster(
     secret: &str,
     address: PeerAddress,
     timeout: Duration,
+    peer_tls: &PeerTls,
 ) -> Result<u64> {
-    let client = reqwest::Client::builder()
+    let client = peer_tls
+        .client_builder()
         .http2_prior_knowledge()
         .timeout(Duration::from_secs(30))
         .build()
@@ -626,7 +635,7 @@ pub async fn join_cluster(
     loop {
         let attempt = async {
             let response = client
-                .post(format!("http://{target}{JOIN_PATH}"))
+                .post(peer_tls.url(&target, JOIN_PATH))
                 .bearer_auth(secret)
                 .header(header::CONTENT_TYPE, "application/octet-stream")
                 .body(body.clone())
@@ -698,7 +707,9 @@ pub struct HttpTransport {
 impl HttpTransport {
     /// A transport whose sender tasks run on `runtime`.
     pub fn new(config: TransportConfig, runtime: tokio::runtime::Handle) -> Result<Self> {
-        let client = reqwest::Client::builder()
+        let client = config
+            .peer_tls
+            .client_builder()
             .http2_prior_knowledge()
             .tcp_nodelay(true)
             .timeout(config.request_timeout)
@@ -854,7 +865,7 @@ impl Inner {
     }
 
     fn url(&self, address: &str, path: &str) -> String {
-        format!("http://{address}{path}")
+        self.config.peer_tls.url(address, path)
     }
 }
 

@@ -50,6 +50,8 @@ pub struct AppState {
     pub cluster_address: Option<sift_cluster::raft::PeerAddress>,
     /// API keys and roles ([`crate::auth`]).
     pub auth: Arc<crate::auth::AuthState>,
+    /// How this node reaches other members (forwarded admin calls).
+    pub peer_tls: sift_cluster::tls::PeerTls,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -363,8 +365,17 @@ async fn remove_cluster_node(
                     format!("forwarding to the leader {leader} at {public}: {error}"),
                 )))
             };
-            let mut forwarded = reqwest::Client::new()
-                .delete(format!("http://{public}/v1/cluster/nodes/{id}?force=true"))
+            let client = state
+                .peer_tls
+                .client_builder()
+                .build()
+                .map_err(|error| unavailable(error.to_string()))?;
+            let mut forwarded = client
+                .delete(
+                    state
+                        .peer_tls
+                        .url(&public, &format!("/v1/cluster/nodes/{id}?force=true")),
+                )
                 .header(FORWARDED, "1");
             // The caller's key works on the leader too: keys are replicated.
             if let Some(authorization) = headers.get(header::AUTHORIZATION) {

@@ -37,6 +37,10 @@ pub struct Cli {
     /// machine, DATA_DIR being SIFT_DATA_DIR or ./sift-data].
     #[arg(long, global = true, env = "SIFT_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// PEM file of the roots an https:// node's certificate must chain to (client commands;
+    /// default: the system's roots). `sift serve` reads the same SIFT_TLS_CA as its `tls.ca`.
+    #[arg(long, global = true, env = "SIFT_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -264,7 +268,11 @@ pub fn run() -> ExitCode {
 
 async fn dispatch(cli: Cli) -> Result<(), CliError> {
     let api_key = cli.api_key.clone().or_else(|| local_admin_key(&cli.node));
-    let client = client(&cli.node, api_key);
+    let roots = match &cli.tls_ca {
+        Some(path) => sift_cluster::tls::read_roots(path).map_err(|e| CliError::Other(e.into()))?,
+        None => Vec::new(),
+    };
+    let client = client_with_roots(&cli.node, api_key, roots);
     match cli.command {
         Command::Serve(args) => serve(args).await.map_err(CliError::Other),
         Command::Kb(command) => kb(&client, command).await,
@@ -703,13 +711,22 @@ fn local_admin_key(node: &str) -> Option<String> {
 
 /// The client of the node at `base` for the CLI's commands.
 pub fn client(base: &str, api_key: Option<String>) -> Client {
-    let http = reqwest::Client::builder()
-        // Bounds a whole request, event streams of `ask` included (runs have their own
-        // deadline, 300 s by default).
-        .timeout(Duration::from_secs(900))
-        .build()
-        .unwrap_or_default();
-    Client::with_http(base, api_key, http)
+    client_with_roots(base, api_key, Vec::new())
+}
+
+/// [`client`], trusting only `roots` for https:// (the system's roots when empty).
+pub fn client_with_roots(
+    base: &str,
+    api_key: Option<String>,
+    roots: Vec<reqwest::Certificate>,
+) -> Client {
+    // Bounds a whole request, event streams of `ask` included (runs have their own
+    // deadline, 300 s by default).
+    let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(900));
+    if !roots.is_empty() {
+        builder = builder.tls_certs_only(roots);
+    }
+    Client::with_http(base, api_key, builder.build().unwrap_or_default())
 }
 
 /// Uploads one file (its name as the document's file name).

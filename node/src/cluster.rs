@@ -28,6 +28,7 @@ use sift_actors::meta::MetaHandle;
 use sift_cluster::raft::{
     ClusterStatus, PeerAddress, RaftConfig, RaftHandle, RaftNode, ReplicatedMeta, SledRaftStorage,
 };
+use sift_cluster::tls::{PeerTls, ServerTls};
 use sift_cluster::transport::{HttpTransport, InternalServer, TransportConfig, join_cluster};
 use sift_storage::meta::SledMetaStore;
 use tracing::{info, warn};
@@ -95,14 +96,30 @@ async fn serve_shard_rpc(State(slot): State<NodeSlot>, body: Bytes) -> Response 
         .into_response()
 }
 
+/// What a member starts with besides its metadata store.
+pub struct MemberStart<'a> {
+    pub config: &'a ClusterConfig,
+    /// The bound public address.
+    pub public: SocketAddr,
+    /// TLS on the internal listener (the public one's certificate).
+    pub tls: Option<ServerTls>,
+    /// How this node reaches the other members.
+    pub peer_tls: PeerTls,
+}
+
 /// Starts this node's Raft member on `store` and returns the metadata door that proposes
 /// through it. The internal server also serves shard requests for the node in `slot`.
 pub async fn start_member(
-    config: &ClusterConfig,
-    public: SocketAddr,
+    start: MemberStart<'_>,
     store: Arc<SledMetaStore>,
     slot: NodeSlot,
 ) -> anyhow::Result<(MetaHandle, ClusterMember)> {
+    let MemberStart {
+        config,
+        public,
+        tls,
+        peer_tls,
+    } = start;
     let listener = tokio::net::TcpListener::bind(config.internal_listen)
         .await
         .with_context(|| format!("binding the internal address {}", config.internal_listen))?;
@@ -124,11 +141,17 @@ pub async fn start_member(
         }
         None => match &config.join {
             Some(seed) => {
-                let seed = resolve_seed(seed, &config.secret).await;
+                let seed = resolve_seed(seed, &config.secret, &peer_tls).await;
                 info!(%seed, "joining the cluster");
-                let id = join_cluster(&seed, &config.secret, address.clone(), JOIN_TIMEOUT)
-                    .await
-                    .with_context(|| format!("joining the cluster at {seed}"))?;
+                let id = join_cluster(
+                    &seed,
+                    &config.secret,
+                    address.clone(),
+                    JOIN_TIMEOUT,
+                    &peer_tls,
+                )
+                .await
+                .with_context(|| format!("joining the cluster at {seed}"))?;
                 info!(id, "joined the cluster as a learner");
                 id
             }
@@ -147,6 +170,7 @@ pub async fn start_member(
     };
     let mut transport_config = TransportConfig::new(id, address.internal.clone(), &config.secret);
     transport_config.fault_injection = config.debug_faults;
+    transport_config.peer_tls = peer_tls;
     let chunk_bytes = transport_config.chunk_bytes;
     let transport = HttpTransport::new(transport_config, tokio::runtime::Handle::current())?;
     let raft = RaftNode::start(
@@ -164,6 +188,7 @@ pub async fn start_member(
         Some(transport.clone()),
         chunk_bytes,
         Some(shard_routes(slot)),
+        tls,
     )?;
     info!(id, internal = %address.internal, "cluster member started");
     let meta = ReplicatedMeta::new(
@@ -186,8 +211,9 @@ pub async fn start_member(
 /// `--join` may name a member's public address: its `GET /v1/cluster` tells the internal
 /// address of the leader (or of any member); the cluster secret authorizes that read.
 /// Anything else is taken as an internal address.
-async fn resolve_seed(seed: &str, secret: &str) -> String {
-    let client = match reqwest::Client::builder()
+async fn resolve_seed(seed: &str, secret: &str, peer_tls: &PeerTls) -> String {
+    let client = match peer_tls
+        .client_builder()
         .timeout(Duration::from_secs(3))
         .build()
     {
@@ -197,7 +223,7 @@ async fn resolve_seed(seed: &str, secret: &str) -> String {
     let base = if seed.starts_with("http://") || seed.starts_with("https://") {
         seed.trim_end_matches('/').to_string()
     } else {
-        format!("http://{seed}")
+        format!("{}://{seed}", peer_tls.scheme())
     };
     let view = async {
         client

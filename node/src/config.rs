@@ -100,6 +100,23 @@ pub struct FileConfig {
     /// Chat model providers (`[[llm.providers]]`). None: answers are extractive.
     #[serde(default)]
     pub llm: LlmConfig,
+    /// TLS on the public and internal listeners (`[tls]`: cert, key, ca).
+    #[serde(default)]
+    pub tls: TlsFileConfig,
+}
+
+/// `[tls]`: PEM files. With `cert` and `key`, both listeners speak only TLS (reloaded on
+/// SIGHUP) and this node reaches other members over HTTPS.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFileConfig {
+    /// The certificate chain, leaf first (also SIFT_TLS_CERT).
+    pub cert: Option<PathBuf>,
+    /// Its private key (also SIFT_TLS_KEY).
+    pub key: Option<PathBuf>,
+    /// Roots other members' certificates must chain to (default: the system's; also
+    /// SIFT_TLS_CA).
+    pub ca: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -176,6 +193,8 @@ pub struct Config {
     /// Request rates per key and per tenant (none: unlimited).
     pub rate_per_key: Option<crate::limits::Rate>,
     pub rate_per_tenant: Option<crate::limits::Rate>,
+    /// TLS on both listeners and to the other members; None: plain HTTP.
+    pub tls: Option<sift_cluster::tls::TlsFiles>,
 }
 
 /// The admin key of [`Config::for_test`] and of the test harness's nodes. Public test data:
@@ -234,6 +253,15 @@ impl Config {
         }
         if let Some(v) = parse("SIFT_AUDIT_RETENTION_DAYS")? {
             file.audit_retention_days = Some(v);
+        }
+        if let Some(v) = get("SIFT_TLS_CERT") {
+            file.tls.cert = Some(v.into());
+        }
+        if let Some(v) = get("SIFT_TLS_KEY") {
+            file.tls.key = Some(v.into());
+        }
+        if let Some(v) = get("SIFT_TLS_CA") {
+            file.tls.ca = Some(v.into());
         }
         if let Some(v) = get("SIFT_DATA_DIR") {
             file.data_dir = Some(v.into());
@@ -349,6 +377,21 @@ impl Config {
         let listen: SocketAddr = listen_text.parse().with_context(|| {
             format!("listen address {listen_text:?} is not HOST:PORT (an IP address and a port)")
         })?;
+        let tls = match (file.tls.cert.clone(), file.tls.key.clone()) {
+            (Some(cert), Some(key)) => {
+                let files = sift_cluster::tls::TlsFiles {
+                    cert,
+                    key,
+                    ca: file.tls.ca.clone(),
+                };
+                // Read now, so a bad file fails the start with its name (the CA below).
+                sift_cluster::tls::ServerTls::load(&files)?;
+                Some(files)
+            }
+            (None, None) if file.tls.ca.is_none() => None,
+            (None, None) => bail!("tls.ca needs tls.cert and tls.key"),
+            _ => bail!("TLS needs both tls.cert and tls.key (SIFT_TLS_CERT, SIFT_TLS_KEY)"),
+        };
         let audit_days = file.audit_retention_days.unwrap_or(90);
         if !(1..=36_500).contains(&audit_days) {
             bail!("audit_retention_days must be between 1 and 36500, not {audit_days}");
@@ -435,6 +478,10 @@ impl Config {
                 .map(Duration::from_millis)
                 .unwrap_or(defaults.replace_after),
             cluster_secret: cluster.as_ref().map(|c| c.secret.clone()),
+            peer_tls: match &tls {
+                Some(files) => sift_cluster::tls::PeerTls::from_files(files)?,
+                None => sift_cluster::tls::PeerTls::plain(),
+            },
         };
         if options.write_quorum == 0 {
             bail!("write_quorum must be at least 1");
@@ -576,6 +623,7 @@ impl Config {
             rate_per_tenant: file
                 .rate_limit_per_tenant
                 .and_then(|rate| crate::limits::Rate::new(rate, file.rate_limit_burst_per_tenant)),
+            tls,
         })
     }
 
@@ -626,6 +674,52 @@ mod tests {
                 .cluster
                 .is_none()
         );
+    }
+
+    #[test]
+    fn tls_needs_a_readable_matching_pair() {
+        let fixture = |name: &str| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../tests/fixtures/tls")
+                .join(name)
+                .display()
+                .to_string()
+        };
+        let check = |pairs: &[(&str, String)]| {
+            let env: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect();
+            Config::check(Config::load(None, &env).unwrap()).map_err(|e| format!("{e:#}"))
+        };
+        let ok = check(&[
+            ("SIFT_TLS_CERT", fixture("node-a.crt")),
+            ("SIFT_TLS_KEY", fixture("node-a.key")),
+            ("SIFT_TLS_CA", fixture("ca.crt")),
+        ])
+        .unwrap();
+        assert!(ok.tls.is_some() && ok.options.peer_tls.enabled());
+        assert!(check(&[]).unwrap().tls.is_none());
+        let only_cert = check(&[("SIFT_TLS_CERT", fixture("node-a.crt"))]).unwrap_err();
+        assert!(
+            only_cert.contains("both tls.cert and tls.key"),
+            "{only_cert}"
+        );
+        let only_ca = check(&[("SIFT_TLS_CA", fixture("ca.crt"))]).unwrap_err();
+        assert!(only_ca.contains("tls.ca needs"), "{only_ca}");
+        let mismatched = check(&[
+            ("SIFT_TLS_CERT", fixture("node-a.crt")),
+            ("SIFT_TLS_KEY", fixture("node-b.key")),
+        ])
+        .unwrap_err();
+        assert!(mismatched.contains("does not match"), "{mismatched}");
+        let bad_ca = check(&[
+            ("SIFT_TLS_CERT", fixture("node-a.crt")),
+            ("SIFT_TLS_KEY", fixture("node-a.key")),
+            ("SIFT_TLS_CA", fixture("missing-ca.crt")),
+        ])
+        .unwrap_err();
+        assert!(bad_ca.contains("missing-ca.crt"), "{bad_ca}");
     }
 
     #[test]

@@ -26,19 +26,26 @@ pub struct RunningNode {
     pub sessions: Arc<Sessions>,
     /// Cluster mode: this node's Raft member.
     pub cluster: Option<crate::cluster::ClusterMember>,
+    /// `https` with TLS on, else `http`.
+    scheme: &'static str,
     stop: Option<oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<()>,
+    /// Reloads the TLS certificate on SIGHUP.
+    reloader: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl RunningNode {
-    /// The base URL of the HTTP API, e.g. `http://127.0.0.1:7700`.
+    /// The base URL of the HTTP API, e.g. `http://127.0.0.1:7700` (`https://` with TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// Stops accepting requests, lets in-flight ones finish, stops the actors.
     pub async fn shutdown(mut self) {
         self.sessions.shutdown();
+        if let Some(reloader) = self.reloader.take() {
+            reloader.abort();
+        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -115,6 +122,11 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let _ = std::fs::remove_dir_all(&temp_dir); // partial uploads of a previous run
     std::fs::create_dir_all(&temp_dir)?;
     let embedders = load_embedders(&config).await?;
+    let tls = config
+        .tls
+        .as_ref()
+        .map(sift_cluster::tls::ServerTls::load)
+        .transpose()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
@@ -131,12 +143,20 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         Some(cluster) => {
             let slot: crate::cluster::NodeSlot = Default::default();
             let route_slot = slot.clone();
+            let internal_tls = tls.clone();
+            let peer_tls = config.options.peer_tls.clone();
             let (node, member) = SiftNode::start_with_meta(
                 &config.data_dir,
                 config.options.clone(),
                 embedders,
                 |store| async move {
-                    crate::cluster::start_member(cluster, addr, store, route_slot)
+                    let member = crate::cluster::MemberStart {
+                        config: cluster,
+                        public: addr,
+                        tls: internal_tls,
+                        peer_tls,
+                    };
+                    crate::cluster::start_member(member, store, route_slot)
                         .await
                         .map_err(|error| SiftError::Internal(format!("cluster mode: {error:#}")))
                 },
@@ -191,6 +211,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         temp_dir,
         listen: addr,
         cluster_address: cluster.as_ref().map(|member| member.address.clone()),
+        peer_tls: config.options.peer_tls.clone(),
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let app = router(state);
@@ -199,17 +220,36 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         app,
         config.connections,
         "public",
+        tls.clone(),
         async {
             let _ = stopped.await;
         },
     ));
-    info!(%addr, data_dir = %config.data_dir.display(), "sift node listening");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let reloader = tls.map(reload_on_sighup).transpose()?;
+    info!(%addr, scheme, data_dir = %config.data_dir.display(), "sift node listening");
     Ok(RunningNode {
         addr,
         node,
         sessions,
         cluster,
+        scheme,
         stop: Some(stop),
         server,
+        reloader,
     })
+}
+
+/// Reads the certificate and key again on every SIGHUP (both listeners share them); a
+/// reload that fails is logged and the certificate in use stays.
+fn reload_on_sighup(
+    tls: sift_cluster::tls::ServerTls,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = signal(SignalKind::hangup()).context("listening for SIGHUP")?;
+    Ok(tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let _ = tls.reload(); // logged and counted inside
+        }
+    }))
 }

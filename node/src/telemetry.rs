@@ -52,6 +52,14 @@ fn describe() {
     );
     describe_counter!("sift_ingest_chunks_total", "chunks written to shards");
     describe_counter!(
+        "sift_tls_reloads_total",
+        "TLS certificate reloads on SIGHUP, by outcome (ok, failed)"
+    );
+    describe_counter!(
+        "sift_tls_handshake_failures_total",
+        "TLS handshakes that failed, by server (public, internal)"
+    );
+    describe_counter!(
         "sift_auth_failures_total",
         "requests refused by API-key checks, by reason (missing, invalid, revoked, expired, forbidden)"
     );

@@ -107,6 +107,13 @@ impl ApiClient {
         }
     }
 
+    /// A client sending `key` through `http` (e.g. one trusting a test CA).
+    pub fn with_http(base: &str, key: Option<&str>, http: reqwest::Client) -> ApiClient {
+        ApiClient {
+            api: sift_client::Client::with_http(base, key.map(str::to_string), http),
+        }
+    }
+
     /// The client of the API underneath (typed routes, event streams).
     pub fn api(&self) -> &sift_client::Client {
         &self.api

@@ -120,7 +120,9 @@ impl SiftNode {
         .await
         .map_err(|e| SiftError::Internal(format!("starting the shard supervisor: {e}")))?;
         let peers = Arc::new(match (meta.raft(), &options.cluster_secret) {
-            (Some(raft), Some(secret)) => Peers::clustered(raft.clone(), secret),
+            (Some(raft), Some(secret)) => {
+                Peers::clustered(raft.clone(), secret, options.peer_tls.clone())
+            }
             _ => Peers::single(),
         });
         let access = ShardAccess::new(

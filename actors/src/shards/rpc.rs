@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use sift_cluster::raft::RaftHandle;
+use sift_cluster::tls::PeerTls;
 use sift_cluster::transport::{decode_frame, encode_frame};
 use sift_storage::chunk::{ChunkView, DocumentWrite};
 use sift_storage::shard::ShardStats;
@@ -184,6 +185,7 @@ pub struct Peers {
     local_id: u64,
     raft: Option<RaftHandle>,
     secret: String,
+    tls: PeerTls,
     client: reqwest::Client,
     inflight: Mutex<HashMap<u64, usize>>,
     /// When each node last failed to answer in time.
@@ -197,6 +199,7 @@ impl Peers {
             local_id: SINGLE_NODE_ID,
             raft: None,
             secret: String::new(),
+            tls: PeerTls::plain(),
             client: reqwest::Client::new(),
             inflight: Mutex::new(HashMap::new()),
             suspects: Mutex::new(HashMap::new()),
@@ -204,8 +207,9 @@ impl Peers {
     }
 
     /// A cluster member: addresses come from `raft`'s membership.
-    pub fn clustered(raft: RaftHandle, secret: &str) -> Peers {
-        let client = reqwest::Client::builder()
+    pub fn clustered(raft: RaftHandle, secret: &str, tls: PeerTls) -> Peers {
+        let client = tls
+            .client_builder()
             .http2_prior_knowledge()
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(2))
@@ -215,6 +219,7 @@ impl Peers {
             local_id: raft.id(),
             raft: Some(raft),
             secret: secret.to_string(),
+            tls,
             client,
             inflight: Mutex::new(HashMap::new()),
             suspects: Mutex::new(HashMap::new()),
@@ -320,7 +325,7 @@ impl Peers {
         let outcome = async {
             let response = self
                 .client
-                .post(format!("http://{address}{SHARD_RPC_PATH}"))
+                .post(self.tls.url(&address, SHARD_RPC_PATH))
                 .bearer_auth(&self.secret)
                 .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
                 .timeout(timeout)

@@ -332,7 +332,7 @@ async fn nodes_join_as_learners_get_promoted_and_ids_are_never_reused() {
             public: String::new(),
             removed: false,
         };
-        let id = join_cluster(&through, SECRET, address.clone(), WAIT)
+        let id = join_cluster(&through, SECRET, address.clone(), WAIT, &PeerTls::plain())
             .await
             .unwrap();
         assert_eq!(id, expected_id);
@@ -350,15 +350,27 @@ async fn nodes_join_as_learners_get_promoted_and_ids_are_never_reused() {
     assert!(states.windows(2).all(|pair| pair[0] == pair[1]));
 
     // a node whose data dir was wiped comes back at node 3's address: refused, clearly
-    let error = join_cluster(&seed, SECRET, cluster.addresses[&3].clone(), WAIT)
-        .await
-        .unwrap_err();
+    let error = join_cluster(
+        &seed,
+        SECRET,
+        cluster.addresses[&3].clone(),
+        WAIT,
+        &PeerTls::plain(),
+    )
+    .await
+    .unwrap_err();
     assert!(error.to_string().contains("belongs to node 3"), "{error}");
     assert!(matches!(error, ClusterError::Invalid(_)));
     // the wrong secret is refused
-    let error = join_cluster(&seed, "wrong", cluster.addresses[&3].clone(), WAIT)
-        .await
-        .unwrap_err();
+    let error = join_cluster(
+        &seed,
+        "wrong",
+        cluster.addresses[&3].clone(),
+        WAIT,
+        &PeerTls::plain(),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(error, ClusterError::Unauthorized), "{error}");
 
     // after removing node 3, its address may join again, under a new id
@@ -377,9 +389,15 @@ async fn nodes_join_as_learners_get_promoted_and_ids_are_never_reused() {
         (!status.peers.iter().any(|peer| peer.id == 3)).then_some(())
     })
     .await;
-    let id = join_cluster(&seed, SECRET, cluster.addresses[&3].clone(), WAIT)
-        .await
-        .unwrap();
+    let id = join_cluster(
+        &seed,
+        SECRET,
+        cluster.addresses[&3].clone(),
+        WAIT,
+        &PeerTls::plain(),
+    )
+    .await
+    .unwrap();
     assert_eq!(id, 4, "a removed id is never given out again");
 }
 
