@@ -188,31 +188,19 @@ impl Connection {
                 return;
             }
         }
-        let stream = self.stream;
+        let serving = Serving {
+            peer: self.peer,
+            app: self.app,
+            limits: self.limits,
+            stopped: self.stopped,
+            server,
+        };
         let Some(tls) = &self.tls else {
-            serve_io(
-                stream,
-                self.peer,
-                self.app,
-                &self.limits,
-                self.stopped,
-                server,
-            )
-            .await;
+            serving.run(self.stream).await;
             return;
         };
-        match tokio::time::timeout(wait, tls.acceptor().accept(stream)).await {
-            Ok(Ok(stream)) => {
-                serve_io(
-                    stream,
-                    self.peer,
-                    self.app,
-                    &self.limits,
-                    self.stopped,
-                    server,
-                )
-                .await
-            }
+        match tokio::time::timeout(wait, tls.acceptor().accept(self.stream)).await {
+            Ok(Ok(stream)) => serving.run(stream).await,
             Ok(Err(error)) => {
                 metrics::counter!("sift_tls_handshake_failures_total", "server" => server)
                     .increment(1);
@@ -227,51 +215,63 @@ impl Connection {
     }
 }
 
-/// Serves HTTP on one connection (plain or TLS) until it ends or `stopped` fires.
-async fn serve_io<I>(
-    io: I,
+/// What serving HTTP on one connection needs, whatever the stream under it.
+struct Serving {
     peer: SocketAddr,
     app: Router,
-    limits: &ConnectionLimits,
-    mut stopped: watch::Receiver<()>,
+    limits: ConnectionLimits,
+    stopped: watch::Receiver<()>,
     server: &'static str,
-) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .enable_connect_protocol();
-    // Handlers see the client's address as `ConnectInfo` (the audit log records it).
-    let app = tower::ServiceExt::map_request(
-        app,
-        move |mut request: axum::http::Request<hyper::body::Incoming>| {
-            request
-                .extensions_mut()
-                .insert(axum::extract::ConnectInfo(peer));
-            request
-        },
-    );
-    let service = TowerToHyperService::new(app);
-    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-    tokio::pin!(connection);
-    tokio::select! {
-        result = connection.as_mut() => {
-            if let Err(error) = result {
-                debug!(server, %peer, %error, "connection ended with an error");
+}
+
+impl Serving {
+    /// Serves HTTP on one connection (plain or TLS) until it ends or `stopped` fires.
+    async fn run<I>(self, io: I)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Serving {
+            peer,
+            app,
+            limits,
+            mut stopped,
+            server,
+        } = self;
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .enable_connect_protocol();
+        // Handlers see the client's address as `ConnectInfo` (the audit log records it).
+        let app = tower::ServiceExt::map_request(
+            app,
+            move |mut request: axum::http::Request<hyper::body::Incoming>| {
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                request
+            },
+        );
+        let service = TowerToHyperService::new(app);
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+        tokio::pin!(connection);
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    debug!(server, %peer, %error, "connection ended with an error");
+                }
+                return;
             }
-            return;
+            _ = stopped.changed() => {}
         }
-        _ = stopped.changed() => {}
-    }
-    connection.as_mut().graceful_shutdown();
-    if let Err(error) = connection.await {
-        debug!(server, %peer, %error, "connection ended with an error");
+        connection.as_mut().graceful_shutdown();
+        if let Err(error) = connection.await {
+            debug!(server, %peer, %error, "connection ended with an error");
+        }
     }
 }
 

@@ -147,16 +147,7 @@ async fn a_tls_cluster_joins_replicates_reloads_and_logs_no_secret() {
         )
         .await;
     let on_follower = https_client(&nodes[follower].url, Some(&editor_key));
-    eventually("the document searchable through a follower", || async {
-        let answer = on_follower
-            .search_answer(
-                "docs",
-                json!({ "query": "arctic tern", "channels": ["bm25"], "top_k": 3 }),
-            )
-            .await;
-        (answer.status == 200 && document_ids(&answer.body).first() == ids.first()).then_some(())
-    })
-    .await;
+    found_first(&on_follower, "arctic tern", &ids[0]).await;
 
     // Plain HTTP to either port gets no HTTP answer.
     let plain_public = nodes[0].url.replacen("https://", "http://", 1);
@@ -218,20 +209,7 @@ async fn a_tls_cluster_joins_replicates_reloads_and_logs_no_secret() {
                       "text": "The common swift stays airborne for ten months." })],
         )
         .await;
-    eventually(
-        "the second document searchable through the follower",
-        || async {
-            let answer = on_follower
-                .search_answer(
-                    "docs",
-                    json!({ "query": "common swift airborne", "channels": ["bm25"], "top_k": 3 }),
-                )
-                .await;
-            (answer.status == 200 && document_ids(&answer.body).first() == more.first())
-                .then_some(())
-        },
-    )
-    .await;
+    found_first(&on_follower, "common swift airborne", &more[0]).await;
 
     // No log line of the run holds a key, the cluster secret or a private key.
     for node in &mut nodes {
@@ -269,6 +247,21 @@ async fn a_tls_cluster_joins_replicates_reloads_and_logs_no_secret() {
         lines > 50,
         "the logs are too short to mean anything: {lines} lines"
     );
+}
+
+/// Waits until a BM25 search for `query` through `client` ranks `document` first.
+async fn found_first(client: &ApiClient, query: &str, document: &str) {
+    eventually("the document searchable through a follower", || async {
+        let answer = client
+            .search_answer(
+                "docs",
+                json!({ "query": query, "channels": ["bm25"], "top_k": 3 }),
+            )
+            .await;
+        let first = document_ids(&answer.body).into_iter().next();
+        (answer.status == 200 && first.as_deref() == Some(document)).then_some(())
+    })
+    .await;
 }
 
 fn hangup(node: &NodeProcess) {
