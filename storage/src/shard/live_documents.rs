@@ -65,9 +65,6 @@ impl LiveDocuments {
         self.by_chunk.len()
     }
 
-    /// The live chunks passing a non-empty `filter`, or `None` if the filter is empty or
-    /// passes more than `limit` chunks (then the caller searches the graph with the filter
-    /// instead of scoring every candidate).
     /// Every live chunk passing `filter`, however many (for exact search).
     pub fn all_matching_chunks(&self, filter: &CompiledFilter<'_>) -> Vec<u64> {
         self.by_document
@@ -77,6 +74,11 @@ impl LiveDocuments {
             .collect()
     }
 
+    /// The live chunks passing a non-empty `filter`, or `None` if the filter is empty or
+    /// passes more than `limit` chunks (then the caller searches the graph with the filter
+    /// instead of scoring every candidate). A selective filter, such as a caller's groups
+    /// that reach 1% of the documents, is scored exactly: the graph, filtered that hard,
+    /// explores most of itself before it finds `k` permitted points.
     pub fn matching_chunks(&self, filter: &CompiledFilter<'_>, limit: usize) -> Option<Vec<u64>> {
         let mut ids = Vec::new();
         let mut add = |document: &LiveDocument| {
@@ -96,7 +98,7 @@ impl LiveDocuments {
                 }
             }
             None => {
-                if filter.metadata.is_empty() {
+                if filter.metadata.is_empty() && filter.groups.is_none() {
                     return None;
                 }
                 for document in self.by_document.values() {
