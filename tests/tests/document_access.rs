@@ -118,6 +118,32 @@ async fn restricted_documents_are_read_only_by_their_groups() {
         "the open documents, a full page at a time"
     );
     seen.push_str(&serde_json::to_string(&listed).unwrap());
+    // The KB's document counts count what the caller reads: a count is an existence oracle.
+    for (client, expected) in [(&outsider, 20), (&finance, 21), (&operator, 21)] {
+        assert_eq!(client.counts("docs").await["total"], expected);
+        let kbs = client.get("/v1/kbs").await.expect(200);
+        let listed_kb = kbs["kbs"]
+            .as_array()
+            .and_then(|kbs| kbs.iter().find(|kb| kb["name"] == "docs"))
+            .unwrap_or_else(|| panic!("docs listed: {kbs}"));
+        assert_eq!(listed_kb["documents"]["total"], expected, "{listed_kb}");
+    }
+    let shards = outsider.get("/v1/kbs/docs/shards").await.expect(200);
+    for replica in shards["shards"].as_array().unwrap() {
+        let replica = &replica["replicas"][0];
+        assert!(
+            replica["reachable"] == true && replica["documents"].is_null(),
+            "{shards}"
+        );
+    }
+    let shards = operator.get("/v1/kbs/docs/shards").await.expect(200);
+    let stored: u64 = shards["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|shard| shard["replicas"][0]["documents"].as_u64().unwrap())
+        .sum();
+    assert_eq!(stored, 21, "{shards}");
     for path in [
         format!("/v1/kbs/docs/documents/{secret_id}"),
         "/v1/kbs/docs/documents/secret".to_string(),

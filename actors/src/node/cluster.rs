@@ -15,7 +15,8 @@ use crate::shards::{ShardKey, ShardReply, ShardRpc};
 
 impl SiftNode {
     /// `GET /v1/kbs/{kb}/shards`: every shard's replicas, their states and (when their node
-    /// answers within a second) their document and chunk counts.
+    /// answers within a second) their document and chunk counts. A caller restricted to
+    /// groups gets no counts: they include documents it may not see.
     pub async fn kb_shards(&self, scope: &Scope, kb: &str) -> Result<Vec<ShardView>> {
         let kb = self.find_kb_for_data(scope, kb, Need::Read).await?;
         let access = &self.context.access;
@@ -43,6 +44,7 @@ impl SiftNode {
                 }
             }))
             .await;
+            let counted = scope.groups().is_none();
             views.push(ShardView {
                 shard,
                 replicas: replicas
@@ -53,8 +55,8 @@ impl SiftNode {
                         node: replica.node,
                         state: replica.state.as_str(),
                         since_ms: replica.since_ms,
-                        documents: stats.as_ref().map(|s| s.documents),
-                        chunks: stats.as_ref().map(|s| s.chunks),
+                        documents: stats.as_ref().filter(|_| counted).map(|s| s.documents),
+                        chunks: stats.as_ref().filter(|_| counted).map(|s| s.chunks),
                         reachable: stats.is_some(),
                     })
                     .collect(),

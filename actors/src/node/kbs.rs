@@ -147,7 +147,7 @@ impl SiftNode {
             )));
         };
         self.open_shards(&kb).await?;
-        self.kb_state(kb, KbAccess::Owner)
+        self.kb_state(scope, kb, KbAccess::Owner)
     }
 
     /// The KB `kb` (an id, a name of the scope's tenant, or `{tenant}:{name}`) as the scope
@@ -194,12 +194,13 @@ impl SiftNode {
 
     pub fn get_kb(&self, scope: &Scope, kb: &str) -> Result<KbState> {
         let (kb, access) = self.find_kb_access(scope, kb)?;
-        self.kb_state(kb, access)
+        self.kb_state(scope, kb, access)
     }
 
-    fn kb_state(&self, kb: KbRecord, access: KbAccess) -> Result<KbState> {
+    /// A KB as `scope` sees it: its document counts are of the documents the scope reads.
+    fn kb_state(&self, scope: &Scope, kb: KbRecord, access: KbAccess) -> Result<KbState> {
         let store = self.store();
-        let documents = store.document_counts(&kb.id)?;
+        let documents = store.document_counts(&kb.id, |doc| scope.may_read(doc))?;
         let shared_with = match access {
             KbAccess::Owner => store.kb_shares(&kb.id)?,
             KbAccess::Shared => Vec::new(),
@@ -218,7 +219,7 @@ impl SiftNode {
         self.store()
             .list_kbs_in(scope.name())?
             .into_iter()
-            .map(|(kb, access)| self.kb_state(kb, access))
+            .map(|(kb, access)| self.kb_state(scope, kb, access))
             .collect()
     }
 
@@ -253,7 +254,7 @@ impl SiftNode {
                 shared,
             })
             .await?;
-        self.kb_state(kb, KbAccess::Owner)
+        self.kb_state(scope, kb, KbAccess::Owner)
     }
 
     pub async fn update_kb(&self, scope: &Scope, kb: &str, request: UpdateKb) -> Result<KbState> {
@@ -297,7 +298,7 @@ impl SiftNode {
         let MetaOutcome::Kb(kb) = outcome else {
             return Err(SiftError::kb_not_found(&kb.id));
         };
-        self.kb_state(kb, KbAccess::Owner)
+        self.kb_state(scope, kb, KbAccess::Owner)
     }
 
     /// Sets the values `patch` carries on `settings` (the defaults of a new KB, or a KB's

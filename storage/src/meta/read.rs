@@ -174,7 +174,13 @@ impl SledMetaStore {
         Ok(docs)
     }
 
-    pub fn document_counts(&self, kb_id: &str) -> Result<DocumentCounts> {
+    /// The documents of a KB by status, counting only those `counted` keeps (a caller's
+    /// readable ones: a count must not reveal documents the caller cannot see).
+    pub fn document_counts(
+        &self,
+        kb_id: &str,
+        counted: impl Fn(&DocumentRecord) -> bool,
+    ) -> Result<DocumentCounts> {
         let mut counts = DocumentCounts::default();
         for status in DocStatus::ALL {
             counts.by_status.insert(status, 0);
@@ -182,6 +188,9 @@ impl SledMetaStore {
         for item in self.tree.scan_prefix(doc_prefix(kb_id)) {
             let (_, value) = item?;
             let doc: DocumentRecord = decode(&value)?;
+            if !counted(&doc) {
+                continue;
+            }
             counts.total += 1;
             *counts.by_status.entry(doc.status).or_default() += 1;
         }

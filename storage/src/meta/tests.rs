@@ -225,7 +225,7 @@ fn statuses_counts_delete_and_restart() {
         )
         .unwrap();
     assert_eq!(replay, MetaOutcome::Unchanged);
-    let counts = store.document_counts("k").unwrap();
+    let counts = store.document_counts("k", |_| true).unwrap();
     assert_eq!(counts.total, 2);
     assert_eq!(counts.by_status[&DocStatus::Ready], 1);
     assert_eq!(counts.by_status[&DocStatus::Failed], 1);
