@@ -34,6 +34,8 @@ pub struct NodeOptions {
     pub max_shards_per_node: usize,
     /// Raw bytes of live documents one tenant may hold (none: no quota).
     pub max_bytes_per_tenant: Option<u64>,
+    /// Documents one tenant's KBs may hold (none: no quota).
+    pub max_documents_per_tenant: Option<u64>,
     /// Longest a shard write may take before the documents fail.
     pub shard_write_timeout: Duration,
     /// Enables fault injection endpoints (tests only).
@@ -72,6 +74,7 @@ impl Default for NodeOptions {
             max_kbs: 1000,
             max_shards_per_node: 512,
             max_bytes_per_tenant: None,
+            max_documents_per_tenant: None,
             shard_write_timeout: Duration::from_secs(300),
             debug_faults: false,
             rerank: Default::default(),

@@ -83,6 +83,8 @@ pub struct FileConfig {
     /// Raw bytes of documents one tenant may hold (default: no quota; also
     /// SIFT_MAX_BYTES_PER_TENANT).
     pub max_bytes_per_tenant: Option<u64>,
+    /// Documents one tenant may hold (default: no quota; also SIFT_MAX_DOCUMENTS_PER_TENANT).
+    pub max_documents_per_tenant: Option<u64>,
     /// Fault injection endpoints, for tests.
     pub debug_faults: Option<bool>,
     #[serde(default)]
@@ -338,6 +340,9 @@ impl Config {
         if let Some(v) = parse("SIFT_MAX_BYTES_PER_TENANT")? {
             file.max_bytes_per_tenant = Some(v);
         }
+        if let Some(v) = parse("SIFT_MAX_DOCUMENTS_PER_TENANT")? {
+            file.max_documents_per_tenant = Some(v);
+        }
         if let Some(v) = parse("SIFT_INGEST_MAX_ATTEMPTS")? {
             file.ingest_max_attempts =
                 Some(u32::try_from(v).context("SIFT_INGEST_MAX_ATTEMPTS is too large")?);
@@ -453,6 +458,7 @@ impl Config {
                 .max_shards_per_node
                 .unwrap_or(defaults.max_shards_per_node),
             max_bytes_per_tenant: file.max_bytes_per_tenant,
+            max_documents_per_tenant: file.max_documents_per_tenant,
             shard_write_timeout: defaults.shard_write_timeout,
             debug_faults: file.debug_faults.unwrap_or(false),
             rerank: file.rerank.clone(),

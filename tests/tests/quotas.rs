@@ -1,5 +1,5 @@
-//! Quotas: the bytes of documents a tenant may hold, and the agent runs one key may have in
-//! flight. Past either, a 4xx with its own code; nothing already stored changes.
+//! Quotas: the bytes and the number of documents a tenant may hold, and the agent runs one
+//! key may have in flight. Past either, a 4xx with its own code; nothing already stored changes.
 
 use std::time::Duration;
 
@@ -59,6 +59,60 @@ async fn a_tenant_holds_no_more_bytes_than_its_quota() {
         .expect(204);
     acme.bulk_add("docs", &[json!({ "external_id": "b", "text": text(400) })])
         .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_holds_no_more_documents_than_its_quota() {
+    let dir = sift_tests::temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    config.options.max_documents_per_tenant = Some(3);
+    let node = InProcessNode::start_with(config).await;
+    let operator = node.client();
+    operator
+        .post_json("/v1/tenants", &json!({ "name": "acme" }))
+        .await
+        .expect(201);
+    let created = operator
+        .post_json(
+            "/v1/keys",
+            &json!({ "name": "acme editor", "role": "editor", "tenant": "acme" }),
+        )
+        .await
+        .expect(201);
+    let acme = ApiClient::with_key(&node.url, created["key"].as_str());
+    acme.create_kb(json!({ "name": "one", "shards": 2 })).await;
+    acme.create_kb(json!({ "name": "two" })).await;
+    let doc = |id: &str| json!({ "external_id": id, "text": format!("document {id} words") });
+    let first = acme.bulk_add("one", &[doc("a"), doc("b")]).await;
+    // Two more in another KB of the tenant: 2 + 2 > 3, refused whole, nothing stored.
+    let refused = acme.bulk_add_answer("two", &[doc("c"), doc("d")]).await;
+    let message = refused.expect_error(403, "document_quota_exceeded");
+    assert!(message.contains('3'), "{message}");
+    assert_eq!(count(&acme.counts("two").await, "total"), 0);
+    acme.bulk_add("two", &[doc("c")]).await;
+    acme.upload("one", "more.txt", b"one more".to_vec())
+        .await
+        .expect_error(403, "document_quota_exceeded");
+    // Replacing a document by its external id adds none, even at the quota.
+    acme.wait_ready("one", 2, Duration::from_secs(60)).await;
+    acme.bulk_add(
+        "one",
+        &[json!({ "external_id": "a", "text": "document a, new words" })],
+    )
+    .await;
+    acme.wait_ready("one", 2, Duration::from_secs(60)).await;
+    assert_eq!(count(&acme.counts("one").await, "total"), 2);
+    // Another tenant's quota is its own.
+    operator.create_kb(json!({ "name": "mine" })).await;
+    operator
+        .bulk_add("mine", &[doc("x"), doc("y"), doc("z")])
+        .await;
+    // Deleting frees room.
+    acme.delete(&format!("/v1/kbs/one/documents/{}", first[1]))
+        .await
+        .expect(204);
+    acme.bulk_add("two", &[doc("e")]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

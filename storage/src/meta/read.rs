@@ -174,6 +174,21 @@ impl SledMetaStore {
         Ok(docs)
     }
 
+    /// How many documents a KB holds, whatever their status (their records are not read).
+    pub fn document_total(&self, kb_id: &str) -> Result<u64> {
+        let mut total = 0;
+        for item in self.tree.scan_prefix(doc_prefix(kb_id)) {
+            item?;
+            total += 1;
+        }
+        Ok(total)
+    }
+
+    /// Whether a document of the KB has this external id (a new one of it replaces it).
+    pub fn has_external_id(&self, kb_id: &str, external_id: &str) -> Result<bool> {
+        Ok(self.tree.contains_key(ext_key(kb_id, external_id))?)
+    }
+
     /// The documents of a KB by status, counting only those `counted` keeps (a caller's
     /// readable ones: a count must not reveal documents the caller cannot see).
     pub fn document_counts(
