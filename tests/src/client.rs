@@ -173,6 +173,36 @@ impl ApiClient {
         .await
     }
 
+    // ---- tenants and keys ----
+
+    /// Creates the tenant `name` (an admin's client).
+    pub async fn create_tenant(&self, name: &str) -> Value {
+        self.post_json("/v1/tenants", &json!({ "name": name }))
+            .await
+            .expect(201)
+    }
+
+    /// Creates a key of `role` in `tenant`, named "{tenant} {role}", and returns its secret.
+    pub async fn create_key(&self, tenant: &str, role: &str) -> String {
+        let created = self
+            .post_json(
+                "/v1/keys",
+                &json!({ "name": format!("{tenant} {role}"), "role": role, "tenant": tenant }),
+            )
+            .await
+            .expect(201);
+        created["key"]
+            .as_str()
+            .expect("the created key's secret")
+            .to_string()
+    }
+
+    /// A client of the same node (and HTTP client) with a new key of `role` in `tenant`.
+    pub async fn tenant_client(&self, tenant: &str, role: &str) -> ApiClient {
+        let key = self.create_key(tenant, role).await;
+        ApiClient::with_http(self.url(), Some(&key), self.http().clone())
+    }
+
     // ---- knowledge bases ----
 
     /// Creates a KB (`body` holds `name` and settings) and returns it.

@@ -402,10 +402,7 @@ async fn keys_and_tenants_are_rate_limited() {
     config.rate_per_tenant = Rate::new(1, Some(4));
     let node = InProcessNode::start_with(config).await;
     let operator = node.client();
-    operator
-        .post_json("/v1/tenants", &json!({ "name": "acme" }))
-        .await
-        .expect(201);
+    operator.create_tenant("acme").await;
     let mut keys = Vec::new();
     for n in 0..2 {
         let created = operator

@@ -22,18 +22,8 @@ async fn a_tenant_holds_no_more_bytes_than_its_quota() {
     config.options.max_bytes_per_tenant = Some(1000);
     let node = InProcessNode::start_with(config).await;
     let operator = node.client();
-    operator
-        .post_json("/v1/tenants", &json!({ "name": "acme" }))
-        .await
-        .expect(201);
-    let created = operator
-        .post_json(
-            "/v1/keys",
-            &json!({ "name": "acme editor", "role": "editor", "tenant": "acme" }),
-        )
-        .await
-        .expect(201);
-    let acme = ApiClient::with_key(&node.url, created["key"].as_str());
+    operator.create_tenant("acme").await;
+    let acme = operator.tenant_client("acme", "editor").await;
     acme.create_kb(json!({ "name": "docs", "shards": 2 })).await;
     let first = acme
         .bulk_add("docs", &[json!({ "external_id": "a", "text": text(700) })])
@@ -69,18 +59,8 @@ async fn a_tenant_holds_no_more_documents_than_its_quota() {
     config.options.max_documents_per_tenant = Some(3);
     let node = InProcessNode::start_with(config).await;
     let operator = node.client();
-    operator
-        .post_json("/v1/tenants", &json!({ "name": "acme" }))
-        .await
-        .expect(201);
-    let created = operator
-        .post_json(
-            "/v1/keys",
-            &json!({ "name": "acme editor", "role": "editor", "tenant": "acme" }),
-        )
-        .await
-        .expect(201);
-    let acme = ApiClient::with_key(&node.url, created["key"].as_str());
+    operator.create_tenant("acme").await;
+    let acme = operator.tenant_client("acme", "editor").await;
     acme.create_kb(json!({ "name": "one", "shards": 2 })).await;
     acme.create_kb(json!({ "name": "two" })).await;
     let doc = |id: &str| json!({ "external_id": id, "text": format!("document {id} words") });
@@ -113,6 +93,48 @@ async fn a_tenant_holds_no_more_documents_than_its_quota() {
         .await
         .expect(204);
     acme.bulk_add("two", &[doc("e")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_additions_cannot_pass_a_quota_together() {
+    let dir = sift_tests::temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    config.options.max_documents_per_tenant = Some(5);
+    config.options.max_bytes_per_tenant = Some(100_000);
+    let node = InProcessNode::start_with(config).await;
+    let operator = node.client();
+    operator.create_tenant("acme").await;
+    let acme = operator.tenant_client("acme", "editor").await;
+    acme.create_kb(json!({ "name": "docs", "shards": 2 })).await;
+    // Twenty one-document additions at once: each alone fits, five together fill the quota.
+    let additions = (0..20).map(|n| {
+        let acme = acme.clone();
+        tokio::spawn(async move {
+            let document = json!({ "text": format!("concurrent document {n}") });
+            acme.bulk_add_answer("docs", &[document]).await
+        })
+    });
+    let mut accepted = 0;
+    for addition in futures::future::join_all(additions).await {
+        let answer = addition.expect("an addition task");
+        if answer.status == 202 {
+            accepted += 1;
+        } else {
+            answer.expect_error(403, "document_quota_exceeded");
+        }
+    }
+    assert_eq!(accepted, 5, "accepted additions");
+    acme.wait_ready("docs", 5, Duration::from_secs(120)).await;
+    assert_eq!(count(&acme.counts("docs").await, "total"), 5);
+    // The reservations are gone once the additions are registered: deleting one frees room.
+    let listed = acme.list_all_documents("docs", 10).await;
+    let id = listed[0]["id"].as_str().expect("a document id");
+    acme.delete(&format!("/v1/kbs/docs/documents/{id}"))
+        .await
+        .expect(204);
+    acme.bulk_add("docs", &[json!({ "text": "one after the delete" })])
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

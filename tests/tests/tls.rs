@@ -123,18 +123,8 @@ async fn a_tls_cluster_joins_replicates_reloads_and_logs_no_secret() {
     // A tenant key, a KB replicated on every node, a document: written through the leader,
     // found through a follower (Raft and shard requests between members go over TLS).
     let operator = &clients[leader_index];
-    operator
-        .post_json("/v1/tenants", &json!({ "name": "acme" }))
-        .await
-        .expect(201);
-    let created = operator
-        .post_json(
-            "/v1/keys",
-            &json!({ "name": "acme editor", "role": "editor", "tenant": "acme" }),
-        )
-        .await
-        .expect(201);
-    let editor_key = created["key"].as_str().unwrap().to_string();
+    operator.create_tenant("acme").await;
+    let editor_key = operator.create_key("acme", "editor").await;
     let editor = https_client(&nodes[leader_index].url, Some(&editor_key));
     editor
         .create_kb(json!({ "name": "docs", "shards": 2, "replication_factor": 3 }))

@@ -8,9 +8,7 @@ use sha2::{Digest, Sha256};
 use sift_api::documents::{AddedDocument, NewTextDocument};
 use sift_cluster::placement::shard_for_document;
 use sift_storage::chunk::{ACCESS_GROUPS_KEY, ChunkView, Metadata};
-use sift_storage::meta::{
-    DocSource, DocStatus, DocumentRecord, KbAccess, KbRecord, MetaOp, MetaOutcome,
-};
+use sift_storage::meta::{DocSource, DocStatus, DocumentRecord, KbRecord, MetaOp, MetaOutcome};
 
 use super::SiftNode;
 use crate::error::{Result, SiftError};
@@ -105,7 +103,7 @@ impl SiftNode {
             });
             texts.push(document.text);
         }
-        self.check_quotas(&kb, &records)?;
+        let _reserved = self.reserve_quota(&kb, &records)?;
         // Raw texts first (durable), then the metadata op that makes them documents.
         let raw = self.context.raw.clone();
         let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
@@ -172,7 +170,7 @@ impl SiftNode {
             created_at_ms: now,
             updated_at_ms: now,
         };
-        self.check_quotas(&kb, std::slice::from_ref(&record))?;
+        let _reserved = self.reserve_quota(&kb, std::slice::from_ref(&record))?;
         // Bytes in place (durable) before the metadata op that makes them a document.
         let raw = self.context.raw.clone();
         let temp = upload.temp_path.clone();
@@ -184,69 +182,6 @@ impl SiftNode {
         added
             .pop()
             .ok_or_else(|| SiftError::Internal("registration returned nothing".into()))
-    }
-
-    /// Refuses `records` when the tenant of `kb` would pass `max_bytes_per_tenant` (the raw
-    /// bytes of its KBs' live documents) or `max_documents_per_tenant` (their documents; one
-    /// that replaces a document of the same external id adds none).
-    fn check_quotas(&self, kb: &KbRecord, records: &[DocumentRecord]) -> Result<()> {
-        let options = &self.context.options;
-        if options.max_bytes_per_tenant.is_none() && options.max_documents_per_tenant.is_none() {
-            return Ok(());
-        }
-        let store = self.store();
-        let tenant = store.kb_tenant(&kb.id)?;
-        let owned: std::collections::HashSet<String> = store
-            .list_kbs_in(&tenant)?
-            .into_iter()
-            .filter(|(_, access)| *access == KbAccess::Owner)
-            .map(|(kb, _)| kb.id)
-            .collect();
-        if let Some(limit) = options.max_bytes_per_tenant {
-            let adding: u64 = records.iter().map(|r| r.size_bytes).sum();
-            let used: u64 = store
-                .shard_bytes()?
-                .into_iter()
-                .filter(|((kb_id, _), _)| owned.contains(kb_id))
-                .map(|(_, bytes)| bytes)
-                .sum();
-            if used.saturating_add(adding) > limit {
-                return Err(SiftError::Forbidden {
-                    code: "storage_quota_exceeded",
-                    message: format!(
-                        "the tenant {tenant:?} holds {used} bytes of documents; {adding} more would pass its quota of {limit} (max_bytes_per_tenant)"
-                    ),
-                });
-            }
-        }
-        if let Some(limit) = options.max_documents_per_tenant {
-            let mut adding = 0u64;
-            let mut seen = std::collections::HashSet::new();
-            for record in records {
-                let replaces = match &record.external_id {
-                    // A repeated external id within one request stores one document.
-                    Some(external_id) => {
-                        !seen.insert(external_id.as_str())
-                            || store.has_external_id(&kb.id, external_id)?
-                    }
-                    None => false,
-                };
-                adding += u64::from(!replaces);
-            }
-            let mut used = 0u64;
-            for kb_id in &owned {
-                used += store.document_total(kb_id)?;
-            }
-            if adding > 0 && used.saturating_add(adding) > limit {
-                return Err(SiftError::Forbidden {
-                    code: "document_quota_exceeded",
-                    message: format!(
-                        "the tenant {tenant:?} holds {used} documents; {adding} more would pass its quota of {limit} (max_documents_per_tenant)"
-                    ),
-                });
-            }
-        }
-        Ok(())
     }
 
     async fn register(

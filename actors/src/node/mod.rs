@@ -9,6 +9,7 @@
 mod cluster;
 mod documents;
 mod kbs;
+mod quota;
 mod search;
 pub(crate) mod supervisor;
 
@@ -59,6 +60,8 @@ pub struct SiftNode {
     supervisor: ActorRef<NodeMessage>,
     /// The running instance of each of the supervisor's children.
     children: ChildHandles,
+    /// What this node has accepted against tenant quotas and not yet registered.
+    quotas: quota::QuotaLedger,
 }
 
 impl SiftNode {
@@ -192,6 +195,7 @@ impl SiftNode {
             ingest,
             supervisor,
             children,
+            quotas: quota::QuotaLedger::default(),
         };
         node.recover().await?;
         for spec in specs {
