@@ -118,6 +118,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let prometheus = telemetry::prometheus();
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    // Before anything is written there: a data dir of a newer format is left as it is.
+    sift_storage::data_dir::open(&config.data_dir).map_err(|e| anyhow::anyhow!("{e}"))?;
     let temp_dir = config.data_dir.join("tmp");
     let _ = std::fs::remove_dir_all(&temp_dir); // partial uploads of a previous run
     std::fs::create_dir_all(&temp_dir)?;
@@ -136,7 +138,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             Arc::new(
                 SiftNode::start(&config.data_dir, config.options.clone(), embedders)
                     .await
-                    .context("starting the node")?,
+                    .map_err(|e| anyhow::anyhow!("starting the node: {e}"))?,
             ),
             None,
         ),
@@ -162,7 +164,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
                 },
             )
             .await
-            .context("starting the node")?;
+            .map_err(|e| anyhow::anyhow!("starting the node: {e}"))?;
             let node = Arc::new(node);
             let _ = slot.set(node.clone());
             (node, Some(member))

@@ -22,6 +22,9 @@ pub enum StorageError {
     Conflict(String),
     #[error("invalid: {0}")]
     Invalid(String),
+    /// The data directory's format is not one this build reads (see [`crate::data_dir`]).
+    #[error("data directory: {0}")]
+    DataDir(String),
 }
 
 impl StorageError {
@@ -33,7 +36,8 @@ impl StorageError {
             | StorageError::DimensionMismatch { .. }
             | StorageError::NotFound(_)
             | StorageError::Conflict(_)
-            | StorageError::Invalid(_) => false,
+            | StorageError::Invalid(_)
+            | StorageError::DataDir(_) => false,
         }
     }
 }

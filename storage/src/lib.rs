@@ -13,6 +13,7 @@
 //! - [`sled_db`]: opens a sled database, waiting out the lock a just-dropped handle holds.
 
 pub mod chunk;
+pub mod data_dir;
 pub mod embedding_cache;
 pub mod error;
 pub mod meta;

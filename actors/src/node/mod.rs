@@ -93,6 +93,14 @@ impl SiftNode {
     {
         let started = Instant::now();
         std::fs::create_dir_all(data_dir).map_err(|e| SiftError::Storage(e.into()))?;
+        match sift_storage::data_dir::open(data_dir)? {
+            sift_storage::data_dir::Opened::Upgraded { from } => info!(
+                from,
+                to = sift_storage::data_dir::FORMAT_VERSION,
+                "upgraded the data directory's format"
+            ),
+            sift_storage::data_dir::Opened::New | sift_storage::data_dir::Opened::Current => {}
+        }
         let meta_dir = data_dir.join("meta");
         let store = tokio::task::spawn_blocking(move || SledMetaStore::open(&meta_dir))
             .await
