@@ -1,8 +1,21 @@
 #!/usr/bin/env bash
 # The whole test suite: fetches the embedded model if absent, then runs every test of the
 # workspace. This is what CI runs (.ci/run).
+#
+# The integration tests are one binary (tests/tests/main.rs); it runs here one module (one
+# file) at a time, with the tests of a module in parallel, so that the multi-process tests
+# of one file never share the machine's two cores with another file's nodes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export SIFT_MODEL_DIR=${SIFT_MODEL_DIR:-$(scripts/fetch-model.sh)}
 cargo fmt --all -- --check
-cargo test --workspace --all-targets --no-fail-fast
+failed=()
+cargo test --workspace --exclude sift-tests --all-targets --no-fail-fast || failed+=("workspace")
+cargo test -p sift-tests --lib --no-fail-fast || failed+=("sift-tests lib")
+for module in $(sed -n 's/^mod \([a-z0-9_]*\);$/\1/p' tests/tests/main.rs); do
+  cargo test -p sift-tests --test integration --no-fail-fast -- "$module::" || failed+=("$module")
+done
+if ((${#failed[@]})); then
+  echo "test.sh: failures in: ${failed[*]}" >&2
+  exit 1
+fi

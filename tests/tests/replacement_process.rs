@@ -3,8 +3,8 @@
 //! down for longer than `replace_after` has its replicas re-created on the other two (the KB
 //! back at its replication factor, every document found, the same top 10), without being
 //! removed from the cluster; when it returns it drops its stale copies and rebalancing gives
-//! it replicas again. (A file of its own: test binaries run one after another, so these
-//! processes do not share the machine with the other replication test's.)
+//! it replicas again. (A file of its own: `scripts/test.sh` runs one file's tests at a time, so
+//! these processes do not share the machine with the other replication test's.)
 
 use std::collections::BTreeSet;
 

@@ -1,0 +1,26 @@
+//! The integration tests: one binary, one module per file beside this one.
+//!
+//! `cargo test -p sift-tests --test integration` runs them all; a module's name filters them,
+//! e.g. `cargo test -p sift-tests --test integration replication_process::`.
+
+mod api_errors;
+mod audit;
+mod auth;
+mod cluster_process;
+mod crash_loop;
+mod document_access;
+mod durability;
+mod ingestion;
+mod quality;
+mod quotas;
+mod remote_embedder;
+mod replacement_process;
+mod replication_process;
+mod retrieval;
+mod sessions;
+mod sessions_process;
+mod shard_crash;
+mod supervision_process;
+mod tenants;
+mod tls;
+mod upgrade;
