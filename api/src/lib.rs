@@ -21,7 +21,7 @@ pub mod sessions;
 pub use self::documents::{AddedDocument, BulkDocuments, DocumentAccess, NewTextDocument};
 pub use self::error::{ErrorBody, ErrorDetail};
 pub use self::kbs::{CreateKb, SettingsPatch, UpdateKb};
-pub use self::keys::{NewApiKey, NewTenant};
+pub use self::keys::{NewApiKey, NewTenant, TenantLimits};
 pub use self::search::{ChannelWeights, SearchFilters, SearchQuery};
 pub use self::sessions::{NewMessage, NewSession};
 

@@ -25,7 +25,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use sift_actors::ingest::pipeline::now_ms;
-use sift_actors::{Scope, SiftNode};
+use sift_actors::{Scope, SiftError, SiftNode};
 use sift_storage::meta::{ApiKeyFields, DEFAULT_TENANT, MetaOp, MetaOutcome, Role};
 use subtle::ConstantTimeEq;
 use tracing::{info, warn};
@@ -107,6 +107,19 @@ pub struct AuthState {
     pub audit_retention: std::time::Duration,
     /// Cluster mode: the shared secret, accepted on `GET /v1/cluster` only (joining nodes).
     pub cluster_secret: Option<String>,
+}
+
+impl AuthState {
+    /// The request rate of `tenant`'s own limits, if they set one.
+    fn tenant_rate(&self, tenant: &str) -> Result<Option<crate::limits::Rate>, SiftError> {
+        if tenant == DEFAULT_TENANT {
+            return Ok(None);
+        }
+        let limits = self.node.context().meta.store().tenant_limits(tenant)?;
+        Ok(limits
+            .rate_limit_per_minute
+            .and_then(|rate| crate::limits::Rate::new(rate, limits.rate_limit_burst)))
+    }
 }
 
 /// A key just made: the full text (shown once) and the fields stored for it.
@@ -384,7 +397,11 @@ pub async fn authenticate(
         }
         return refused(refusal, needed);
     }
-    if let Err(limited) = auth.limits.check(&principal) {
+    let tenant_rate = match auth.tenant_rate(&principal.tenant) {
+        Ok(rate) => rate,
+        Err(error) => return ApiError::from(error).into_response(),
+    };
+    if let Err(limited) = auth.limits.check(&principal, tenant_rate) {
         let mut error = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limited",
@@ -639,6 +656,7 @@ mod tests {
             (Method::DELETE, "/v1/cluster/nodes/{id}", Role::Admin),
             (Method::GET, "/v1/keys", Role::Admin),
             (Method::POST, "/v1/tenants", Role::Admin),
+            (Method::PUT, "/v1/tenants/{name}/limits", Role::Admin),
             (Method::PUT, "/v1/kbs/{kb}/shares/{tenant}", Role::Editor),
             (Method::POST, "/v1/debug/reconciler/crash", Role::Admin),
         ];

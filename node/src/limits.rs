@@ -1,13 +1,16 @@
 //! Request rates per API key and per tenant: token buckets (`governor`, GCRA), one per key
 //! and one per tenant, on each node. A request over either is 429 `rate_limited` with
 //! `Retry-After`, counted in `sift_rate_limited_total{scope}` (`key` or `tenant`). Without a
-//! configured rate, nothing is limited.
+//! configured rate, nothing is limited. A tenant whose limits set a rate of its own
+//! (`PUT /v1/tenants/{name}/limits`) has a bucket of that rate instead of the node-wide one.
 
+use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use crate::auth::Principal;
 
@@ -38,6 +41,9 @@ impl Rate {
 pub struct RateLimits {
     per_key: Option<DefaultKeyedRateLimiter<String>>,
     per_tenant: Option<DefaultKeyedRateLimiter<String>>,
+    /// The buckets of tenants with a rate of their own, with that rate (a bucket is made anew
+    /// when the tenant's rate changes, and dropped when it has none any more).
+    own_rates: Mutex<HashMap<String, (Rate, Arc<DefaultDirectRateLimiter>)>>,
     clock: DefaultClock,
     /// Checks made, to forget idle buckets every [`FORGET_EVERY`] of them.
     checks: AtomicU64,
@@ -58,34 +64,82 @@ impl RateLimits {
         RateLimits {
             per_key: per_key.map(|rate| RateLimiter::keyed(rate.quota())),
             per_tenant: per_tenant.map(|rate| RateLimiter::keyed(rate.quota())),
+            own_rates: Mutex::default(),
             clock: DefaultClock::default(),
             checks: AtomicU64::new(0),
         }
     }
 
-    /// Takes a token from the caller's key bucket, then from its tenant's; a refusal of
-    /// either refuses the request (a request refused by its key takes nothing from the
-    /// tenant).
-    pub fn check(&self, principal: &Principal) -> Result<(), Limited> {
+    /// Takes a token from the caller's key bucket, then from its tenant's (of `tenant_rate`,
+    /// the tenant's own rate, when it has one); a refusal of either refuses the request (a
+    /// request refused by its key takes nothing from the tenant).
+    pub fn check(&self, principal: &Principal, tenant_rate: Option<Rate>) -> Result<(), Limited> {
         if self.checks.fetch_add(1, Ordering::Relaxed) % FORGET_EVERY == FORGET_EVERY - 1 {
             self.forget_idle();
         }
         let key = principal.key_id.as_deref().unwrap_or("");
-        for (scope, limiter, name) in [
-            ("key", &self.per_key, key),
-            ("tenant", &self.per_tenant, principal.tenant.as_str()),
-        ] {
-            let Some(limiter) = limiter else { continue };
-            if let Err(not_until) = limiter.check_key(&name.to_string()) {
-                let wait = not_until.wait_time_from(self.clock.now());
-                metrics::counter!("sift_rate_limited_total", "scope" => scope).increment(1);
-                return Err(Limited {
-                    scope,
-                    retry_after_secs: wait.as_secs_f64().ceil().max(1.0) as u64,
-                });
+        if let Some(limiter) = &self.per_key {
+            limiter
+                .check_key(&key.to_string())
+                .map_err(|not_until| self.refuse("key", not_until))?;
+        }
+        let tenant = principal.tenant.as_str();
+        match tenant_rate {
+            Some(rate) => {
+                let limiter = self.own_bucket(tenant, rate);
+                limiter
+                    .check()
+                    .map_err(|not_until| self.refuse("tenant", not_until))?;
+            }
+            None => {
+                self.drop_own_bucket(tenant);
+                if let Some(limiter) = &self.per_tenant {
+                    limiter
+                        .check_key(&tenant.to_string())
+                        .map_err(|not_until| self.refuse("tenant", not_until))?;
+                }
             }
         }
         Ok(())
+    }
+
+    fn refuse(
+        &self,
+        scope: &'static str,
+        not_until: governor::NotUntil<<DefaultClock as Clock>::Instant>,
+    ) -> Limited {
+        let wait = not_until.wait_time_from(self.clock.now());
+        metrics::counter!("sift_rate_limited_total", "scope" => scope).increment(1);
+        Limited {
+            scope,
+            retry_after_secs: wait.as_secs_f64().ceil().max(1.0) as u64,
+        }
+    }
+
+    /// The bucket of a tenant with a rate of its own, made anew when the rate changed.
+    fn own_bucket(&self, tenant: &str, rate: Rate) -> Arc<DefaultDirectRateLimiter> {
+        let mut own = self
+            .own_rates
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match own.get(tenant) {
+            Some((had, limiter)) if *had == rate => limiter.clone(),
+            _ => {
+                let limiter = Arc::new(RateLimiter::direct(rate.quota()));
+                own.insert(tenant.to_string(), (rate, limiter.clone()));
+                limiter
+            }
+        }
+    }
+
+    fn drop_own_bucket(&self, tenant: &str) {
+        let mut own = self
+            .own_rates
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !own.is_empty() {
+            own.remove(tenant);
+        }
     }
 
     /// Forgets the buckets that are full again (their keys are idle), so that the maps hold
@@ -115,29 +169,59 @@ mod tests {
     fn a_key_gets_its_burst_then_waits_and_other_keys_are_apart() {
         let limits = RateLimits::new(Rate::new(1, Some(2)), None);
         let alice = caller("aaaaaaaaaaaa", "acme");
-        assert!(limits.check(&alice).is_ok());
-        assert!(limits.check(&alice).is_ok());
-        let refused = limits.check(&alice).unwrap_err();
+        assert!(limits.check(&alice, None).is_ok());
+        assert!(limits.check(&alice, None).is_ok());
+        let refused = limits.check(&alice, None).unwrap_err();
         assert_eq!(refused.scope, "key");
         assert!((1..=60).contains(&refused.retry_after_secs), "{refused:?}");
-        assert!(limits.check(&caller("bbbbbbbbbbbb", "acme")).is_ok());
+        assert!(limits.check(&caller("bbbbbbbbbbbb", "acme"), None).is_ok());
     }
 
     #[test]
     fn the_keys_of_a_tenant_share_its_bucket() {
         let limits = RateLimits::new(None, Rate::new(1, Some(2)));
-        assert!(limits.check(&caller("aaaaaaaaaaaa", "acme")).is_ok());
-        assert!(limits.check(&caller("bbbbbbbbbbbb", "acme")).is_ok());
-        let refused = limits.check(&caller("cccccccccccc", "acme")).unwrap_err();
+        assert!(limits.check(&caller("aaaaaaaaaaaa", "acme"), None).is_ok());
+        assert!(limits.check(&caller("bbbbbbbbbbbb", "acme"), None).is_ok());
+        let refused = limits
+            .check(&caller("cccccccccccc", "acme"), None)
+            .unwrap_err();
         assert_eq!(refused.scope, "tenant");
-        assert!(limits.check(&caller("dddddddddddd", "globex")).is_ok());
+        assert!(
+            limits
+                .check(&caller("dddddddddddd", "globex"), None)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_tenant_with_a_rate_of_its_own_has_its_own_bucket() {
+        // Node-wide: 1 a minute, a burst of 2; acme's own: a burst of 4, then of 1.
+        let limits = RateLimits::new(None, Rate::new(1, Some(2)));
+        let acme = caller("aaaaaaaaaaaa", "acme");
+        let own = Rate::new(1, Some(4));
+        for _ in 0..4 {
+            assert!(limits.check(&acme, own).is_ok());
+        }
+        assert_eq!(limits.check(&acme, own).unwrap_err().scope, "tenant");
+        // Another tenant still has the node-wide bucket.
+        let globex = caller("bbbbbbbbbbbb", "globex");
+        assert!(limits.check(&globex, None).is_ok());
+        assert!(limits.check(&globex, None).is_ok());
+        assert!(limits.check(&globex, None).is_err());
+        // A changed rate is a new bucket; none of its own: back to the node-wide one, which
+        // acme has not used yet.
+        assert!(limits.check(&acme, Rate::new(1, Some(1))).is_ok());
+        assert!(limits.check(&acme, Rate::new(1, Some(1))).is_err());
+        assert!(limits.check(&acme, None).is_ok());
+        assert!(limits.check(&acme, None).is_ok());
+        assert!(limits.check(&acme, None).is_err());
     }
 
     #[test]
     fn no_rate_limits_nothing() {
         let limits = RateLimits::new(None, None);
         for _ in 0..1000 {
-            assert!(limits.check(&caller("aaaaaaaaaaaa", "acme")).is_ok());
+            assert!(limits.check(&caller("aaaaaaaaaaaa", "acme"), None).is_ok());
         }
         assert_eq!(Rate::new(0, None), None);
         assert_eq!(Rate::new(600, None).unwrap().burst.get(), 20);

@@ -1,15 +1,16 @@
 //! `/v1/tenants`: the tenants, for the operator (an admin of the default tenant). A tenant
 //! owns KBs, keys and sessions; deleting one deletes its KBs, revokes its keys and deletes
-//! its sessions, so a tenant made later under the same name starts with nothing.
+//! its sessions, so a tenant made later under the same name starts with nothing. A tenant's
+//! limits (`PUT /v1/tenants/{name}/limits`) replace node-wide settings for it alone.
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{delete, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use sift_actors::ingest::pipeline::now_ms;
 use sift_actors::{Scope, SiftError};
-use sift_api::NewTenant;
+use sift_api::{NewTenant, TenantLimits};
 use sift_storage::meta::{DEFAULT_TENANT, MetaOp, MetaOutcome, TenantRecord};
 
 use crate::api::{ApiError, ApiJson, ApiPath, ApiResult, AppState};
@@ -20,7 +21,8 @@ pub const MAX_TENANT_NAME: usize = 64;
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/tenants", post(create_tenant).get(list_tenants))
-        .route("/v1/tenants/{name}", delete(delete_tenant))
+        .route("/v1/tenants/{name}", get(get_tenant).delete(delete_tenant))
+        .route("/v1/tenants/{name}/limits", put(set_tenant_limits))
 }
 
 /// Checks a tenant name: 1 to [`MAX_TENANT_NAME`] lowercase ASCII letters, digits, `-` and
@@ -87,6 +89,64 @@ async fn create_tenant(
         })?;
     match outcome {
         MetaOutcome::Tenant(record) => Ok((StatusCode::CREATED, Json(record))),
+        other => Err(ApiError::from(SiftError::Internal(format!(
+            "unexpected outcome {other:?}"
+        )))),
+    }
+}
+
+async fn get_tenant(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+) -> ApiResult<impl IntoResponse> {
+    check_tenant_name(&name)?;
+    let store = state.node.context().meta.store();
+    match store.get_tenant(&name).map_err(SiftError::from)? {
+        Some(record) => Ok(Json(record)),
+        None => Err(tenant_not_found(&name)),
+    }
+}
+
+/// Replaces the tenant's limits (a field left out: the node-wide setting). The default
+/// tenant has the node-wide settings and no limits of its own.
+async fn set_tenant_limits(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(limits): ApiJson<TenantLimits>,
+) -> ApiResult<impl IntoResponse> {
+    if name == DEFAULT_TENANT {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_tenant",
+            "the default tenant has the node-wide limits of the config; set them there",
+        ));
+    }
+    check_tenant_name(&name)?;
+    if let Some((field, why)) = limits.invalid_field() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_limits",
+            format!("{field} {why}"),
+        ));
+    }
+    let outcome = state
+        .node
+        .context()
+        .meta
+        .propose(MetaOp::SetTenantLimits {
+            name: name.clone(),
+            limits,
+        })
+        .await
+        .map_err(|error| {
+            if error.code() == "not_found" {
+                tenant_not_found(&name)
+            } else {
+                ApiError::from(error)
+            }
+        })?;
+    match outcome {
+        MetaOutcome::Tenant(record) => Ok(Json(record)),
         other => Err(ApiError::from(SiftError::Internal(format!(
             "unexpected outcome {other:?}"
         )))),

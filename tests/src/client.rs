@@ -153,6 +153,10 @@ impl ApiClient {
         self.send(self.request(Method::POST, path).json(body)).await
     }
 
+    pub async fn put_json(&self, path: &str, body: &Value) -> Answer {
+        self.send(self.request(Method::PUT, path).json(body)).await
+    }
+
     pub async fn patch_json(&self, path: &str, body: &Value) -> Answer {
         self.send(self.request(Method::PATCH, path).json(body))
             .await

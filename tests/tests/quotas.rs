@@ -1,9 +1,10 @@
 //! Quotas: the bytes and the number of documents a tenant may hold, and the agent runs one
 //! key may have in flight. Past either, a 4xx with its own code; nothing already stored changes.
+//! A tenant's own limits (`PUT /v1/tenants/{name}/limits`) replace the node-wide ones for it.
 
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use sift_models::fake_server::{FakeLlm, FakeReply};
 use sift_models::llm::config::ProviderConfig;
 use sift_node::config::Config;
@@ -204,6 +205,172 @@ async fn a_key_has_no_more_runs_in_flight_than_its_cap() {
     let their_run = their_meta.data["run_id"].as_str().unwrap().to_string();
     clients[1]
         .post_json(&format!("/v1/runs/{their_run}/stop"), &json!({}))
+        .await
+        .expect(202);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_has_limits_of_its_own() {
+    let dir = sift_tests::temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    config.options.max_documents_per_tenant = Some(100);
+    let node = InProcessNode::start_with(config).await;
+    let operator = node.client();
+    operator.create_tenant("acme").await;
+    operator.create_tenant("globex").await;
+    let acme = operator.tenant_client("acme", "admin").await;
+    let globex = operator.tenant_client("globex", "editor").await;
+
+    // Bad limits and bad callers change nothing.
+    let limits = json!({ "max_documents": 2, "max_kbs": 1 });
+    operator
+        .put_json("/v1/tenants/nobody/limits", &limits)
+        .await
+        .expect_error(404, "tenant_not_found");
+    operator
+        .put_json("/v1/tenants/default/limits", &limits)
+        .await
+        .expect_error(400, "invalid_tenant");
+    for (body, code) in [
+        (json!({ "max_runs_per_key": 0 }), "invalid_limits"),
+        (json!({ "rate_limit_burst": 5 }), "invalid_limits"),
+        (json!({ "max_documents": -1 }), "invalid_json"),
+        (json!({ "max_docs": 2 }), "invalid_json"),
+    ] {
+        operator
+            .put_json("/v1/tenants/acme/limits", &body)
+            .await
+            .expect_error(400, code);
+    }
+    acme.put_json("/v1/tenants/acme/limits", &json!({}))
+        .await
+        .expect_error(403, "forbidden");
+    let shown = operator.get("/v1/tenants/acme").await.expect(200);
+    assert_eq!(shown["limits"]["max_documents"], Value::Null, "{shown}");
+
+    // acme's own limits: two documents, one KB; globex keeps the node-wide ones.
+    let set = operator
+        .put_json("/v1/tenants/acme/limits", &limits)
+        .await
+        .expect(200);
+    assert_eq!(set["limits"]["max_documents"], 2, "{set}");
+    let listed = operator.get("/v1/tenants").await.expect(200);
+    let acme_listed = listed["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|tenant| tenant["name"] == "acme")
+        .cloned()
+        .unwrap();
+    assert_eq!(acme_listed["limits"]["max_kbs"], 1, "{listed}");
+    acme.create_kb(json!({ "name": "one" })).await;
+    let message = acme
+        .post_json("/v1/kbs", &json!({ "name": "two" }))
+        .await
+        .expect_error(403, "kb_quota_exceeded");
+    assert!(message.contains("max_kbs"), "{message}");
+    let doc = |id: &str| json!({ "external_id": id, "text": format!("document {id} words") });
+    acme.bulk_add("one", &[doc("a"), doc("b")]).await;
+    let message = acme
+        .bulk_add_answer("one", &[doc("c")])
+        .await
+        .expect_error(403, "document_quota_exceeded");
+    assert!(message.contains("the tenant's max_documents"), "{message}");
+    globex.create_kb(json!({ "name": "one" })).await;
+    globex.create_kb(json!({ "name": "two" })).await;
+    globex
+        .bulk_add("one", &[doc("a"), doc("b"), doc("c")])
+        .await;
+
+    // Limits replaced by none: the node-wide settings apply again.
+    operator
+        .put_json("/v1/tenants/acme/limits", &json!({}))
+        .await
+        .expect(200);
+    acme.bulk_add("one", &[doc("c")]).await;
+    acme.create_kb(json!({ "name": "two" })).await;
+    assert_eq!(count(&acme.counts("one").await, "total"), 3);
+
+    // A request rate of globex's own: its burst, then 429 with Retry-After; acme is not held.
+    operator
+        .put_json(
+            "/v1/tenants/globex/limits",
+            &json!({ "rate_limit_per_minute": 1, "rate_limit_burst": 3 }),
+        )
+        .await
+        .expect(200);
+    for _ in 0..3 {
+        globex.get("/v1/kbs").await.expect(200);
+    }
+    let refused = globex.get("/v1/kbs").await;
+    assert!(refused.headers.contains_key("retry-after"));
+    refused.expect_error(429, "rate_limited");
+    for _ in 0..5 {
+        acme.get("/v1/kbs").await.expect(200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_caps_the_runs_of_its_keys() {
+    // A model that never answers: a run stays in flight until it is stopped.
+    let fake = FakeLlm::start(|_| FakeReply::Hang).await;
+    let dir = sift_tests::temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    let mut provider = ProviderConfig::openai(fake.base_url(), "fake-model", None);
+    provider.max_retries = 0;
+    provider.first_token_timeout_ms = 60_000;
+    config.llm.providers = vec![provider];
+    let node = InProcessNode::start_with(config).await;
+    let operator = node.client();
+    operator.create_tenant("acme").await;
+    operator
+        .put_json("/v1/tenants/acme/limits", &json!({ "max_runs_per_key": 1 }))
+        .await
+        .expect(200);
+    let admin = operator.tenant_client("acme", "admin").await;
+    admin.create_kb(json!({ "name": "papers" })).await;
+    let reader = operator.tenant_client("acme", "reader").await;
+    let session = |client: &ApiClient| {
+        let client = client.clone();
+        async move {
+            client
+                .post_json("/v1/sessions", &json!({ "kbs": ["papers"] }))
+                .await
+                .expect(201)["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let (one, two) = (session(&reader).await, session(&reader).await);
+    let mut running = ask(&reader, &one, "first question").await;
+    let meta = running.next().await.expect("meta");
+    let run_id = meta.data["run_id"].as_str().unwrap().to_string();
+    let message = reader
+        .post_json(
+            &format!("/v1/sessions/{two}/messages"),
+            &json!({ "content": "second question" }),
+        )
+        .await
+        .expect_error(429, "too_many_runs");
+    assert!(message.contains('1'), "{message}");
+    // The default tenant has no cap (none node-wide): two runs of one key at once.
+    operator.create_kb(json!({ "name": "papers" })).await;
+    let (three, four) = (session(&operator).await, session(&operator).await);
+    let mut first = ask(&operator, &three, "a question").await;
+    let mut second = ask(&operator, &four, "another question").await;
+    for stream in [&mut first, &mut second] {
+        let meta = stream.next().await.expect("meta");
+        let run = meta.data["run_id"].as_str().unwrap().to_string();
+        operator
+            .post_json(&format!("/v1/runs/{run}/stop"), &json!({}))
+            .await
+            .expect(202);
+    }
+    reader
+        .post_json(&format!("/v1/runs/{run_id}/stop"), &json!({}))
         .await
         .expect(202);
 }

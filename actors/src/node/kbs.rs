@@ -86,6 +86,23 @@ impl SiftNode {
                 ),
             });
         }
+        if let Some(limit) = self.store().tenant_limits(scope.name())?.max_kbs {
+            let owned = self
+                .store()
+                .list_kbs_in(scope.name())?
+                .into_iter()
+                .filter(|(_, access)| *access == KbAccess::Owner)
+                .count();
+            if owned >= limit as usize {
+                return Err(SiftError::Forbidden {
+                    code: "kb_quota_exceeded",
+                    message: format!(
+                        "the tenant {:?} owns {owned} knowledge bases, its limit (max_kbs); delete one first",
+                        scope.name()
+                    ),
+                });
+            }
+        }
         let now = now_ms();
         let load = node_loads(self.store(), &kbs, &members);
         let placed = place_replicas(shards, replication_factor, &members, &load);

@@ -1,5 +1,6 @@
 //! Tenant quotas on stored documents and bytes (`max_documents_per_tenant`,
-//! `max_bytes_per_tenant`). An addition checks what the tenant holds plus what this node has
+//! `max_bytes_per_tenant`, or the tenant's own `max_documents` and `max_bytes` where its
+//! limits set them). An addition checks what the tenant holds plus what this node has
 //! already accepted but not yet registered, and reserves its own share until its metadata op
 //! commits: concurrent additions through one node cannot pass a quota together. Additions
 //! through different nodes see only each other's committed documents, so a quota can be passed
@@ -51,8 +52,8 @@ impl Drop for QuotaReservation {
 }
 
 impl SiftNode {
-    /// Refuses `records` when the tenant of `kb` would pass `max_bytes_per_tenant` (the raw
-    /// bytes of its KBs' live documents) or `max_documents_per_tenant` (their documents; one
+    /// Refuses `records` when the tenant of `kb` would pass its byte quota (the raw bytes of
+    /// its KBs' live documents) or its document quota (their documents; one
     /// that replaces a document of the same external id adds none); else reserves their share
     /// until the returned reservation is dropped. `None` when no quota is set.
     pub(super) fn reserve_quota(
@@ -61,11 +62,20 @@ impl SiftNode {
         records: &[DocumentRecord],
     ) -> Result<Option<QuotaReservation>> {
         let options = &self.context.options;
-        if options.max_bytes_per_tenant.is_none() && options.max_documents_per_tenant.is_none() {
-            return Ok(None);
-        }
         let store = self.store();
         let tenant = store.kb_tenant(&kb.id)?;
+        let own = store.tenant_limits(&tenant)?;
+        let (max_bytes, bytes_setting) = match own.max_bytes {
+            Some(limit) => (Some(limit), "the tenant's max_bytes"),
+            None => (options.max_bytes_per_tenant, "max_bytes_per_tenant"),
+        };
+        let (max_documents, documents_setting) = match own.max_documents {
+            Some(limit) => (Some(limit), "the tenant's max_documents"),
+            None => (options.max_documents_per_tenant, "max_documents_per_tenant"),
+        };
+        if max_bytes.is_none() && max_documents.is_none() {
+            return Ok(None);
+        }
         let adding = Usage {
             bytes: records.iter().map(|r| r.size_bytes).sum(),
             documents: {
@@ -99,7 +109,7 @@ impl SiftNode {
             .filter(|(_, access)| *access == KbAccess::Owner)
             .map(|(kb, _)| kb.id)
             .collect();
-        if let Some(limit) = options.max_bytes_per_tenant {
+        if let Some(limit) = max_bytes {
             let owned: HashSet<&String> = owned.iter().collect();
             let stored: u64 = store
                 .shard_bytes()?
@@ -112,13 +122,13 @@ impl SiftNode {
                 return Err(SiftError::Forbidden {
                     code: "storage_quota_exceeded",
                     message: format!(
-                        "the tenant {tenant:?} holds {used} bytes of documents; {} more would pass its quota of {limit} (max_bytes_per_tenant)",
+                        "the tenant {tenant:?} holds {used} bytes of documents; {} more would pass its quota of {limit} ({bytes_setting})",
                         adding.bytes
                     ),
                 });
             }
         }
-        if let Some(limit) = options.max_documents_per_tenant {
+        if let Some(limit) = max_documents {
             let mut stored = 0u64;
             for kb_id in &owned {
                 stored += store.document_total(kb_id)?;
@@ -128,7 +138,7 @@ impl SiftNode {
                 return Err(SiftError::Forbidden {
                     code: "document_quota_exceeded",
                     message: format!(
-                        "the tenant {tenant:?} holds {used} documents; {} more would pass its quota of {limit} (max_documents_per_tenant)",
+                        "the tenant {tenant:?} holds {used} documents; {} more would pass its quota of {limit} ({documents_setting})",
                         adding.documents
                     ),
                 });

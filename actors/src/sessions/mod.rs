@@ -658,9 +658,21 @@ impl Sessions {
             });
             return Ok((None, log));
         }
+        // The tenant's own cap, else the node's.
+        let max_runs_per_key = match self
+            .node
+            .context()
+            .meta
+            .store()
+            .tenant_limits(scope.name())?
+            .max_runs_per_key
+        {
+            Some(limit) => Some(limit as usize),
+            None => self.limits.max_runs_per_key,
+        };
         {
             let mut runs = self.lock_runs();
-            if let (Some(limit), Some(owner)) = (self.limits.max_runs_per_key, &log.owner) {
+            if let (Some(limit), Some(owner)) = (max_runs_per_key, &log.owner) {
                 let running = runs
                     .values()
                     .filter(|run| run.owner.as_ref() == Some(owner) && !run.is_finished())

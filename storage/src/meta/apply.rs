@@ -291,6 +291,9 @@ impl SledMetaStore {
                     None => MetaOutcome::Unchanged,
                 })
             }
+            MetaOp::SetTenantLimits { name, limits } => Ok(MetaOutcome::Tenant(
+                self.apply_set_tenant_limits(pending, name, limits)?,
+            )),
             MetaOp::AppendAudit {
                 entry,
                 forget_before_ms,

@@ -183,6 +183,12 @@ pub enum MetaOp {
         entry: AuditEntry,
         forget_before_ms: u64,
     },
+    /// Replaces the limits of a tenant (not the default one, which has the node-wide
+    /// settings).
+    SetTenantLimits {
+        name: String,
+        limits: sift_api::TenantLimits,
+    },
 }
 
 /// The outcome of registering one document (see [`MetaOp::RegisterDocuments`]).

@@ -255,6 +255,12 @@ fn op() -> impl Strategy<Value = MetaOp> {
         1 => (tenant(), at_ms())
             .prop_map(|(name, created_at_ms)| MetaOp::CreateTenant { name, created_at_ms }),
         1 => (tenant(), at_ms()).prop_map(|(name, at_ms)| MetaOp::DeleteTenant { name, at_ms }),
+        1 => (tenant(), prop::option::of(0u64..1000), prop::option::of(1u32..10)).prop_map(
+            |(name, max_bytes, max_kbs)| MetaOp::SetTenantLimits {
+                name,
+                limits: sift_api::TenantLimits { max_bytes, max_kbs, ..Default::default() },
+            }
+        ),
         1 => (tenant(), kb_record()).prop_map(|(tenant, kb)| MetaOp::CreateTenantKb { tenant, kb }),
         1 => (kb_id(), tenant(), any::<bool>())
             .prop_map(|(kb_id, tenant, shared)| MetaOp::ShareKb { kb_id, tenant, shared }),

@@ -12,6 +12,7 @@
 //! [`ApiKeyRecord::tenant`]: super::ApiKeyRecord::tenant
 
 use serde::{Deserialize, Serialize};
+use sift_api::TenantLimits;
 
 use super::api_keys::{ApiKeyRecord, DEFAULT_TENANT};
 use super::keys::{
@@ -29,6 +30,10 @@ use crate::error::{Result, StorageError};
 pub struct TenantRecord {
     pub name: String,
     pub created_at_ms: u64,
+    /// Its own limits, where they differ from the node-wide settings (records stored
+    /// before limits existed have none).
+    #[serde(default)]
+    pub limits: TenantLimits,
 }
 
 impl TenantRecord {
@@ -37,6 +42,7 @@ impl TenantRecord {
         TenantRecord {
             name: DEFAULT_TENANT.to_string(),
             created_at_ms: 0,
+            limits: TenantLimits::default(),
         }
     }
 }
@@ -80,6 +86,18 @@ impl SledMetaStore {
             tenants.push(decode(&value)?);
         }
         Ok(tenants)
+    }
+
+    /// The limits of the tenant `name` (none for the default tenant, or one that is gone: the
+    /// node-wide settings apply).
+    pub fn tenant_limits(&self, name: &str) -> Result<TenantLimits> {
+        if name == DEFAULT_TENANT {
+            return Ok(TenantLimits::default());
+        }
+        Ok(self
+            .get_tenant(name)?
+            .map(|record| record.limits)
+            .unwrap_or_default())
     }
 
     /// The tenant that owns the KB `kb_id`.
@@ -188,7 +206,28 @@ impl SledMetaStore {
         let record = TenantRecord {
             name: name.to_string(),
             created_at_ms,
+            limits: TenantLimits::default(),
         };
+        pending.put(tenant_key(name), &record)?;
+        Ok(record)
+    }
+
+    /// Replaces the limits of a tenant (see [`super::MetaOp::SetTenantLimits`]).
+    pub(super) fn apply_set_tenant_limits(
+        &self,
+        pending: &mut Pending<'_>,
+        name: &str,
+        limits: &TenantLimits,
+    ) -> Result<TenantRecord> {
+        if name == DEFAULT_TENANT {
+            return Err(StorageError::Invalid(
+                "the default tenant has the node-wide limits".into(),
+            ));
+        }
+        let Some(mut record) = pending.get::<TenantRecord>(&tenant_key(name))? else {
+            return Err(StorageError::NotFound(format!("tenant {name:?}")));
+        };
+        record.limits = limits.clone();
         pending.put(tenant_key(name), &record)?;
         Ok(record)
     }

@@ -1195,6 +1195,76 @@ fn api_key_records_from_before_tenants_are_default_tenant_keys() {
     assert!(record.groups.is_empty());
 }
 
+/// A tenant's limits replace its earlier ones, survive a reopen, go with the tenant, and
+/// records stored before limits existed read as "none of its own".
+#[test]
+fn tenant_limits_are_set_replaced_and_go_with_the_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    let mut log = Log {
+        store: &store,
+        index: 0,
+    };
+    let set = |name: &str, limits: sift_api::TenantLimits| MetaOp::SetTenantLimits {
+        name: name.into(),
+        limits,
+    };
+    let tight = sift_api::TenantLimits {
+        max_documents: Some(3),
+        max_kbs: Some(1),
+        ..Default::default()
+    };
+    let missing = log.apply(set("acme", tight.clone())).unwrap_err();
+    assert!(matches!(missing, StorageError::NotFound(_)), "{missing}");
+    let default = log.apply(set(DEFAULT_TENANT, tight.clone())).unwrap_err();
+    assert!(matches!(default, StorageError::Invalid(_)), "{default}");
+    log.apply(MetaOp::CreateTenant {
+        name: "acme".into(),
+        created_at_ms: 5,
+    })
+    .unwrap();
+    assert_eq!(store.tenant_limits("acme").unwrap(), Default::default());
+    match log.apply(set("acme", tight.clone())).unwrap() {
+        MetaOutcome::Tenant(record) => assert_eq!(record.limits, tight),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.tenant_limits("acme").unwrap(), tight);
+    let other = sift_api::TenantLimits {
+        rate_limit_per_minute: Some(60),
+        ..Default::default()
+    };
+    log.apply(set("acme", other.clone())).unwrap();
+    assert_eq!(
+        store.tenant_limits("acme").unwrap(),
+        other,
+        "replaced whole"
+    );
+    drop(store);
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    assert_eq!(store.tenant_limits("acme").unwrap(), other, "durable");
+    let mut log = Log {
+        store: &store,
+        index: 10,
+    };
+    log.apply(MetaOp::DeleteTenant {
+        name: "acme".into(),
+        at_ms: 9,
+    })
+    .unwrap();
+    log.apply(MetaOp::CreateTenant {
+        name: "acme".into(),
+        created_at_ms: 10,
+    })
+    .unwrap();
+    assert_eq!(
+        store.tenant_limits("acme").unwrap(),
+        Default::default(),
+        "a tenant made again under the name starts with none"
+    );
+    let old: TenantRecord = serde_json::from_str(r#"{"name":"acme","created_at_ms":1}"#).unwrap();
+    assert_eq!(old.limits, Default::default());
+}
+
 #[test]
 fn tenants_scope_kb_names_keys_sessions_and_shares() {
     let dir = tempfile::tempdir().unwrap();
