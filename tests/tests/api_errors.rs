@@ -802,6 +802,23 @@ async fn malformed_query_strings_and_path_parameters_get_json_errors() {
         assert!(!code.is_empty(), "{what}: {answer:?}");
         base.assert_intact(what).await;
     }
+    // An over-long request target or header block: our JSON error, not the parser's empty one.
+    let long_target = client
+        .get(&format!(
+            "/v1/kbs/{KB}/documents?after={}",
+            "a".repeat(20_000)
+        ))
+        .await;
+    long_target.expect_error(414, "uri_too_long");
+    let mut request = client.request(reqwest::Method::GET, "/v1/kbs");
+    for n in 0..10 {
+        request = request.header(format!("x-padding-{n}"), "p".repeat(8_000));
+    }
+    client
+        .send(request)
+        .await
+        .expect_error(431, "headers_too_large");
+    base.assert_intact("over-long heads").await;
     node.shutdown().await;
 }
 

@@ -16,8 +16,12 @@ use crate::error::{Result, SiftError};
 /// by a per-shard semaphore.
 pub struct ShardReplica;
 
-/// How often a replica purges the data of deleted documents (when it has any).
+/// How often a replica purges the data of deleted documents (when it has any) and closes its
+/// text index writer if it sat idle.
 const PURGE_PERIOD: Duration = Duration::from_secs(30);
+/// How long a text index writer may sit unused before the purge tick closes it (its threads
+/// end; the next write opens it again).
+const WRITER_IDLE: Duration = Duration::from_secs(30);
 
 pub struct ReplicaArguments {
     pub kb_id: String,
@@ -124,6 +128,16 @@ impl Actor for ShardReplica {
                 let _ = reply.send(outcome);
             }
             ShardMessage::Purge => {
+                let index = state.index.clone();
+                if let Err(error) = blocking(move || {
+                    index
+                        .release_idle_writer(WRITER_IDLE)
+                        .map_err(SiftError::from)
+                })
+                .await
+                {
+                    warn!(kb_id = %state.kb_id, shard = state.shard, %error, "closing an idle text writer failed");
+                }
                 if state.index.stats().tombstones > 0 {
                     let index = state.index.clone();
                     match blocking(move || index.purge_deleted().map_err(SiftError::from)).await {

@@ -156,7 +156,14 @@ pub(crate) struct ChunkStore {
 
 impl ChunkStore {
     pub fn open(path: &Path) -> Result<ChunkStore> {
-        let db = crate::sled_db::open(&sled::Config::new().path(path).cache_capacity(CACHE_BYTES))?;
+        // No background flusher: every write is flushed before it is acknowledged (see
+        // `flush`), and a flusher is a thread per shard replica.
+        let db = crate::sled_db::open(
+            &sled::Config::new()
+                .path(path)
+                .cache_capacity(CACHE_BYTES)
+                .flush_every_ms(None),
+        )?;
         Ok(ChunkStore {
             documents: db.open_tree("documents")?,
             chunks: db.open_tree("chunks")?,

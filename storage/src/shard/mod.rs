@@ -58,15 +58,14 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tantivy::IndexWriter;
 use tracing::instrument;
 
 use self::chunk_store::{ChunkStore, Counters, StoreBatch, StoredChunk, StoredDocument, Tombstone};
 use self::live_documents::{CompiledFilter, LiveDocument, LiveDocuments};
-use self::text::{TextChunk, TextIndex};
+use self::text::{TextChunk, TextIndex, TextWriterSlot};
 use self::vector::{HnswParams, VectorIndex};
 use crate::chunk::{
     ChunkRecord, ChunkView, DocumentEntry, DocumentWrite, ScoredChunk, SearchFilter, chunk_id,
@@ -171,7 +170,7 @@ pub struct ShardIndex {
 
 /// State owned by the single writer.
 struct Writer {
-    text_writer: IndexWriter,
+    text_writer: TextWriterSlot,
     counters: Counters,
     /// Payload of the last tantivy commit.
     text_sequence: u64,
@@ -206,7 +205,8 @@ impl ShardIndex {
         let store = ChunkStore::open(&dir.join("chunks"))?;
         store.check_dimension(config.dimension)?;
         let counters = store.counters()?;
-        let (text, text_writer) = TextIndex::open(&dir.join("text"), config.writer_memory_bytes)?;
+        let text = TextIndex::open(&dir.join("text"))?;
+        let text_writer = TextWriterSlot::new(config.writer_memory_bytes);
         let text_sequence = text.committed_sequence()?;
 
         let mut live = LiveDocuments::default();
@@ -291,6 +291,21 @@ impl ShardIndex {
         Ok(())
     }
 
+    /// Closes the tantivy writer if no write or delete used it for `idle`, so that an idle
+    /// shard holds no writer threads or lock file; the next write opens it again. Returns
+    /// whether it closed one.
+    pub fn release_idle_writer(&self, idle: Duration) -> Result<bool> {
+        let mut writer = self.lock_writer()?;
+        self.text.release_idle_writer(&mut writer.text_writer, idle)
+    }
+
+    /// Whether the tantivy writer is open (see [`Self::release_idle_writer`]).
+    pub fn writer_is_open(&self) -> bool {
+        self.lock_writer()
+            .map(|writer| writer.text_writer.is_open())
+            .unwrap_or(false)
+    }
+
     /// Deletes a document; no search returns it once this returns. Returns whether it existed.
     /// Once the tombstone is durable the delete has happened: a failure of the later tantivy
     /// commit is logged and repaired by replay, not returned.
@@ -302,8 +317,13 @@ impl ShardIndex {
             return Ok(false);
         };
         self.live_write().remove(document_id);
-        self.text.delete_document(&writer.text_writer, document_id);
-        if let Err(error) = self.commit_text(&mut writer, sequence) {
+        let deleted = self
+            .text
+            .writer(&mut writer.text_writer)
+            .map(|text_writer| self.text.delete_document(text_writer, document_id))
+            .and_then(|()| self.commit_text(&mut writer, sequence));
+        if let Err(error) = deleted {
+            writer.text_stale = true;
             // The delete is durable and hidden from both channels; tantivy catches up by
             // replay before the next operation or on open.
             tracing::warn!(%error, "text index commit of a delete failed; will replay");
@@ -689,13 +709,13 @@ impl ShardIndex {
             }
         }
         let added = (|| -> Result<()> {
+            let text_writer = self.text.writer(&mut writer.text_writer)?;
             for document in &staged.documents {
                 let entry = &document.entry;
-                self.text
-                    .delete_document(&writer.text_writer, &entry.document_id);
+                self.text.delete_document(text_writer, &entry.document_id);
                 for (id, record) in &document.chunks {
                     self.text
-                        .add_chunk(&writer.text_writer, &text_chunk(*id, entry, record))?;
+                        .add_chunk(text_writer, &text_chunk(*id, entry, record))?;
                 }
             }
             Ok(())
@@ -829,22 +849,21 @@ impl ShardIndex {
             })?;
         }
         let replayed = (|| -> Result<()> {
+            let text_writer = self.text.writer(&mut writer.text_writer)?;
             if rebuild {
-                self.text.delete_all(&writer.text_writer)?;
+                self.text.delete_all(text_writer)?;
             }
             for document_id in &replayed_deletes {
-                self.text.delete_document(&writer.text_writer, document_id);
+                self.text.delete_document(text_writer, document_id);
             }
             for (document_id, stored) in &replayed_documents {
-                self.text.delete_document(&writer.text_writer, document_id);
+                self.text.delete_document(text_writer, document_id);
                 for &id in &stored.chunk_ids {
                     let chunk = self.store.chunk(id)?.ok_or_else(|| {
                         StorageError::Corrupt(format!("chunk {id} of {document_id} is missing"))
                     })?;
-                    self.text.add_chunk(
-                        &writer.text_writer,
-                        &text_chunk(id, &stored.entry, &chunk.record),
-                    )?;
+                    self.text
+                        .add_chunk(text_writer, &text_chunk(id, &stored.entry, &chunk.record))?;
                 }
             }
             Ok(())

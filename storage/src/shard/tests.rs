@@ -1233,3 +1233,59 @@ fn access_groups_filter_inside_the_shard_and_fill_k() {
         50
     );
 }
+
+/// The tantivy writer is opened by the first write, closed once idle, and opened again by the
+/// next write or delete; nothing is lost either way (`scripts/shard-cost.sh` counts the
+/// threads this saves).
+#[test]
+fn an_idle_shard_closes_its_text_writer_and_a_write_reopens_it() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    assert!(!shard.writer_is_open(), "opening a shard opens no writer");
+    let mut documents = sample_documents();
+    let garden = documents.pop().unwrap();
+    shard.write_documents(documents).unwrap();
+    assert!(shard.writer_is_open());
+    assert!(
+        !shard
+            .release_idle_writer(std::time::Duration::from_secs(3600))
+            .unwrap()
+    );
+    assert!(
+        shard
+            .release_idle_writer(std::time::Duration::ZERO)
+            .unwrap()
+    );
+    assert!(!shard.writer_is_open());
+    let moon = shard.search_bm25("moon", 10, &no_filter()).unwrap();
+    assert!(
+        documents_of(&moon).contains("apollo"),
+        "searches need no writer"
+    );
+
+    shard.write_documents(vec![garden]).unwrap();
+    assert!(shard.writer_is_open());
+    assert!(
+        shard
+            .release_idle_writer(std::time::Duration::ZERO)
+            .unwrap()
+    );
+    assert!(shard.delete_document("apollo").unwrap());
+    assert!(shard.writer_is_open());
+    assert!(
+        shard
+            .search_bm25("moon lunar apollo", 50, &no_filter())
+            .unwrap()
+            .iter()
+            .all(|hit| hit.chunk.document_id != "apollo")
+    );
+    let water = documents_of(&shard.search_bm25("water", 50, &no_filter()).unwrap());
+    drop(shard);
+
+    let shard = open(&dir);
+    assert_eq!(
+        documents_of(&shard.search_bm25("water", 50, &no_filter()).unwrap()),
+        water
+    );
+    assert!(!shard.contains_document("apollo").unwrap());
+}

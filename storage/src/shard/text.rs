@@ -19,8 +19,10 @@
 use std::collections::HashSet;
 use std::collections::hash_map::Entry;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use tantivy::collector::TopDocs;
+use tantivy::indexer::IndexWriterOptions;
 use tantivy::query::{
     AllQuery, BooleanQuery, ConstScoreQuery, Occur, Query, TermQuery, TermSetQuery,
 };
@@ -69,8 +71,8 @@ struct Fields {
     meta: Field,
 }
 
-/// The shard's tantivy index and its reader. The `IndexWriter` is handed out by
-/// [`TextIndex::open`] and owned by the shard's writer lock.
+/// The shard's tantivy index and its reader. Its writer lives in a [`TextWriterSlot`] owned
+/// by the shard's writer lock.
 pub(crate) struct TextIndex {
     index: Index,
     reader: IndexReader,
@@ -78,9 +80,35 @@ pub(crate) struct TextIndex {
     analyzer: TextAnalyzer,
 }
 
+/// The shard's tantivy `IndexWriter`, opened by the first operation that needs it and closed
+/// by [`TextIndex::release_idle_writer`] once no write used it for a while. An open writer
+/// costs three threads (one indexing, one segment updater, one merge thread) and a lock file;
+/// a node holds many shards, most of them idle, so an idle shard holds none. Every operation
+/// commits or rolls back before it returns, so a closed writer loses nothing.
+pub(crate) struct TextWriterSlot {
+    writer: Option<IndexWriter>,
+    memory_bytes: usize,
+    used: Instant,
+}
+
+impl TextWriterSlot {
+    pub fn new(memory_bytes: usize) -> TextWriterSlot {
+        TextWriterSlot {
+            writer: None,
+            memory_bytes,
+            used: Instant::now(),
+        }
+    }
+
+    /// Whether the writer is open (its threads running).
+    pub fn is_open(&self) -> bool {
+        self.writer.is_some()
+    }
+}
+
 impl TextIndex {
     /// Opens the index in `path`, creating it if there is none.
-    pub fn open(path: &Path, writer_memory_bytes: usize) -> Result<(TextIndex, IndexWriter)> {
+    pub fn open(path: &Path) -> Result<TextIndex> {
         std::fs::create_dir_all(path)?;
         let index = if path.join("meta.json").exists() {
             Index::open_in_dir(path)?
@@ -101,21 +129,49 @@ impl TextIndex {
             text: field(FIELD_TEXT)?,
             meta: field(FIELD_META)?,
         };
-        // One indexing thread: a node hosts many shards on few cores.
-        let writer = index.writer_with_num_threads(1, writer_memory_bytes)?;
         let reader = index
             .reader_builder()
             .reload_policy(ReloadPolicy::Manual)
             .try_into()?;
-        Ok((
-            TextIndex {
-                index,
-                reader,
-                fields,
-                analyzer,
-            },
-            writer,
-        ))
+        Ok(TextIndex {
+            index,
+            reader,
+            fields,
+            analyzer,
+        })
+    }
+
+    /// The writer of `slot`, opened if it is closed.
+    pub fn writer<'a>(&self, slot: &'a mut TextWriterSlot) -> Result<&'a IndexWriter> {
+        Ok(self.writer_mut(slot)?)
+    }
+
+    fn writer_mut<'a>(&self, slot: &'a mut TextWriterSlot) -> Result<&'a mut IndexWriter> {
+        slot.used = Instant::now();
+        let writer = match slot.writer.take() {
+            Some(writer) => writer,
+            // One indexing thread and one merge thread: a node hosts many shards on few cores.
+            None => self.index.writer_with_options(
+                IndexWriterOptions::builder()
+                    .num_worker_threads(1)
+                    .num_merge_threads(1)
+                    .memory_budget_per_thread(slot.memory_bytes)
+                    .build(),
+            )?,
+        };
+        Ok(slot.writer.insert(writer))
+    }
+
+    /// Closes the writer of `slot` if no operation used it for `idle`, after its merges end.
+    /// Returns whether it closed one.
+    pub fn release_idle_writer(&self, slot: &mut TextWriterSlot, idle: Duration) -> Result<bool> {
+        if slot.writer.is_none() || slot.used.elapsed() < idle {
+            return Ok(false);
+        }
+        if let Some(writer) = slot.writer.take() {
+            writer.wait_merging_threads()?;
+        }
+        Ok(true)
     }
 
     /// The write sequence stored with the last commit (0 for a new index).
@@ -179,7 +235,8 @@ impl TextIndex {
 
     /// Commits with `sequence` as payload and makes the commit visible to searches. On
     /// failure the uncommitted operations are rolled back; the caller must replay them.
-    pub fn commit(&self, writer: &mut IndexWriter, sequence: u64) -> Result<()> {
+    pub fn commit(&self, slot: &mut TextWriterSlot, sequence: u64) -> Result<()> {
+        let writer = self.writer_mut(slot)?;
         let committed = (|| -> tantivy::Result<()> {
             let mut prepared = writer.prepare_commit()?;
             prepared.set_payload(&sequence.to_string());
@@ -197,7 +254,10 @@ impl TextIndex {
     }
 
     /// Discards uncommitted operations (after a failure half-way through a batch).
-    pub fn rollback(&self, writer: &mut IndexWriter) {
+    pub fn rollback(&self, slot: &mut TextWriterSlot) {
+        let Some(writer) = slot.writer.as_mut() else {
+            return; // never opened: nothing to discard
+        };
         if let Err(error) = writer.rollback() {
             tracing::warn!(%error, "text index rollback failed");
         }
