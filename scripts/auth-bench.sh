@@ -6,7 +6,11 @@
 #   admin:  auth on, the admin key (tenant and key checks, no group filter)
 #   groups: auth on, a reader key with groups (the group filter inside every shard)
 #
-#   scripts/auth-bench.sh [BIN] [ROUNDS] [DOCS]
+#   scripts/auth-bench.sh [BIN] [ROUNDS] [DOCS] [RESTRICTED]
+#
+# With RESTRICTED > 0 the KB also holds RESTRICTED more abstracts readable only by group
+# `team-a` (which the reader key has) and RESTRICTED only by `team-z` (which it lacks), so that
+# the group filter has something to hide; with 0 (the default) every document is open.
 #
 # BIN is a `sift` binary (default ./target/debug/sift); sift-bench is ./target/debug/sift-bench
 # (or $SIFT_BENCH). The data is $SIFT_SCIFACT_DIR (default ../shared/data/scifact).
@@ -15,6 +19,7 @@ cd "$(dirname "$0")/.."
 bin=${1:-./target/debug/sift}
 rounds=${2:-2}
 docs=${3:-2000}
+restricted=${4:-0}
 bench=${SIFT_BENCH:-./target/debug/sift-bench}
 data=${SIFT_SCIFACT_DIR:-../shared/data/scifact}
 port=7791
@@ -37,6 +42,29 @@ pid=$!
 wait_ready "http://127.0.0.1:$port"
 SIFT_API_KEY=$admin "$bench" quality --dataset "$data" --node "http://127.0.0.1:$port" --kb bench \
   --max-docs "$docs" --max-queries 1 --no-hnsw-recall --configs bm25 > /dev/null 2>&1
+if [ "$restricted" -gt 0 ]; then
+  python3 - "$data/corpus.jsonl" "$docs" "$restricted" > "$work/restricted.json" <<'PY'
+import json, sys
+path, skip, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+lines = open(path).read().splitlines()[skip:skip + 2 * count]
+documents = []
+for n, line in enumerate(lines):
+    record = json.loads(line)
+    group = "team-a" if n < count else "team-z"
+    documents.append({"external_id": "restricted-" + record["_id"], "title": record.get("title", ""),
+                      "text": record["text"], "access": {"groups": [group]}})
+print(json.dumps({"documents": documents}))
+PY
+  curl -sf -H "authorization: Bearer $admin" -H 'content-type: application/json' \
+    --data-binary @"$work/restricted.json" "http://127.0.0.1:$port/v1/kbs/bench/documents" > /dev/null
+  want=$((docs + 2 * restricted))
+  for _ in $(seq 1 1200); do
+    ready=$(curl -sf -H "authorization: Bearer $admin" "http://127.0.0.1:$port/v1/kbs/bench" \
+      | python3 -c 'import json,sys; print(json.load(sys.stdin)["documents"].get("ready", 0))')
+    [ "$ready" -ge "$want" ] && break
+    sleep 0.5
+  done
+fi
 kill "$pid"; wait "$pid" 2>/dev/null || true
 port=$((port + 1))
 

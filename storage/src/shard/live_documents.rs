@@ -16,18 +16,59 @@ pub(crate) struct LiveDocument {
     pub document_id: String,
     pub metadata: Metadata,
     pub chunk_ids: Vec<u64>,
+    /// Its access groups, parsed once (empty: open to every caller of its KB).
+    groups: Vec<String>,
+}
+
+impl LiveDocument {
+    pub fn new(document_id: String, metadata: Metadata, chunk_ids: Vec<u64>) -> LiveDocument {
+        let groups = crate::chunk::access_groups(&metadata)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        LiveDocument {
+            document_id,
+            metadata,
+            chunk_ids,
+            groups,
+        }
+    }
+
+    fn is_restricted(&self) -> bool {
+        !self.groups.is_empty()
+    }
+
+    /// Whether a caller of `groups` (`None`: one who sees every document) may read it.
+    fn may_read(&self, groups: Option<&[String]>) -> bool {
+        match groups {
+            None => true,
+            Some(caller) => {
+                self.groups.is_empty() || self.groups.iter().any(|g| caller.contains(g))
+            }
+        }
+    }
 }
 
 #[derive(Default)]
 pub(crate) struct LiveDocuments {
     by_chunk: HashMap<u64, Arc<LiveDocument>>,
     by_document: HashMap<String, Arc<LiveDocument>>,
+    /// Live documents restricted to groups, and the chunks of the open ones: a caller's groups
+    /// hide nothing in a shard without restricted documents, and cannot be selective where
+    /// the open chunks alone are many.
+    restricted_documents: usize,
+    open_chunks: usize,
 }
 
 impl LiveDocuments {
     /// Adds a document, replacing (and hiding the chunks of) any previous version.
     pub fn insert(&mut self, document: LiveDocument) {
         self.remove(&document.document_id);
+        if document.is_restricted() {
+            self.restricted_documents += 1;
+        } else {
+            self.open_chunks += document.chunk_ids.len();
+        }
         let document = Arc::new(document);
         for &id in &document.chunk_ids {
             self.by_chunk.insert(id, Arc::clone(&document));
@@ -39,6 +80,11 @@ impl LiveDocuments {
     /// Removes a document; its chunks become dead.
     pub fn remove(&mut self, document_id: &str) -> Option<Arc<LiveDocument>> {
         let document = self.by_document.remove(document_id)?;
+        if document.is_restricted() {
+            self.restricted_documents -= 1;
+        } else {
+            self.open_chunks -= document.chunk_ids.len();
+        }
         for id in &document.chunk_ids {
             self.by_chunk.remove(id);
         }
@@ -63,6 +109,12 @@ impl LiveDocuments {
 
     pub fn chunk_count(&self) -> usize {
         self.by_chunk.len()
+    }
+
+    /// Whether any live document is restricted to groups (if none, a caller's groups hide
+    /// nothing here).
+    pub fn has_restricted(&self) -> bool {
+        self.restricted_documents > 0
     }
 
     /// Every live chunk passing `filter`, however many (for exact search).
@@ -101,6 +153,10 @@ impl LiveDocuments {
                 if filter.metadata.is_empty() && filter.groups.is_none() {
                     return None;
                 }
+                // Groups alone pass every open chunk: too many to score one by one.
+                if filter.metadata.is_empty() && self.open_chunks > limit {
+                    return None;
+                }
                 for document in self.by_document.values() {
                     if !add(document) {
                         return None;
@@ -135,6 +191,25 @@ impl<'a> CompiledFilter<'a> {
         self.document_ids.is_none() && self.metadata.is_empty() && self.groups.is_none()
     }
 
+    /// Only the caller's groups of `filter`: which documents the caller may read at all.
+    pub fn groups_of(filter: &'a SearchFilter) -> CompiledFilter<'a> {
+        static NO_METADATA: Metadata = Metadata::new();
+        CompiledFilter {
+            document_ids: None,
+            metadata: &NO_METADATA,
+            groups: filter.groups.as_deref(),
+        }
+    }
+
+    /// The filter for the documents of `live`: without its groups when no document there is
+    /// restricted (they would hide nothing, and cost a check per candidate).
+    pub fn for_documents_of(mut self, live: &LiveDocuments) -> CompiledFilter<'a> {
+        if !live.has_restricted() {
+            self.groups = None;
+        }
+        self
+    }
+
     pub fn matches(&self, document: &LiveDocument) -> bool {
         if let Some(ids) = &self.document_ids
             && !ids.contains(document.document_id.as_str())
@@ -144,6 +219,6 @@ impl<'a> CompiledFilter<'a> {
         self.metadata
             .iter()
             .all(|(key, value)| document.metadata.get(key) == Some(value))
-            && crate::chunk::may_read(&document.metadata, self.groups)
+            && document.may_read(self.groups)
     }
 }

@@ -1289,3 +1289,61 @@ fn an_idle_shard_closes_its_text_writer_and_a_write_reopens_it() {
     );
     assert!(!shard.contains_document("apollo").unwrap());
 }
+
+/// A caller's groups hide nothing in a shard without restricted documents (the shard leaves
+/// them out of its searches), and hide a restricted document from the moment it is written
+/// until it is deleted; replaced by an open version, it is readable again.
+#[test]
+fn groups_start_hiding_with_the_first_restricted_document() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    shard.write_documents(sample_documents()).unwrap();
+    let outsider = SearchFilter {
+        groups: Some(vec!["sales".to_owned()]),
+        ..SearchFilter::default()
+    };
+    let both = |filter: &SearchFilter| {
+        let mut found = documents_of(&shard.search_bm25("water moon sauce", 50, filter).unwrap());
+        found.extend(documents_of(
+            &shard.search_dense(&vector_for(100), 50, filter).unwrap(),
+        ));
+        found
+    };
+    let everything = both(&no_filter());
+    assert_eq!(both(&outsider), everything);
+
+    let secret = |groups: Option<&str>| {
+        let meta = match groups {
+            Some(groups) => metadata(&[(crate::chunk::ACCESS_GROUPS_KEY, groups)]),
+            None => metadata(&[]),
+        };
+        document(
+            "secret",
+            "Secret water",
+            &["water moon secret plans"],
+            100,
+            meta,
+        )
+    };
+    shard
+        .write_documents(vec![secret(Some("finance"))])
+        .unwrap();
+    assert_eq!(
+        both(&outsider),
+        everything,
+        "the restricted one stays hidden"
+    );
+    let finance = SearchFilter {
+        groups: Some(vec!["finance".to_owned()]),
+        ..SearchFilter::default()
+    };
+    assert!(both(&finance).contains("secret"));
+    shard.write_documents(vec![secret(None)]).unwrap();
+    assert!(both(&outsider).contains("secret"), "now open");
+    shard
+        .write_documents(vec![secret(Some("finance"))])
+        .unwrap();
+    assert!(!both(&outsider).contains("secret"));
+    assert!(shard.delete_document("secret").unwrap());
+    assert_eq!(both(&outsider), everything);
+}
