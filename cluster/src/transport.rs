@@ -327,6 +327,28 @@ fn parse_message(bytes: &[u8]) -> Option<Message> {
     Message::parse_from_bytes(bytes).ok()
 }
 
+/// Decodes `bytes` as each body the internal API accepts, as its handlers do (a message batch
+/// and its Raft messages, a snapshot chunk and its message, a forwarded proposal, a join
+/// request), and returns how many of those decodings succeeded. Used by the fuzz targets
+/// (`fuzz/fuzz_targets/cluster_frames.rs`): no body may panic or exhaust the stack.
+pub fn decode_any_body(bytes: &[u8]) -> usize {
+    let mut decoded = 0;
+    if let Some(batch) = decode_frame::<MessageBatch>(bytes) {
+        decoded += 1;
+        decoded += batch
+            .messages
+            .iter()
+            .filter(|message| parse_message(message).is_some())
+            .count();
+    }
+    if let Some(chunk) = decode_frame::<SnapshotChunk>(bytes) {
+        decoded += 1 + usize::from(parse_message(&chunk.message).is_some());
+    }
+    decoded += usize::from(decode_frame::<Proposal>(bytes).is_some());
+    decoded += usize::from(decode_frame::<JoinRequest>(bytes).is_some());
+    decoded
+}
+
 async fn receive_messages(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
     let Some(batch) = decode_frame::<MessageBatch>(&body) else {
         rejected("malformed");

@@ -4,10 +4,11 @@
 //! [`worker::IngestSupervisor`] runs [`worker::IngestWorker`]s that take jobs one at a time and
 //! run [`pipeline::process`].
 
-pub mod chunk;
 pub mod handoff;
-pub mod parse;
 pub mod pipeline;
 pub mod queue;
 pub mod raw_store;
 pub mod worker;
+
+/// Format parsers and the chunker live in the light `sift-parse` crate (fuzzed on their own).
+pub use sift_parse::{chunk, parse};

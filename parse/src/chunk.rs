@@ -15,8 +15,9 @@
 //!    its prefix takes more than half of `chunk_tokens`: the body budget never drops below
 //!    `chunk_tokens / 2`).
 //! 3. Blocks of one section are packed greedily up to the budget (`chunk_tokens` less the
-//!    tokens of the `[Context: ...]` prefix). A larger block is split paragraph -> line ->
-//!    sentence -> clause -> whitespace -> token, and its pieces are packed the same way.
+//!    tokens of the `[Context: ...]` prefix). A larger block (a heading line included) is split
+//!    paragraph -> line -> sentence -> clause -> whitespace -> token, and its pieces are packed
+//!    the same way.
 //! 4. A section's last chunk smaller than `min_tail_tokens` merges into its predecessor.
 //! 5. Each chunk after the first of a section starts with up to `overlap_tokens` of the
 //!    previous chunk's tail, cut at a sentence (else clause, else word, else token) boundary.
@@ -736,7 +737,8 @@ fn section_pieces(text: &str, tokens: &TokenIndex, blocks: &[Block], budget: usi
     for block in blocks {
         let piece = Piece::new(tokens, block.start, block.end, block.kind);
         let mut block_pieces = Vec::new();
-        if piece.atomic || piece.heading || piece.tokens <= budget {
+        // A heading longer than the budget (a paragraph behind a `#`) is split like one.
+        if piece.atomic || piece.tokens <= budget {
             block_pieces.push(piece);
         } else {
             split_range(
@@ -1270,6 +1272,29 @@ mod tests {
                 .iter()
                 .all(|child| child.token_count <= bound)
         );
+    }
+
+    /// Found by the `parse_markdown` fuzz target: a heading line longer than the budget, with
+    /// nothing under it, carried into the next section, was one chunk of twice the bound.
+    #[test]
+    fn heading_longer_than_the_budget_is_split() {
+        let long_heading = format!("#### {}", "ے.ےےےے #ےےےےےےے ".repeat(12));
+        let text = format!(
+            "# A\n## B\n\ntext\n\n{long_heading}\n# A\n{}\n",
+            "ےےےے".repeat(20)
+        );
+        let config = config(28, 2, 44);
+        let chunked = chunk_document(&text, true, &config);
+        check_invariants(&text, &chunked);
+        let bound = config.chunk_tokens + config.min_tail_tokens + config.overlap_tokens;
+        for child in &chunked.children {
+            assert!(
+                child.token_count <= bound,
+                "child of {} tokens exceeds {bound}: {:?}",
+                child.token_count,
+                child.text
+            );
+        }
     }
 
     #[test]

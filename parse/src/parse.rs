@@ -73,7 +73,8 @@ impl Default for ParseOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParsedDocument {
     pub title: Option<String>,
-    /// LF line endings, paragraphs separated by blank lines.
+    /// LF line endings, paragraphs separated by blank lines; no control characters but LF and
+    /// tab, whatever the format (HTML character references and JSON escapes included).
     pub text: String,
     /// Whether the chunker should treat `text` as Markdown.
     pub markdown: bool,
@@ -151,7 +152,8 @@ const BINARY_MAGIC: &[&[u8]] = &[
 /// Share of control characters (other than whitespace) above which text counts as binary.
 const MAX_CONTROL_SHARE: f64 = 0.10;
 
-/// Decodes uploaded bytes, returning the text (without BOM) and the encoding's name.
+/// Decodes uploaded bytes, returning the text (without BOM or other U+FEFF) and the
+/// encoding's name.
 ///
 /// Order: binary magic numbers, BOMs, UTF-16 without BOM (NUL bytes concentrated in every
 /// other position), valid UTF-8, then [`chardetng`]'s guess. A guess is only accepted when it
@@ -245,23 +247,38 @@ fn decode_legacy(bytes: &[u8]) -> Result<(String, &'static Encoding), ParseError
     )))
 }
 
-/// Drops stray control characters (form feeds, `^Z`, ...) or refuses binary-looking text.
+/// A control character that text does not keep (everything but LF, CR and tab).
+fn is_stray(c: char) -> bool {
+    c.is_control() && !matches!(c, '\n' | '\r' | '\t')
+}
+
+/// Drops stray control characters (form feeds, `^Z`, ...) and every U+FEFF (a BOM, also one
+/// left inside by concatenated files), or refuses binary-looking text.
 fn strip_control_characters(text: &str) -> Result<String, ParseError> {
-    let is_stray = |c: char| c.is_control() && !matches!(c, '\n' | '\r' | '\t');
     let total = text.chars().count();
     let stray = text.chars().filter(|&c| is_stray(c)).count();
-    if stray == 0 {
-        return Ok(text.strip_prefix('\u{feff}').unwrap_or(text).to_string());
-    }
     if stray as f64 > total as f64 * MAX_CONTROL_SHARE {
         return Err(ParseError::Binary);
     }
-    let cleaned = text
-        .chars()
+    Ok(drop_control_characters(text))
+}
+
+/// Form feeds become LF; other stray control characters and U+FEFF are dropped.
+fn drop_control_characters(text: &str) -> String {
+    if !text.chars().any(|c| is_stray(c) || c == '\u{feff}') {
+        return text.to_string();
+    }
+    text.chars()
         .map(|c| if c == '\u{0c}' { '\n' } else { c })
         .filter(|&c| !is_stray(c) && c != '\u{feff}')
-        .collect();
-    Ok(cleaned)
+        .collect()
+}
+
+/// Text that came out of HTML character references (`&#4;`) or JSON escapes (`"\u0004"`),
+/// which [`decode_text`] never saw: newlines normalised and control characters dropped as for
+/// decoded bytes, so every [`ParsedDocument`] is as clean as decoded text.
+fn clean_extracted(text: &str) -> String {
+    drop_control_characters(&normalize_newlines(text))
 }
 
 /// CRLF and lone CR become LF.
@@ -285,7 +302,10 @@ pub fn parse_document(
         SourceFormat::Markdown => (markdown_title(&decoded), trim_blank_lines(&decoded), true),
         SourceFormat::Html => {
             let (title, text) = html_to_markdown(&decoded)?;
-            (title, text, true)
+            let title = title
+                .map(|title| clean_extracted(&title).trim().to_string())
+                .filter(|title| !title.is_empty());
+            (title, trim_blank_lines(&clean_extracted(&text)), true)
         }
         SourceFormat::Json => {
             let value: Value = serde_json::from_str(&decoded)
@@ -386,7 +406,7 @@ fn json_records_text(
         .first()
         .and_then(|record| record.get(&options.json_title_field))
         .and_then(Value::as_str)
-        .map(|title| title.trim().to_string())
+        .map(|title| clean_extracted(title).trim().to_string())
         .filter(|title| !title.is_empty());
     let texts: Vec<&str> = records
         .iter()
@@ -397,7 +417,7 @@ fn json_records_text(
     }
     let paragraphs: Vec<String> = texts
         .iter()
-        .map(|text| trim_blank_lines(&normalize_newlines(text)))
+        .map(|text| trim_blank_lines(&clean_extracted(text)))
         .filter(|text| !text.is_empty())
         .collect();
     Ok((title, paragraphs.join("\n\n")))
@@ -1272,6 +1292,46 @@ mod tests {
         assert_eq!(doc.text, "# Title\n\nbody");
         assert_eq!(doc.title.as_deref(), Some("Title"));
         assert_eq!(doc.encoding, "UTF-16LE");
+    }
+
+    /// Found by the `decode_text` fuzz target: a U+FEFF inside the text was kept when the
+    /// text had no other control character and dropped when it had one.
+    #[test]
+    fn byte_order_marks_inside_the_text_are_dropped() {
+        let (text, encoding) = decode_text(b"\xef\xbb\xbfline one\xef\xbb\xbf line two").unwrap();
+        assert_eq!((text.as_str(), encoding), ("line one line two", "UTF-8"));
+        let (text, _) = decode_text(b"line one\xef\xbb\xbf\x1a line two").unwrap();
+        assert_eq!(text, "line one line two");
+    }
+
+    /// Found by the `parse_html` fuzz target: character references to control characters
+    /// (`&#x4;`) put them in the text, which decoding had cleaned of them.
+    #[test]
+    fn html_character_references_to_control_characters_are_dropped() {
+        let doc = parse(
+            b"<title>T&#7;itle</title><p>a&#x4;b &#1;c</p><pre>x&#12;y&#13;z&#13;&#10;w</pre>",
+            SourceFormat::Html,
+        )
+        .unwrap();
+        assert_eq!(doc.title.as_deref(), Some("Title"));
+        assert!(doc.text.starts_with("ab c\n"), "{:?}", doc.text);
+        assert!(doc.text.contains("x\ny\nz\nw"), "{:?}", doc.text);
+        assert!(!doc.text.chars().any(|c| c.is_control() && c != '\n'));
+    }
+
+    /// The same for JSON escapes (`"\u0000"`), found by reading the code the fuzz target
+    /// pointed at.
+    #[test]
+    fn json_escapes_of_control_characters_are_dropped() {
+        let doc = parse(
+            br#"{"title": "T\u0007", "text": "a\u0000b\r\nc\u000cd\ufeff"}"#,
+            SourceFormat::Json,
+        )
+        .unwrap();
+        assert_eq!(doc.title.as_deref(), Some("T"));
+        assert_eq!(doc.text, "ab\nc\nd");
+        let doc = parse(b"{\"text\": \"x\\u0001\"}\n", SourceFormat::Jsonl).unwrap();
+        assert_eq!(doc.text, "x");
     }
 
     #[test]
