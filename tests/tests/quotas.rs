@@ -11,6 +11,28 @@ use sift_node::config::Config;
 use sift_tests::sse::ask;
 use sift_tests::{ApiClient, InProcessNode, count, require_model};
 
+/// A node whose model never answers, so that a run stays in flight until it is stopped.
+fn hanging_model_config(dir: &tempfile::TempDir, fake: &FakeLlm) -> Config {
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    let mut provider = ProviderConfig::openai(fake.base_url(), "fake-model", None);
+    provider.max_retries = 0;
+    provider.first_token_timeout_ms = 60_000;
+    config.llm.providers = vec![provider];
+    config
+}
+
+/// A new session of `client` over the KB `papers`; its id.
+async fn new_session(client: &ApiClient) -> String {
+    client
+        .post_json("/v1/sessions", &json!({ "kbs": ["papers"] }))
+        .await
+        .expect(201)["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 fn text(bytes: usize) -> String {
     "quota words ".repeat(bytes / 12 + 1)[..bytes].to_string()
 }
@@ -140,15 +162,9 @@ async fn concurrent_additions_cannot_pass_a_quota_together() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_has_no_more_runs_in_flight_than_its_cap() {
-    // A model that never answers: a run stays in flight until it is stopped.
     let fake = FakeLlm::start(|_| FakeReply::Hang).await;
     let dir = sift_tests::temp_dir();
-    let mut config = Config::for_test(&dir.path().join("node"));
-    config.embedding.model_dir = Some(require_model());
-    let mut provider = ProviderConfig::openai(fake.base_url(), "fake-model", None);
-    provider.max_retries = 0;
-    provider.first_token_timeout_ms = 60_000;
-    config.llm.providers = vec![provider];
+    let mut config = hanging_model_config(&dir, &fake);
     config.runs.max_runs_per_key = Some(1);
     let node = InProcessNode::start_with(config).await;
     let operator = node.client();
@@ -164,19 +180,10 @@ async fn a_key_has_no_more_runs_in_flight_than_its_cap() {
             .expect(201);
         clients.push(ApiClient::with_key(&node.url, created["key"].as_str()));
     }
-    let session = |client: &ApiClient| {
-        let client = client.clone();
-        async move {
-            client
-                .post_json("/v1/sessions", &json!({ "kbs": ["papers"] }))
-                .await
-                .expect(201)["id"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        }
-    };
-    let (one, two) = (session(&clients[0]).await, session(&clients[0]).await);
+    let (one, two) = (
+        new_session(&clients[0]).await,
+        new_session(&clients[0]).await,
+    );
     let mut running = ask(&clients[0], &one, "first question").await;
     let meta = running.next().await.expect("meta");
     let run_id = meta.data["run_id"].as_str().unwrap().to_string();
@@ -190,7 +197,7 @@ async fn a_key_has_no_more_runs_in_flight_than_its_cap() {
     assert_eq!(refused.headers["retry-after"], "1");
     refused.expect_error(429, "too_many_runs");
     // Another key is not held back.
-    let other = session(&clients[1]).await;
+    let other = new_session(&clients[1]).await;
     let mut theirs = ask(&clients[1], &other, "their question").await;
     let their_meta = theirs.next().await.expect("meta");
     // Once the first run ends, the key may ask again.
@@ -313,16 +320,9 @@ async fn a_tenant_has_limits_of_its_own() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_caps_the_runs_of_its_keys() {
-    // A model that never answers: a run stays in flight until it is stopped.
     let fake = FakeLlm::start(|_| FakeReply::Hang).await;
     let dir = sift_tests::temp_dir();
-    let mut config = Config::for_test(&dir.path().join("node"));
-    config.embedding.model_dir = Some(require_model());
-    let mut provider = ProviderConfig::openai(fake.base_url(), "fake-model", None);
-    provider.max_retries = 0;
-    provider.first_token_timeout_ms = 60_000;
-    config.llm.providers = vec![provider];
-    let node = InProcessNode::start_with(config).await;
+    let node = InProcessNode::start_with(hanging_model_config(&dir, &fake)).await;
     let operator = node.client();
     operator.create_tenant("acme").await;
     operator
@@ -332,19 +332,7 @@ async fn a_tenant_caps_the_runs_of_its_keys() {
     let admin = operator.tenant_client("acme", "admin").await;
     admin.create_kb(json!({ "name": "papers" })).await;
     let reader = operator.tenant_client("acme", "reader").await;
-    let session = |client: &ApiClient| {
-        let client = client.clone();
-        async move {
-            client
-                .post_json("/v1/sessions", &json!({ "kbs": ["papers"] }))
-                .await
-                .expect(201)["id"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        }
-    };
-    let (one, two) = (session(&reader).await, session(&reader).await);
+    let (one, two) = (new_session(&reader).await, new_session(&reader).await);
     let mut running = ask(&reader, &one, "first question").await;
     let meta = running.next().await.expect("meta");
     let run_id = meta.data["run_id"].as_str().unwrap().to_string();
@@ -358,7 +346,7 @@ async fn a_tenant_caps_the_runs_of_its_keys() {
     assert!(message.contains('1'), "{message}");
     // The default tenant has no cap (none node-wide): two runs of one key at once.
     operator.create_kb(json!({ "name": "papers" })).await;
-    let (three, four) = (session(&operator).await, session(&operator).await);
+    let (three, four) = (new_session(&operator).await, new_session(&operator).await);
     let mut first = ask(&operator, &three, "a question").await;
     let mut second = ask(&operator, &four, "another question").await;
     for stream in [&mut first, &mut second] {
