@@ -42,7 +42,8 @@ pub struct RateLimits {
     per_key: Option<DefaultKeyedRateLimiter<String>>,
     per_tenant: Option<DefaultKeyedRateLimiter<String>>,
     /// The buckets of tenants with a rate of their own, with that rate (a bucket is made anew
-    /// when the tenant's rate changes, and dropped when it has none any more).
+    /// when the tenant's rate changes; one whose tenant has no rate of its own any more sits
+    /// unused, so a request without one takes no lock here).
     own_rates: Mutex<HashMap<String, (Rate, Arc<DefaultDirectRateLimiter>)>>,
     clock: DefaultClock,
     /// Checks made, to forget idle buckets every [`FORGET_EVERY`] of them.
@@ -92,7 +93,6 @@ impl RateLimits {
                     .map_err(|not_until| self.refuse("tenant", not_until))?;
             }
             None => {
-                self.drop_own_bucket(tenant);
                 if let Some(limiter) = &self.per_tenant {
                     limiter
                         .check_key(&tenant.to_string())
@@ -129,16 +129,6 @@ impl RateLimits {
                 own.insert(tenant.to_string(), (rate, limiter.clone()));
                 limiter
             }
-        }
-    }
-
-    fn drop_own_bucket(&self, tenant: &str) {
-        let mut own = self
-            .own_rates
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if !own.is_empty() {
-            own.remove(tenant);
         }
     }
 

@@ -300,7 +300,8 @@ impl ShardIndex {
     }
 
     /// Whether the tantivy writer is open (see [`Self::release_idle_writer`]).
-    pub fn writer_is_open(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn writer_is_open(&self) -> bool {
         self.lock_writer()
             .map(|writer| writer.text_writer.is_open())
             .unwrap_or(false)

@@ -101,6 +101,7 @@ impl TextWriterSlot {
     }
 
     /// Whether the writer is open (its threads running).
+    #[cfg(test)]
     pub fn is_open(&self) -> bool {
         self.writer.is_some()
     }
