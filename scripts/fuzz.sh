@@ -11,6 +11,8 @@
 # Environment:
 #   SIFT_FUZZ_FEATURES=cluster  also build and run cluster_frames (sift-cluster: a much longer
 #                               build, tantivy, sled and reqwest under it)
+#   SIFT_FUZZ_FEATURES=node     also build and run config_file (sift-node: the whole engine);
+#                               both: SIFT_FUZZ_FEATURES=cluster,node
 #   SIFT_FUZZ_CORPUS=DIR        keep each target's corpus in DIR/TARGET across runs instead
 #                               of a scratch copy (seeded from fuzz/seeds when new)
 set -euo pipefail
@@ -37,6 +39,10 @@ else
     while read -r target; do
         # cluster_frames needs sift-cluster (the `cluster` feature).
         if [[ $target == cluster_frames && $features != *cluster* ]]; then
+            continue
+        fi
+        # config_file needs sift-node (the `node` feature).
+        if [[ $target == config_file && $features != *node* ]]; then
             continue
         fi
         targets+=("$target")

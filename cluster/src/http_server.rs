@@ -101,6 +101,54 @@ fn take_slot(
     })
 }
 
+/// Longest request target (path and query) a handler sees; longer: 414 `uri_too_long`.
+pub const MAX_URI_BYTES: usize = 16 * 1024;
+/// Most bytes of header names and values a handler sees; more: 431 `headers_too_large`.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// The HTTP/2 header list a connection accepts: above both limits of [`refuse_oversized_heads`].
+const H2_MAX_HEADER_LIST_BYTES: u32 = 2 * (MAX_URI_BYTES + MAX_HEADER_BYTES) as u32;
+
+/// Middleware of both listeners: answers an over-long request target or header block with the
+/// JSON error shape (`{"error": {"code", "message"}}`) before routing. Past the HTTP parser's
+/// own bounds (a target over 64 KiB, headers over its ~400 KiB read buffer) and for requests
+/// that are not HTTP, no handler runs: hyper answers 414, 431 or 400 itself, without a body.
+pub async fn refuse_oversized_heads(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let refuse = |status: StatusCode, code: &str, message: String| {
+        let body = serde_json::json!({ "error": { "code": code, "message": message } });
+        (status, axum::Json(body)).into_response()
+    };
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |target| target.as_str().len());
+    if target > MAX_URI_BYTES {
+        return refuse(
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            format!("the request target is {target} bytes; at most {MAX_URI_BYTES}"),
+        );
+    }
+    let headers: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if headers > MAX_HEADER_BYTES {
+        return refuse(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            format!("the request headers are {headers} bytes; at most {MAX_HEADER_BYTES}"),
+        );
+    }
+    next.run(request).await
+}
+
 /// Serves `app` on `listener` within `limits` (over TLS with `tls`) until `shutdown`
 /// completes, then waits for the open connections to finish (each is told to close after its
 /// current request).
@@ -245,6 +293,10 @@ impl Serving {
         builder
             .http2()
             .timer(TokioTimer::new())
+            // hyper's HTTP/2 default (16 KiB, the path included) would answer a bodyless 431
+            // before `refuse_oversized_heads` sees the request; this leaves room for its
+            // limits, as HTTP/1's larger parser bounds do.
+            .max_header_list_size(H2_MAX_HEADER_LIST_BYTES)
             .enable_connect_protocol();
         // Handlers see the client's address as `ConnectInfo` (the audit log records it).
         let app = tower::ServiceExt::map_request(

@@ -56,10 +56,37 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
+/// The largest PEM file read: far more than any chain, key or CA bundle in use.
+const MAX_PEM_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Reads a PEM file whole, refusing anything but a regular file of at most [`MAX_PEM_BYTES`]
+/// (a path such as /dev/zero would otherwise be read forever).
+fn read_pem(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|error| file_error(what, path, error))?;
+    let metadata = file
+        .metadata()
+        .map_err(|error| file_error(what, path, error))?;
+    if !metadata.is_file() {
+        return Err(file_error(what, path, "not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_PEM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| file_error(what, path, error))?;
+    if bytes.len() as u64 > MAX_PEM_BYTES {
+        return Err(file_error(
+            what,
+            path,
+            format!("larger than {MAX_PEM_BYTES} bytes"),
+        ));
+    }
+    Ok(bytes)
+}
+
 /// Reads a chain and its key and checks that they belong together.
 fn load_certified_key(files: &TlsFiles) -> Result<CertifiedKey, TlsError> {
-    let chain = CertificateDer::pem_file_iter(&files.cert)
-        .map_err(|error| file_error("certificate", &files.cert, error))?
+    let chain = CertificateDer::pem_slice_iter(&read_pem("certificate", &files.cert)?)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|error| file_error("certificate", &files.cert, error))?;
     if chain.is_empty() {
@@ -69,7 +96,7 @@ fn load_certified_key(files: &TlsFiles) -> Result<CertifiedKey, TlsError> {
             "no PEM certificate in the file",
         ));
     }
-    let key = PrivateKeyDer::from_pem_file(&files.key)
+    let key = PrivateKeyDer::from_pem_slice(&read_pem("private key", &files.key)?)
         .map_err(|error| file_error("private key", &files.key, error))?;
     let signing_key = provider()
         .key_provider
@@ -206,7 +233,7 @@ impl PeerTls {
 
 /// Reads a PEM bundle of root certificates for clients (the CLI's `--tls-ca` too).
 pub fn read_roots(path: &Path) -> Result<Vec<reqwest::Certificate>, TlsError> {
-    let bytes = std::fs::read(path).map_err(|error| file_error("CA bundle", path, error))?;
+    let bytes = read_pem("CA bundle", path)?;
     let roots = reqwest::Certificate::from_pem_bundle(&bytes)
         .map_err(|error| file_error("CA bundle", path, error))?;
     if roots.is_empty() {
@@ -258,6 +285,18 @@ mod tests {
             ..files("node-a.crt", "node-a.key")
         };
         assert!(PeerTls::from_files(&bad_ca).is_err());
+        // A device or a directory is refused at once, not read forever.
+        let endless = TlsFiles {
+            cert: PathBuf::from("/dev/zero"),
+            ..files("node-a.crt", "node-a.key")
+        };
+        let error = ServerTls::load(&endless).unwrap_err();
+        assert!(error.to_string().contains("not a regular file"), "{error}");
+        let directory = TlsFiles {
+            ca: Some(fixture("")),
+            ..files("node-a.crt", "node-a.key")
+        };
+        assert!(PeerTls::from_files(&directory).is_err());
     }
 
     #[test]

@@ -215,6 +215,9 @@ impl InternalServer {
             .layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 authenticate,
+            ))
+            .layer(axum::middleware::from_fn(
+                crate::http_server::refuse_oversized_heads,
             ));
         let (shutdown, shutdown_signal) = oneshot::channel::<()>();
         let task = tokio::spawn(crate::http_server::serve(

@@ -105,7 +105,9 @@ pub fn router(state: AppState) -> Router {
         .merge(authenticated)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn(refuse_oversized_heads))
+        .layer(axum::middleware::from_fn(
+            sift_cluster::http_server::refuse_oversized_heads,
+        ))
         .layer(axum::middleware::from_fn(count_requests))
         .with_state(state)
 }
@@ -246,44 +248,6 @@ async fn method_not_allowed() -> ApiError {
         "method_not_allowed",
         "method not allowed on this route",
     )
-}
-
-/// Longest request target (path and query) a handler sees; longer: 414 `uri_too_long`.
-pub const MAX_URI_BYTES: usize = 16 * 1024;
-/// Most bytes of header names and values a handler sees; more: 431 `headers_too_large`.
-pub const MAX_HEADER_BYTES: usize = 64 * 1024;
-
-/// Answers an over-long request target or header block with our JSON error before routing.
-/// Past the HTTP parser's own bounds (a target over 64 KiB, headers over its ~400 KiB read
-/// buffer) and for requests that are not HTTP, no handler runs: hyper answers 414, 431 or
-/// 400 itself, without a body.
-async fn refuse_oversized_heads(request: Request, next: axum::middleware::Next) -> Response {
-    let target = request
-        .uri()
-        .path_and_query()
-        .map_or(0, |target| target.as_str().len());
-    if target > MAX_URI_BYTES {
-        return ApiError::new(
-            StatusCode::URI_TOO_LONG,
-            "uri_too_long",
-            format!("the request target is {target} bytes; at most {MAX_URI_BYTES}"),
-        )
-        .into_response();
-    }
-    let headers: usize = request
-        .headers()
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len())
-        .sum();
-    if headers > MAX_HEADER_BYTES {
-        return ApiError::new(
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "headers_too_large",
-            format!("the request headers are {headers} bytes; at most {MAX_HEADER_BYTES}"),
-        )
-        .into_response();
-    }
-    next.run(request).await
 }
 
 async fn count_requests(request: Request, next: axum::middleware::Next) -> Response {

@@ -378,6 +378,7 @@ impl Config {
 
     /// Checks a layered config and fills defaults.
     pub fn check(file: FileConfig) -> anyhow::Result<Config> {
+        let durations_ms = file.durations_ms();
         let listen_text = file.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
         let listen: SocketAddr = listen_text.parse().with_context(|| {
             format!("listen address {listen_text:?} is not HOST:PORT (an IP address and a port)")
@@ -583,11 +584,29 @@ impl Config {
                 "runs.max_concurrent, runs.max_question_chars and runs.max_retained must be at least 1"
             );
         }
+        check_upper_bounds(
+            &durations_ms,
+            &options,
+            &runs,
+            &connections,
+            max_bulk_documents,
+        )?;
         let mut names = std::collections::BTreeSet::new();
         for preset in &file.agents {
             if preset.name.is_empty() || !names.insert(preset.name.clone()) {
                 bail!(
                     "agent preset names must be non-empty and unique: {:?}",
+                    preset.name
+                );
+            }
+            let budget = &preset.budget;
+            let max_secs = MAX_DURATION.as_secs();
+            if budget.deadline_secs > max_secs || budget.tool_timeout_secs > max_secs {
+                bail!(
+                    "agents.budget.deadline_secs and agents.budget.tool_timeout_secs must be at \
+                     most {max_secs} (a week), not {} and {} (preset {:?})",
+                    budget.deadline_secs,
+                    budget.tool_timeout_secs,
                     preset.name
                 );
             }
@@ -645,6 +664,100 @@ impl Config {
         file.embedding.model_dir = std::env::var_os("SIFT_MODEL_DIR").map(PathBuf::from);
         Config::check(file).expect("the test config is valid")
     }
+}
+
+impl FileConfig {
+    /// The `*_ms` keys with their values, for [`check_upper_bounds`].
+    fn durations_ms(&self) -> [(&'static str, Option<u64>); 8] {
+        [
+            ("shard_deadline_ms", self.shard_deadline_ms),
+            ("hedge_after_ms", self.hedge_after_ms),
+            ("replica_write_timeout_ms", self.replica_write_timeout_ms),
+            ("repair_interval_ms", self.repair_interval_ms),
+            ("reassign_after_ms", self.reassign_after_ms),
+            ("replace_after_ms", self.replace_after_ms),
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("runs.queue_timeout_ms", self.runs.queue_timeout_ms),
+        ]
+    }
+}
+
+/// The longest duration any `*_ms` key may set: a week. Longer ones would overflow deadline
+/// arithmetic (an `Instant` plus the duration) somewhere in the node.
+const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The longest `runs.retention_secs`: a year.
+const MAX_RETENTION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Refuses counts and durations past what the node can hold: semaphores and queues are sized
+/// from them, workers are threads, deadlines are added to clocks. Each refusal names its key.
+fn check_upper_bounds(
+    durations_ms: &[(&str, Option<u64>)],
+    options: &NodeOptions,
+    runs: &RunLimits,
+    connections: &sift_cluster::http_server::ConnectionLimits,
+    max_bulk_documents: usize,
+) -> anyhow::Result<()> {
+    let counts: [(&str, Option<usize>, usize); 12] = [
+        ("ingest_workers", Some(options.ingest_workers), 256),
+        (
+            "ingest_queue_capacity",
+            Some(options.ingest_queue_capacity),
+            1 << 20,
+        ),
+        (
+            "search_permits_per_shard",
+            Some(options.search_permits_per_shard),
+            1 << 16,
+        ),
+        (
+            "max_connections",
+            Some(connections.max_connections),
+            1 << 20,
+        ),
+        (
+            "max_connections_per_ip",
+            Some(connections.max_connections_per_ip),
+            1 << 20,
+        ),
+        ("max_bulk_documents", Some(max_bulk_documents), 1 << 20),
+        (
+            "runs.max_concurrent",
+            Some(runs.max_concurrent_runs),
+            1 << 16,
+        ),
+        ("runs.max_queued", Some(runs.max_queued_runs), 1 << 20),
+        ("runs.max_retained", Some(runs.max_retained), 1 << 24),
+        (
+            "runs.max_question_chars",
+            Some(runs.max_question_chars),
+            1 << 24,
+        ),
+        ("runs.max_per_key", runs.max_runs_per_key, 1 << 16),
+        (
+            "ingest_max_attempts",
+            Some(options.ingest_max_attempts as usize),
+            1000,
+        ),
+    ];
+    for (name, value, max) in counts {
+        if let Some(value) = value.filter(|value| *value > max) {
+            bail!("{name} must be at most {max}, not {value}");
+        }
+    }
+    let max_ms = MAX_DURATION.as_millis();
+    for &(name, value) in durations_ms {
+        if let Some(value) = value.filter(|value| u128::from(*value) > max_ms) {
+            bail!("{name} must be at most {max_ms} (a week), not {value}");
+        }
+    }
+    if runs.retention > MAX_RETENTION {
+        bail!(
+            "runs.retention_secs must be at most {} (a year), not {}",
+            MAX_RETENTION.as_secs(),
+            runs.retention.as_secs()
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -825,5 +938,70 @@ mod tests {
         let mut env = BTreeMap::new();
         env.insert("SIFT_INGEST_WORKERS".to_string(), "many".to_string());
         assert!(Config::load(None, &env).is_err());
+    }
+
+    #[test]
+    fn every_count_and_duration_has_an_upper_bound() {
+        // Each key at the largest value its type takes, once under its table.
+        let keys = [
+            "ingest_workers",
+            "ingest_queue_capacity",
+            "search_permits_per_shard",
+            "max_connections",
+            "max_connections_per_ip",
+            "max_bulk_documents",
+            "ingest_max_attempts",
+            "shard_deadline_ms",
+            "hedge_after_ms",
+            "replica_write_timeout_ms",
+            "repair_interval_ms",
+            "reassign_after_ms",
+            "replace_after_ms",
+            "header_read_timeout_ms",
+            "runs.max_concurrent",
+            "runs.max_queued",
+            "runs.max_retained",
+            "runs.max_question_chars",
+            "runs.max_per_key",
+            "runs.queue_timeout_ms",
+            "runs.retention_secs",
+        ];
+        for key in keys {
+            let max = if key == "ingest_max_attempts" {
+                u64::from(u32::MAX)
+            } else {
+                u64::MAX
+            };
+            let text = match key.split_once('.') {
+                Some((table, field)) => format!("[{table}]\n{field} = {}\n", max / 2),
+                None => format!("{key} = {}\n", max / 2),
+            };
+            let file: FileConfig = toml::from_str(&text).expect(&text);
+            let error = Config::check(file).expect_err(&text);
+            assert!(format!("{error:#}").contains(key), "{key}: {error:#}");
+            // A value in range still passes.
+            let text = text.replace(&(max / 2).to_string(), "5");
+            Config::check(toml::from_str(&text).expect(&text)).expect(&text);
+        }
+        // The durations of presets and providers, which a run adds to its clock.
+        let huge = u64::MAX / 2;
+        for (key, text) in [
+            (
+                "deadline_secs",
+                format!("[[agents]]\nname = \"a\"\nbudget = {{ deadline_secs = {huge} }}\n"),
+            ),
+            (
+                "breaker_open_ms",
+                format!(
+                    "[[llm.providers]]\nname = \"p\"\nbase_url = \"http://127.0.0.1:1/v1\"\n\
+                     model = \"m\"\nbreaker_open_ms = {huge}\n"
+                ),
+            ),
+        ] {
+            let error = Config::check(toml::from_str(&text).expect(&text)).expect_err(&text);
+            assert!(format!("{error:#}").contains(key), "{key}: {error:#}");
+            let text = text.replace(&huge.to_string(), "5");
+            Config::check(toml::from_str(&text).expect(&text)).expect(&text);
+        }
     }
 }

@@ -140,6 +140,27 @@ async fn internal_port_rejects_unauthenticated_and_malformed_bytes() {
         );
     }
 
+    // an over-long target or header block: the JSON error of the public port, before the
+    // secret is even checked
+    let long_target = format!("{}?{}", url(HEALTH_PATH), "q".repeat(20 * 1024));
+    let response = client.get(long_target).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::URI_TOO_LONG);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "uri_too_long");
+    let response = client
+        .get(url(HEALTH_PATH))
+        .bearer_auth(SECRET)
+        .header("x-padding", "p".repeat(70 * 1024))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "headers_too_large");
+
     // authenticated and well formed: accepted; the node still serves
     let response = client
         .post(url(MESSAGES_PATH))

@@ -265,6 +265,21 @@ impl ProviderConfig {
                 return fail(format!("provider {name}: {field} must be positive"));
             }
         }
+        // A week: longer deadlines overflow clock arithmetic (an Instant plus the duration).
+        const MAX_MS: u64 = 7 * 24 * 3600 * 1000;
+        for (field, value) in [
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("first_token_timeout_ms", self.first_token_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("breaker_open_ms", self.breaker_open_ms),
+            ("backoff_ms", self.backoff_ms),
+        ] {
+            if value > MAX_MS {
+                return fail(format!(
+                    "provider {name}: {field} must be at most {MAX_MS} (a week), not {value}"
+                ));
+            }
+        }
         if self.breaker_failure_threshold == 0 {
             return fail(format!(
                 "provider {name}: breaker_failure_threshold must be at least 1"
