@@ -34,6 +34,8 @@ pub enum ErrorKind {
     Upstream,
     /// Part of the cluster cannot serve now (no leader, a shard without a live replica).
     Unavailable,
+    /// The node's disk cannot hold what the request writes (a snapshot).
+    InsufficientStorage,
     /// A fault of the node itself.
     Internal,
 }
@@ -78,6 +80,9 @@ pub enum SiftError {
     /// A question longer than the documented limit (413).
     #[error("the question is longer than {max_chars} characters")]
     QuestionTooLong { max_chars: usize },
+    /// The disk is full for what the request writes (507).
+    #[error("{message}")]
+    InsufficientStorage { message: String },
 }
 
 impl SiftError {
@@ -129,6 +134,7 @@ impl SiftError {
             SiftError::Meta(_) => "metadata_error",
             SiftError::Internal(_) => "internal",
             SiftError::QuestionTooLong { .. } => "question_too_long",
+            SiftError::InsufficientStorage { .. } => "insufficient_storage",
         }
     }
 
@@ -165,6 +171,7 @@ impl SiftError {
             SiftError::Storage(_) | SiftError::Meta(_) | SiftError::Internal(_) => {
                 ErrorKind::Internal
             }
+            SiftError::InsufficientStorage { .. } => ErrorKind::InsufficientStorage,
         }
     }
 
@@ -183,7 +190,8 @@ impl SiftError {
         match self {
             SiftError::QueueFull { .. }
             | SiftError::ShardUnavailable { .. }
-            | SiftError::TooManyRuns { .. } => true,
+            | SiftError::TooManyRuns { .. }
+            | SiftError::InsufficientStorage { .. } => true,
             SiftError::Embedding(error) => error.is_transient(),
             SiftError::Storage(error) => error.is_transient(),
             SiftError::Meta(error) => error.is_transient(),

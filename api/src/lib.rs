@@ -17,6 +17,7 @@ pub mod kbs;
 pub mod keys;
 pub mod search;
 pub mod sessions;
+pub mod snapshots;
 
 pub use self::documents::{AddedDocument, BulkDocuments, DocumentAccess, NewTextDocument};
 pub use self::error::{ErrorBody, ErrorDetail};
@@ -24,6 +25,7 @@ pub use self::kbs::{CreateKb, SettingsPatch, UpdateKb};
 pub use self::keys::{NewApiKey, NewTenant, TenantLimits};
 pub use self::search::{ChannelWeights, SearchFilters, SearchQuery};
 pub use self::sessions::{NewMessage, NewSession};
+pub use self::snapshots::CreateSnapshot;
 
 /// A JSON object: document metadata, metadata filters.
 pub type JsonMap = serde_json::Map<String, serde_json::Value>;

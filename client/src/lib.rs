@@ -245,6 +245,19 @@ impl Client {
         self.json(self.authorized(self.http.delete(url))).await
     }
 
+    // ---- snapshots ----
+
+    /// `POST /v1/snapshots {"kbs": [...]}` (operators).
+    pub async fn create_snapshot<T: DeserializeOwned>(&self, kbs: &[String]) -> Result<T> {
+        let body = sift_api::CreateSnapshot { kbs: kbs.to_vec() };
+        self.post_json(&["v1", "snapshots"], &body).await
+    }
+
+    /// `GET /v1/snapshots` (the first page).
+    pub async fn list_snapshots<T: DeserializeOwned>(&self) -> Result<T> {
+        self.get_json(&["v1", "snapshots"]).await
+    }
+
     // ---- knowledge bases ----
 
     /// `GET /v1/kbs`.

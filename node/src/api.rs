@@ -42,6 +42,8 @@ pub struct AppState {
     pub max_json_bytes: u64,
     pub max_bulk_documents: usize,
     pub temp_dir: PathBuf,
+    /// Where `POST /v1/snapshots` writes ([`crate::snapshots_api`]).
+    pub snapshot_dir: PathBuf,
     /// Chat sessions and agent runs (routes in [`crate::chat_api`]).
     pub sessions: Arc<sift_actors::sessions::Sessions>,
     /// The bound public address.
@@ -93,6 +95,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/debug/sessions/{id}/crash", post(crash_session_actor))
         .merge(crate::chat_api::routes())
         .merge(crate::keys_api::routes())
+        .merge(crate::snapshots_api::routes())
         .merge(crate::tenants_api::routes())
         .merge(crate::audit::routes())
         .route_layer(axum::middleware::from_fn_with_state(
@@ -148,6 +151,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::Upstream => StatusCode::BAD_GATEWAY,
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
     }
 }
 

@@ -277,11 +277,13 @@ pub fn required_role(method: &Method, route: &str) -> Role {
 }
 
 /// The routes of the node as a whole, not of one tenant: the cluster, the tenants, the debug
-/// faults and `/metrics` need a key of the default tenant (an admin's, but for `/metrics`).
+/// faults, the snapshots and `/metrics` need a key of the default tenant (an admin's, but for
+/// `/metrics`).
 fn operator_route(route: &str) -> bool {
     route.starts_with("/v1/cluster")
         || route.starts_with("/v1/tenants")
         || route.starts_with("/v1/debug/")
+        || route.starts_with("/v1/snapshots")
 }
 
 /// Whether `principal` may call `route` with `method`.

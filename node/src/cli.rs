@@ -94,6 +94,18 @@ pub enum Command {
     Node(NodeCommand),
     /// Show the cluster: leader, term, members, roles and health.
     Cluster,
+    /// Snapshots of knowledge bases on the node (operators).
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+    /// Bring a snapshot up as the data directory of a new single-node cluster (offline: no
+    /// node runs on DATA_DIR; start one on it afterwards with `sift serve --data-dir`).
+    Restore {
+        /// The snapshot's directory (one of the node's `snapshot_dir`, with manifest.json).
+        snapshot: PathBuf,
+        /// The new node's data directory: absent or empty.
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
     /// Start a node on embedded defaults, load the sample corpus, search it and print cited hits.
     Demo {
         /// Where the demo node keeps its data (wiped first).
@@ -103,6 +115,17 @@ pub enum Command {
         #[arg(long, default_value = "samples")]
         samples: PathBuf,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SnapshotCommand {
+    /// Snapshot knowledge bases (ids or names) into the node's snapshot_dir.
+    Create {
+        #[arg(required = true)]
+        kbs: Vec<String>,
+    },
+    /// The node's snapshots, newest first.
+    List,
 }
 
 #[derive(Args, Debug, Default)]
@@ -298,6 +321,64 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
                     return Ok(());
                 }
             }
+        }
+        Command::Snapshot(SnapshotCommand::Create { kbs }) => {
+            let answer: Value = client.create_snapshot(&kbs).await?;
+            println!(
+                "snapshot {} ({} bytes) at {}",
+                answer["id"].as_str().unwrap_or("?"),
+                answer["bytes"],
+                answer["path"].as_str().unwrap_or("?")
+            );
+            Ok(())
+        }
+        Command::Snapshot(SnapshotCommand::List) => {
+            let answer: Value = client.list_snapshots().await?;
+            for snapshot in answer["snapshots"].as_array().into_iter().flatten() {
+                let kbs: Vec<&str> = snapshot["manifest"]["kbs"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|kb| kb["name"].as_str())
+                    .collect();
+                println!(
+                    "{}  {} bytes  {}",
+                    snapshot["id"].as_str().unwrap_or("?"),
+                    snapshot["bytes"],
+                    kbs.join(",")
+                );
+            }
+            Ok(())
+        }
+        Command::Restore { snapshot, data_dir } => {
+            let restored = tokio::task::spawn_blocking(move || {
+                sift_actors::node::snapshots::restore(&snapshot, &data_dir)
+                    .map(|restored| (restored, data_dir))
+            })
+            .await
+            .map_err(|error| CliError::Other(error.into()))?
+            .map_err(|error| CliError::Other(anyhow::anyhow!("restore failed: {error}")))?;
+            let (restored, data_dir) = restored;
+            let names: Vec<&str> = restored
+                .manifest
+                .kbs
+                .iter()
+                .map(|kb| kb.name.as_str())
+                .collect();
+            println!(
+                "restored snapshot {} ({}) into {}: {} documents ready, {} queued to ingest again, {} failed (not_in_snapshot)",
+                restored.manifest.id,
+                names.join(", "),
+                data_dir.display(),
+                restored.summary.ready,
+                restored.summary.requeued,
+                restored.summary.failed
+            );
+            println!(
+                "start it with: sift serve --data-dir {}",
+                data_dir.display()
+            );
+            Ok(())
         }
         Command::Cluster => {
             let answer: Value = client.cluster().await?;

@@ -20,6 +20,9 @@ use crate::auth::AuthMode;
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
+    /// Where `POST /v1/snapshots` writes snapshots (default DATA_DIR/snapshots; also
+    /// SIFT_SNAPSHOT_DIR).
+    pub snapshot_dir: Option<PathBuf>,
     pub listen: Option<String>,
     /// Cluster mode: HOST:PORT of the internal (Raft) server. Absent: a single node.
     pub internal_listen: Option<String>,
@@ -174,6 +177,8 @@ pub struct RemoteEmbedderConfig {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub data_dir: PathBuf,
+    /// Where snapshots are written.
+    pub snapshot_dir: PathBuf,
     pub listen: SocketAddr,
     /// Cluster mode, when set.
     pub cluster: Option<ClusterConfig>,
@@ -267,6 +272,9 @@ impl Config {
         }
         if let Some(v) = get("SIFT_DATA_DIR") {
             file.data_dir = Some(v.into());
+        }
+        if let Some(v) = get("SIFT_SNAPSHOT_DIR") {
+            file.snapshot_dir = Some(v.into());
         }
         if let Some(v) = get("SIFT_LISTEN") {
             file.listen = Some(v);
@@ -617,13 +625,17 @@ impl Config {
                 bail!("rerank.{name}.base_url must start with http:// or https://");
             }
         }
+        let data_dir = file
+            .data_dir
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
         Ok(Config {
             llm: file.llm,
             runs,
             agents: file.agents,
-            data_dir: file
-                .data_dir
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            snapshot_dir: file
+                .snapshot_dir
+                .unwrap_or_else(|| data_dir.join("snapshots")),
+            data_dir,
             listen,
             cluster,
             max_upload_bytes: file.max_upload_bytes.unwrap_or(64 * 1024 * 1024),

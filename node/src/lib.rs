@@ -24,6 +24,7 @@ pub mod demo;
 pub mod keys_api;
 pub mod limits;
 pub mod server;
+pub mod snapshots_api;
 pub mod telemetry;
 pub mod tenants_api;
 pub mod views;

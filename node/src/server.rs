@@ -123,6 +123,14 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let temp_dir = config.data_dir.join("tmp");
     let _ = std::fs::remove_dir_all(&temp_dir); // partial uploads of a previous run
     std::fs::create_dir_all(&temp_dir)?;
+    // snapshots a previous run left unfinished
+    match sift_storage::backup::remove_partials(&config.snapshot_dir) {
+        Ok(0) => {}
+        Ok(removed) => info!(removed, "removed unfinished snapshots"),
+        Err(error) => {
+            warn!(%error, dir = %config.snapshot_dir.display(), "could not remove unfinished snapshots")
+        }
+    }
     let embedders = load_embedders(&config).await?;
     let tls = config
         .tls
@@ -211,6 +219,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         max_json_bytes: config.max_json_bytes,
         max_bulk_documents: config.max_bulk_documents,
         temp_dir,
+        snapshot_dir: config.snapshot_dir.clone(),
         listen: addr,
         cluster_address: cluster.as_ref().map(|member| member.address.clone()),
         peer_tls: config.options.peer_tls.clone(),

@@ -10,8 +10,10 @@
 //!   write-ahead record from which the indexes are rebuilt after a crash.
 //! - [`chunk`]: the records that flow from ingestion into a shard and out of a search.
 //! - [`embedding_cache`]: a node-local cache of embeddings, keyed by model and text.
+//! - [`backup`]: snapshots of chosen KBs on disk (manifest, record files, verification).
 //! - [`sled_db`]: opens a sled database, waiting out the lock a just-dropped handle holds.
 
+pub mod backup;
 pub mod chunk;
 pub mod data_dir;
 pub mod embedding_cache;

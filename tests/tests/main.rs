@@ -20,6 +20,7 @@ mod retrieval;
 mod sessions;
 mod sessions_process;
 mod shard_crash;
+mod snapshots;
 mod supervision_process;
 mod tenants;
 mod tls;

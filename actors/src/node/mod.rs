@@ -11,6 +11,7 @@ mod documents;
 mod kbs;
 mod quota;
 mod search;
+pub mod snapshots;
 pub(crate) mod supervisor;
 
 use std::path::{Path, PathBuf};

@@ -58,6 +58,7 @@ pub use records::{
     RetrievalSettings, ShardPlacement, Tombstone,
 };
 pub use sessions::{SessionRecord, StoredTurn, TurnCitation, TurnTraceStep, TurnUsage};
+pub use snapshot::{NOT_IN_SNAPSHOT, RestorePlan, RestoreSummary};
 pub use tenants::{KbAccess, TenantDeleted, TenantRecord};
 
 use keys::{DOC_PREFIX, PENDING_INDEX_KEY, pending_key, shard_bytes_key};
