@@ -473,3 +473,88 @@ async fn a_minority_partition_cannot_commit_and_heals_through_the_real_binary() 
             .expect(200);
     }
 }
+
+/// A member whose Raft storage write fails (a full disk; here the `debug_faults` hook) stops
+/// serving: `/readyz` stops answering 200 and `sift serve` exits with status 70 so that a
+/// supervisor restarts it, instead of serving frozen metadata. Restarted, it catches up.
+#[tokio::test]
+async fn a_member_whose_raft_storage_fails_exits_with_status_70_and_rejoins() {
+    let dir = temp_dir();
+    let internal: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let data: Vec<_> = (0..3).map(|i| dir.path().join(format!("n{i}"))).collect();
+    let faults = [("SIFT_DEBUG_FAULTS", "1")];
+    let first = NodeProcess::start_member(&data[0], SECRET, &internal[0], None, &faults);
+    let second =
+        NodeProcess::start_member(&data[1], SECRET, &internal[1], Some(&first.url), &faults);
+    let third =
+        NodeProcess::start_member(&data[2], SECRET, &internal[2], Some(&first.url), &faults);
+    let clients = [first.client(), second.client(), third.client()];
+    sift_tests::wait_for_voters(&clients).await;
+    let mut nodes = [first, second, third];
+    clients[0]
+        .create_kb(json!({ "name": "before", "shards": 1 }))
+        .await;
+
+    // The third node's next Raft storage write fails.
+    let response = reqwest::Client::new()
+        .post(format!(
+            "http://{}/internal/v1/debug/fail-storage",
+            internal[2]
+        ))
+        .bearer_auth(SECRET)
+        .send()
+        .await
+        .expect("reaching the internal port");
+    assert_eq!(response.status().as_u16(), 204);
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = nodes[2].exited() {
+            break status;
+        }
+        // Until it exits it is not ready (or no longer answers).
+        if started.elapsed() > std::time::Duration::from_millis(100) {
+            let ready = clients[2]
+                .http()
+                .get(format!("{}/readyz", clients[2].url()))
+                .send()
+                .await;
+            if let Ok(ready) = ready {
+                assert_ne!(
+                    ready.status().as_u16(),
+                    200,
+                    "ready after its raft storage failed"
+                );
+            }
+        }
+        assert!(
+            started.elapsed() < sift_tests::WAIT,
+            "the node did not exit after its raft storage failed; its log:\n{}",
+            nodes[2].log_tail()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        status.code(),
+        Some(70),
+        "{status:?}: {}",
+        nodes[2].log_tail()
+    );
+    let log = std::fs::read_to_string(nodes[2].log_path()).unwrap();
+    assert!(log.contains("raft storage failed"), "{log}");
+
+    // The others carry on; restarted, the node catches up with what it missed.
+    clients[0]
+        .create_kb(json!({ "name": "after", "shards": 1 }))
+        .await;
+    nodes[2] = NodeProcess::start_member(&data[2], SECRET, &internal[2], None, &faults);
+    let restarted = nodes[2].client();
+    eventually("the restarted node ready and caught up", || async {
+        let ready = restarted.get("/readyz").await.status == 200;
+        (ready && restarted.get("/v1/kbs/after").await.status == 200).then_some(())
+    })
+    .await;
+    let view = view(&restarted).await;
+    assert!(view.get("storage_failure").is_none(), "{view}");
+}
