@@ -206,23 +206,19 @@ mod tests {
             (
                 0,
                 Exits {
-                    at: vec![
-                        (1 * second, false),
-                        (5 * second, false),
-                        (9 * second, false),
-                    ],
+                    at: vec![(second, false), (5 * second, false), (9 * second, false)],
                 },
             ),
             (
                 1,
                 Exits {
-                    at: vec![(1 * second, true), (2 * second, true), (3 * second, true)],
+                    at: vec![(second, true), (2 * second, true), (3 * second, true)],
                 },
             ),
             (
                 2,
                 Exits {
-                    at: vec![(1 * second, false)],
+                    at: vec![(second, false)],
                 },
             ),
         ]);

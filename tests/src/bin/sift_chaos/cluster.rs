@@ -322,9 +322,7 @@ impl Cluster {
         for state in nodes.iter_mut() {
             if let Some(mut child) = state.child.take() {
                 if state.paused {
-                    if let Ok(pid) = i32::try_from(child.id()) {
-                        Cluster::signal(pid as u32, "CONT");
-                    }
+                    Cluster::signal(child.id(), "CONT");
                 }
                 let _ = child.kill();
                 let _ = child.wait();

@@ -77,9 +77,9 @@ async fn main() -> std::process::ExitCode {
     let probe = workload.http.clone();
 
     // The cluster: node 1 bootstraps, the others join one at a time.
-    for node in 0..args.nodes {
+    for (node, url) in urls.iter().enumerate() {
         cluster.start(node);
-        if !wait_until(SETTLE, || ready(&probe, &urls[node])).await {
+        if !wait_until(SETTLE, || ready(&probe, url)).await {
             eprintln!("node {} did not become ready", node + 1);
             cluster.stop_all();
             return std::process::ExitCode::from(2);
