@@ -454,6 +454,12 @@ async fn a_minority_partition_cannot_commit_and_heals_through_the_real_binary() 
     // nor does it answer a stale read: a KB the majority made is not "not found" there but
     // unavailable (the read is linearizable)
     assert_eq!(clients[minority].get("/v1/kbs/during-0").await.status, 503);
+    // and a search there is a retryable 503 too: it cannot know of deletes the majority made
+    // (found by the chaos soak: a search on a cut-off member found a deleted document)
+    let answer = clients[minority]
+        .search_answer("before", json!({ "query": "anything", "top_k": 3 }))
+        .await;
+    assert_eq!(answer.status.as_u16(), 503, "{:?}", answer.body);
 
     // heal: every node converges to the same metadata
     for address in &internal {
