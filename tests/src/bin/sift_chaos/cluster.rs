@@ -91,6 +91,11 @@ impl Cluster {
         }
     }
 
+    /// Time since the run started (for the log lines).
+    pub fn elapsed(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<NodeState>> {
         self.nodes
             .lock()
@@ -266,7 +271,8 @@ impl Cluster {
                         .disk_healed_at
                         .is_some_and(|at| now.duration_since(at) < DISK_GRACE);
                 eprintln!(
-                    "node {} exited on its own: {status}{}",
+                    "{:>7.1}s node {} exited on its own: {status}{}",
+                    now.duration_since(self.origin).as_secs_f64(),
                     node + 1,
                     if explained { " (disk fault)" } else { "" }
                 );

@@ -77,7 +77,11 @@ impl Nemesis {
             _ => self.rng.random_range(0..n),
         };
         let hold = self.hold();
-        eprintln!("nemesis: {kind} on node {} for {hold:?}", target + 1);
+        eprintln!(
+            "{:>7.1}s nemesis: {kind} on node {} for {hold:?}",
+            self.cluster.elapsed().as_secs_f64(),
+            target + 1
+        );
         match kind {
             "kill" => {
                 self.cluster.kill(target, hold);
@@ -126,6 +130,12 @@ impl Nemesis {
 
     /// Heals the fault in force (a killed node is restarted by the supervisor).
     pub fn heal(&mut self) {
+        if !matches!(self.active, Active::None) {
+            eprintln!(
+                "{:>7.1}s nemesis: healed",
+                self.cluster.elapsed().as_secs_f64()
+            );
+        }
         match std::mem::replace(&mut self.active, Active::None) {
             Active::None => {}
             Active::Paused(node) => self.cluster.resume(node),
