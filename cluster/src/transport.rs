@@ -50,6 +50,9 @@ const JOIN_PATH: &str = "/internal/v1/join";
 /// Fault injection (only with [`TransportConfig::fault_injection`]): `{"peers": [ids]}` cuts
 /// this node's Raft traffic with those peers ([`HttpTransport::block_peers`]); `[]` heals.
 pub const DEBUG_BLOCK_PATH: &str = "/internal/v1/debug/block";
+/// Fault injection (only with [`TransportConfig::fault_injection`]): the Raft thread acts as
+/// if its next storage write failed ([`RaftHandle::fail_storage`]), as on a full disk.
+pub const DEBUG_FAIL_STORAGE_PATH: &str = "/internal/v1/debug/fail-storage";
 /// Upper bound of a decoded frame, whatever the body limit.
 const FRAME_LIMIT: usize = 64 * 1024 * 1024;
 /// Upper bound of an assembled snapshot.
@@ -200,7 +203,9 @@ impl InternalServer {
         let body_limit = chunk_bytes.max(4 * 1024 * 1024) * 2;
         let mut app = Router::new();
         if fault_injection {
-            app = app.route(DEBUG_BLOCK_PATH, post(receive_block));
+            app = app
+                .route(DEBUG_BLOCK_PATH, post(receive_block))
+                .route(DEBUG_FAIL_STORAGE_PATH, post(receive_fail_storage));
         }
         let app = app
             .route(MESSAGES_PATH, post(receive_messages))
@@ -314,6 +319,18 @@ async fn receive_block(State(state): State<Arc<ServerState>>, body: Bytes) -> Re
             StatusCode::NO_CONTENT.into_response()
         }
         None => error_response(StatusCode::NOT_FOUND, "not_found", "no transport"),
+    }
+}
+
+async fn receive_fail_storage(State(state): State<Arc<ServerState>>) -> Response {
+    warn!("fault injection: the raft storage fails");
+    match state.raft.fail_storage() {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(error) => error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            &error.to_string(),
+        ),
     }
 }
 

@@ -419,8 +419,20 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-async fn readyz(State(state): State<AppState>) -> Json<serde_json::Value> {
+async fn readyz(State(state): State<AppState>) -> Response {
     let context = state.node.context();
+    // A member whose Raft storage failed serves frozen metadata: not ready (`sift serve` exits
+    // with status 70 moments later).
+    if let Some(failure) = context.meta.raft().and_then(|raft| raft.storage_failure()) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({
+                "status": "failed",
+                "error": { "code": "raft_storage_failed", "message": failure },
+            })),
+        )
+            .into_response();
+    }
     Json(json!({
         "status": "ready",
         "embedded_model": context.embedders.local.as_ref().map(|e| e.model_name().to_string()),
@@ -430,6 +442,7 @@ async fn readyz(State(state): State<AppState>) -> Json<serde_json::Value> {
         "ingest_queue_depth": state.node.queue_depth(),
         "auth": state.auth.mode.as_str(),
     }))
+    .into_response()
 }
 
 async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
@@ -461,7 +474,10 @@ async fn get_kb(
     ApiPath(kb): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
     Ok(Json(KbView::from(
-        state.node.get_kb(&principal.scope(), &kb)?,
+        state
+            .node
+            .get_kb_linearizable(&principal.scope(), &kb)
+            .await?,
     )))
 }
 

@@ -474,11 +474,25 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let running = crate::server::start(config).await?;
     // Scripts read this line to learn the bound address (useful with port 0).
     println!("sift listening on {}", running.url());
-    shutdown_signal().await;
-    tracing::info!("shutting down");
-    running.shutdown().await;
-    Ok(())
+    let failure = tokio::select! {
+        _ = shutdown_signal() => None,
+        failure = running.storage_failure() => Some(failure),
+    };
+    let Some(failure) = failure else {
+        tracing::info!("shutting down");
+        running.shutdown().await;
+        return Ok(());
+    };
+    // The metadata of this member can no longer move: exit with a status of its own so that a
+    // supervisor restarts it (once the disk has room) instead of it serving stale metadata.
+    tracing::error!(%failure, "raft storage failed, exiting");
+    let _ = tokio::time::timeout(Duration::from_secs(15), running.shutdown()).await;
+    eprintln!("error: the raft storage failed: {failure}");
+    std::process::exit(EXIT_RAFT_STORAGE_FAILED)
 }
+
+/// The exit status of `sift serve` when its Raft storage failed (EX_SOFTWARE).
+pub const EXIT_RAFT_STORAGE_FAILED: i32 = 70;
 
 async fn shutdown_signal() {
     let ctrl_c = async {

@@ -288,6 +288,9 @@ pub struct ClusterView {
     pub leader: Option<u64>,
     pub term: u64,
     pub nodes: Vec<NodeView>,
+    /// Why this node's Raft thread stopped (a storage write failed); absent while it runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage_failure: Option<String>,
 }
 
 impl ClusterView {
@@ -298,6 +301,7 @@ impl ClusterView {
             id: 1,
             leader: Some(1),
             term: 0,
+            storage_failure: None,
             nodes: vec![NodeView {
                 id: 1,
                 listen: Some(listen.to_string()),
@@ -359,6 +363,7 @@ impl ClusterView {
             leader: status.leader,
             term: status.term,
             nodes,
+            storage_failure: status.storage_failure.clone(),
         }
     }
 }

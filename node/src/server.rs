@@ -40,6 +40,21 @@ impl RunningNode {
         format!("{}://{}", self.scheme, self.addr)
     }
 
+    /// Resolves once this member's Raft thread has stopped on a storage failure (a full disk),
+    /// with the reason; never for a node that runs alone.
+    pub async fn storage_failure(&self) -> String {
+        let Some(raft) = self.cluster.as_ref().and_then(|member| member.handle()) else {
+            return std::future::pending().await;
+        };
+        let mut interval = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            interval.tick().await;
+            if let Some(failure) = raft.storage_failure() {
+                return failure;
+            }
+        }
+    }
+
     /// Stops accepting requests, lets in-flight ones finish, stops the actors.
     pub async fn shutdown(mut self) {
         self.sessions.shutdown();

@@ -5,7 +5,15 @@
 //! clones for a short while after the last `Db` is dropped. A shard replica restarted by its
 //! supervisor, or a store reopened in a test, would then fail with `WouldBlock`. [`open`]
 //! waits that moment out instead.
+//!
+//! sled 0.34 writes a snapshot to `snap.{lsn}.generating` and renames it once complete. A write
+//! that fails (a full disk) leaves that file behind, empty or short, and every later open takes
+//! it for the latest snapshot and refuses the whole database as corrupt: a node whose disk
+//! filled up once could never start again (found by the chaos soak). [`open`] removes such
+//! unfinished snapshots when sled reports corruption, and opens again: sled then recovers from
+//! the previous snapshot or from the log, which the failed snapshot never touched.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// How long [`open`] waits for a released lock before it gives the error back.
@@ -14,7 +22,38 @@ const LOCK_POLL: Duration = Duration::from_millis(20);
 
 /// Opens `config`, retrying while another handle of this process is letting go of the lock.
 /// A lock held for longer (another process on the same directory) fails after [`LOCK_WAIT`].
+/// A database refused as corrupt because of an unfinished snapshot is opened without it.
 pub fn open(config: &sled::Config) -> sled::Result<sled::Db> {
+    match open_waiting(config) {
+        Err(sled::Error::Corruption { .. }) if remove_unfinished_snapshots(&config.get_path()) => {
+            open_waiting(config)
+        }
+        result => result,
+    }
+}
+
+/// Removes the `snap.*.generating` files of the sled directory `dir` (snapshots whose write
+/// never finished); whether there were any.
+fn remove_unfinished_snapshots(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    let mut removed = false;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            tracing::warn!(
+                path = %entry.path().display(),
+                "removing an unfinished sled snapshot (a write that failed, e.g. on a full disk)"
+            );
+            removed |= std::fs::remove_file(entry.path()).is_ok();
+        }
+    }
+    removed
+}
+
+fn open_waiting(config: &sled::Config) -> sled::Result<sled::Db> {
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
         match config.open() {
@@ -44,6 +83,28 @@ mod tests {
             db.flush().unwrap();
             assert_eq!(db.len(), round as usize + 1);
         }
+    }
+
+    #[test]
+    fn an_unfinished_snapshot_left_by_a_full_disk_does_not_make_the_database_unopenable() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = sled::Config::new().path(dir.path());
+        {
+            let db = open(&config).unwrap();
+            for i in 0..100u32 {
+                db.insert(i.to_be_bytes(), b"kept").unwrap();
+            }
+            db.flush().unwrap();
+        }
+        // What a snapshot write that failed with ENOSPC leaves: an empty `.generating` file,
+        // named after a later log position than any finished snapshot.
+        std::fs::write(dir.path().join("snap.7FFFFFFFFFFFFFFF.generating"), b"").unwrap();
+        // sled alone refuses the database.
+        let config = sled::Config::new().path(dir.path());
+        assert!(matches!(config.open(), Err(sled::Error::Corruption { .. })));
+        let db = open(&config).unwrap();
+        assert_eq!(db.len(), 100);
+        assert_eq!(db.get(7u32.to_be_bytes()).unwrap().unwrap(), b"kept");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //!   server is `sift_models::fake_server` (feature `fake-server`), shared with the unit tests
 //!   and `sift-bench`.
 //! - [`sse`]: reading server-sent event streams of the API.
+//! - [`chaos`]: the checker of the chaos soak (`scripts/chaos.sh`).
 //! - [`beir`]: loaders of the BEIR slices in `tests/fixtures/` and the quality measures
 //!   (hit@k, nDCG@k).
 //!
@@ -17,6 +18,7 @@
 //! model (`scripts/fetch-model.sh`); without it they fail with a message saying so.
 
 pub mod beir;
+pub mod chaos;
 mod client;
 pub mod fake_mcp;
 mod in_process;

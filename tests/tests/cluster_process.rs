@@ -241,7 +241,12 @@ async fn three_processes_replicate_metadata_fail_over_and_rejoin() {
         answer.body
     );
     assert_eq!(answer.headers["retry-after"], "1");
-    new_leader_client.get("/v1/kbs/beta").await.expect(200);
+    // Reading one KB is linearizable (ReadIndex): without a quorum it is a retryable 503 too,
+    // never a stale answer; the list (a local read) shows the data intact.
+    let answer = new_leader_client.get("/v1/kbs/beta").await;
+    assert_eq!(answer.status.as_u16(), 503, "{:?}", answer.body);
+    let listed = new_leader_client.get("/v1/kbs").await.expect(200);
+    assert!(listed.to_string().contains("\"beta\""), "{listed}");
 }
 
 /// Runs `sift serve` on `data_dir` joining through `join`, expecting the node to be refused and
@@ -446,7 +451,15 @@ async fn a_minority_partition_cannot_commit_and_heals_through_the_real_binary() 
         own_position(&view(&clients[minority]).await).0,
         commit_at_cut
     );
-    assert_eq!(clients[minority].get("/v1/kbs/during-0").await.status, 404);
+    // nor does it answer a stale read: a KB the majority made is not "not found" there but
+    // unavailable (the read is linearizable)
+    assert_eq!(clients[minority].get("/v1/kbs/during-0").await.status, 503);
+    // and a search there is a retryable 503 too: it cannot know of deletes the majority made
+    // (found by the chaos soak: a search on a cut-off member found a deleted document)
+    let answer = clients[minority]
+        .search_answer("before", json!({ "query": "anything", "top_k": 3 }))
+        .await;
+    assert_eq!(answer.status.as_u16(), 503, "{:?}", answer.body);
 
     // heal: every node converges to the same metadata
     for address in &internal {
@@ -472,4 +485,89 @@ async fn a_minority_partition_cannot_commit_and_heals_through_the_real_binary() 
             .await
             .expect(200);
     }
+}
+
+/// A member whose Raft storage write fails (a full disk; here the `debug_faults` hook) stops
+/// serving: `/readyz` stops answering 200 and `sift serve` exits with status 70 so that a
+/// supervisor restarts it, instead of serving frozen metadata. Restarted, it catches up.
+#[tokio::test]
+async fn a_member_whose_raft_storage_fails_exits_with_status_70_and_rejoins() {
+    let dir = temp_dir();
+    let internal: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let data: Vec<_> = (0..3).map(|i| dir.path().join(format!("n{i}"))).collect();
+    let faults = [("SIFT_DEBUG_FAULTS", "1")];
+    let first = NodeProcess::start_member(&data[0], SECRET, &internal[0], None, &faults);
+    let second =
+        NodeProcess::start_member(&data[1], SECRET, &internal[1], Some(&first.url), &faults);
+    let third =
+        NodeProcess::start_member(&data[2], SECRET, &internal[2], Some(&first.url), &faults);
+    let clients = [first.client(), second.client(), third.client()];
+    sift_tests::wait_for_voters(&clients).await;
+    let mut nodes = [first, second, third];
+    clients[0]
+        .create_kb(json!({ "name": "before", "shards": 1 }))
+        .await;
+
+    // The third node's next Raft storage write fails.
+    let response = reqwest::Client::new()
+        .post(format!(
+            "http://{}/internal/v1/debug/fail-storage",
+            internal[2]
+        ))
+        .bearer_auth(SECRET)
+        .send()
+        .await
+        .expect("reaching the internal port");
+    assert_eq!(response.status().as_u16(), 204);
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = nodes[2].exited() {
+            break status;
+        }
+        // Until it exits it is not ready (or no longer answers).
+        if started.elapsed() > std::time::Duration::from_millis(100) {
+            let ready = clients[2]
+                .http()
+                .get(format!("{}/readyz", clients[2].url()))
+                .send()
+                .await;
+            if let Ok(ready) = ready {
+                assert_ne!(
+                    ready.status().as_u16(),
+                    200,
+                    "ready after its raft storage failed"
+                );
+            }
+        }
+        assert!(
+            started.elapsed() < sift_tests::WAIT,
+            "the node did not exit after its raft storage failed; its log:\n{}",
+            nodes[2].log_tail()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        status.code(),
+        Some(70),
+        "{status:?}: {}",
+        nodes[2].log_tail()
+    );
+    let log = std::fs::read_to_string(nodes[2].log_path()).unwrap();
+    assert!(log.contains("raft storage failed"), "{log}");
+
+    // The others carry on; restarted, the node catches up with what it missed.
+    clients[0]
+        .create_kb(json!({ "name": "after", "shards": 1 }))
+        .await;
+    nodes[2] = NodeProcess::start_member(&data[2], SECRET, &internal[2], None, &faults);
+    let restarted = nodes[2].client();
+    eventually("the restarted node ready and caught up", || async {
+        let ready = restarted.get("/readyz").await.status == 200;
+        (ready && restarted.get("/v1/kbs/after").await.status == 200).then_some(())
+    })
+    .await;
+    let view = view(&restarted).await;
+    assert!(view.get("storage_failure").is_none(), "{view}");
 }

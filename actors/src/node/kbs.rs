@@ -209,6 +209,14 @@ impl SiftNode {
         Ok(record)
     }
 
+    /// [`Self::get_kb`] after a ReadIndex barrier in cluster mode, so that the answer is
+    /// linearizable: a lagging or partitioned member never answers settings older than a
+    /// change that has returned (it answers an error instead when it cannot reach a leader).
+    pub async fn get_kb_linearizable(&self, scope: &Scope, kb: &str) -> Result<KbState> {
+        self.context.meta.linearizable_barrier().await?;
+        self.get_kb(scope, kb)
+    }
+
     pub fn get_kb(&self, scope: &Scope, kb: &str) -> Result<KbState> {
         let (kb, access) = self.find_kb_access(scope, kb)?;
         self.kb_state(scope, kb, access)

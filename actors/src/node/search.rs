@@ -18,6 +18,10 @@ impl SiftNode {
     ) -> Result<SearchResponse> {
         let started = Instant::now();
         let kb = self.find_kb_for_data(scope, kb, Need::Read).await?;
+        // Cluster mode: every delete that returned before this search is applied here before
+        // the hits are checked against the tombstones, or the search fails (a member cut off
+        // from the leader answers 503 rather than a document deleted elsewhere).
+        self.context.meta.linearizable_barrier().await?;
         let mut search = query::resolve(&query, &kb.settings.retrieval, self.root.rerankers())?;
         // Document-level access: applied inside every shard, before ranking.
         search.filter.groups = scope.groups().map(<[String]>::to_vec);

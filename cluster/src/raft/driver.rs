@@ -130,6 +130,10 @@ pub struct ClusterStatus {
     pub peers: Vec<PeerStatus>,
     /// The highest node id ever in the cluster (removed ones included).
     pub max_node_id: u64,
+    /// Set once the Raft log or the state machine could not be written: the Raft thread has
+    /// stopped and this node's metadata no longer moves (the node must restart).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage_failure: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -170,6 +174,8 @@ enum Input {
         delivered: bool,
     },
     ReportUnreachable(u64),
+    /// Fault injection: the next storage write of `on_ready` fails.
+    FailStorage,
 }
 
 /// How the rest of the node talks to the Raft thread. Cheap to clone.
@@ -313,6 +319,21 @@ impl RaftHandle {
         let _ = self.send(Input::ReportUnreachable(to));
     }
 
+    /// Fault injection (tests, the node's `debug_faults`): the Raft thread acts as if its next
+    /// storage write failed, as on a full disk.
+    pub fn fail_storage(&self) -> Result<()> {
+        self.send(Input::FailStorage)
+    }
+
+    /// Why the Raft thread stopped on a storage failure, if it did.
+    pub fn storage_failure(&self) -> Option<String> {
+        self.status
+            .read()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .storage_failure
+            .clone()
+    }
+
     /// The latest status published by the Raft thread.
     pub fn status(&self) -> ClusterStatus {
         self.status
@@ -427,6 +448,8 @@ impl RaftNode {
             snapshot_sent_tick: HashMap::new(),
             status,
             stopping: stopping.clone(),
+            storage_failure: None,
+            inject_storage_failure: false,
             config: config.clone(),
         };
         driver.publish_status();
@@ -552,6 +575,10 @@ struct Driver {
     snapshot_sent_tick: HashMap<u64, u64>,
     status: Arc<RwLock<ClusterStatus>>,
     stopping: Arc<AtomicBool>,
+    /// Why the thread stopped, once a storage write failed (published in the status).
+    storage_failure: Option<String>,
+    /// Fault injection ([`RaftHandle::fail_storage`]): the next `on_ready` fails.
+    inject_storage_failure: bool,
 }
 
 fn outcome_label(outcome: &Result<MetaOutcome>) -> &'static str {
@@ -597,9 +624,20 @@ impl Driver {
                     next_tick + interval
                 };
             }
-            if let Err(error) = self.on_ready() {
-                // The log or the state machine cannot be written: stop rather than diverge.
+            let ready = if self.inject_storage_failure {
+                Err(ClusterError::Storage(sift_storage::StorageError::Io(
+                    std::io::Error::other("injected storage failure (debug_faults)"),
+                )))
+            } else {
+                self.on_ready()
+            };
+            if let Err(error) = ready {
+                // The log or the state machine cannot be written: stop rather than diverge, and
+                // say so in the status, which the node watches (its /readyz fails and `sift
+                // serve` exits so that a supervisor restarts it once the disk has room).
                 error!(raft_id = self.config.id, %error, "raft storage failed, stopping the node");
+                self.storage_failure = Some(error.to_string());
+                self.publish_status();
                 break;
             }
             self.publish_status();
@@ -661,6 +699,13 @@ impl Driver {
                 self.raw.report_snapshot(to, status);
             }
             Input::ReportUnreachable(to) => self.raw.report_unreachable(to),
+            Input::FailStorage => {
+                warn!(
+                    raft_id = self.config.id,
+                    "fault injection: the next storage write fails"
+                );
+                self.inject_storage_failure = true;
+            }
         }
     }
 
@@ -1287,6 +1332,7 @@ impl Driver {
                 .copied()
                 .max()
                 .unwrap_or(id),
+            storage_failure: self.storage_failure.clone(),
         };
         *self
             .status

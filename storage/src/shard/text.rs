@@ -151,14 +151,22 @@ impl TextIndex {
         slot.used = Instant::now();
         let writer = match slot.writer.take() {
             Some(writer) => writer,
-            // One indexing thread and one merge thread: a node hosts many shards on few cores.
-            None => self.index.writer_with_options(
-                IndexWriterOptions::builder()
-                    .num_worker_threads(1)
-                    .num_merge_threads(1)
-                    .memory_budget_per_thread(slot.memory_bytes)
-                    .build(),
-            )?,
+            None => {
+                // One indexing thread and one merge thread: a node hosts many shards on few
+                // cores.
+                let writer: IndexWriter = self.index.writer_with_options(
+                    IndexWriterOptions::builder()
+                        .num_worker_threads(1)
+                        .num_merge_threads(1)
+                        .memory_budget_per_thread(slot.memory_bytes)
+                        .build(),
+                )?;
+                // A commit that failed (a full disk) leaves files no commit refers to, among
+                // them a delete file that the next commit at the same opstamp must create
+                // again: remove them first (found by the chaos soak).
+                writer.garbage_collect_files().wait()?;
+                writer
+            }
         };
         Ok(slot.writer.insert(writer))
     }
@@ -437,5 +445,73 @@ impl<T: TokenStream> TokenStream for WordsOnlyStream<T> {
 
     fn token_mut(&mut self) -> &mut Token {
         self.tail.token_mut()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn add(index: &TextIndex, slot: &mut TextWriterSlot, internal_id: u64, document_id: &str) {
+        let metadata = Metadata::default();
+        let writer = index.writer(slot).unwrap();
+        let chunk = TextChunk {
+            internal_id,
+            document_id,
+            title: "",
+            text: "orchids bloom in spring",
+            metadata: &metadata,
+        };
+        index.add_chunk(writer, &chunk).unwrap();
+    }
+
+    fn hits(index: &TextIndex) -> usize {
+        let tokens = index.analyze("orchids");
+        index
+            .search(&tokens, &SearchFilter::default(), 10)
+            .unwrap()
+            .len()
+    }
+
+    /// A delete commit whose files were written but whose meta.json never was (a full disk)
+    /// leaves a `.del` file that the same commit, replayed after a restart, must create again.
+    #[test]
+    fn a_commit_left_half_done_by_a_full_disk_is_replayed_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("text");
+        std::fs::create_dir_all(&path).unwrap();
+        let mut slot = TextWriterSlot::new(15_000_000);
+        {
+            let index = TextIndex::open(&path).unwrap();
+            add(&index, &mut slot, 1, "a");
+            add(&index, &mut slot, 2, "b");
+            index.commit(&mut slot, 1).unwrap();
+            index
+                .release_idle_writer(&mut slot, Duration::ZERO)
+                .unwrap();
+        }
+        let meta_before = std::fs::read(path.join("meta.json")).unwrap();
+        let delete = |slot: &mut TextWriterSlot| {
+            let index = TextIndex::open(&path).unwrap();
+            let writer = index.writer(slot).unwrap();
+            index.delete_document(writer, "a");
+            let committed = index.commit(slot, 2);
+            index.release_idle_writer(slot, Duration::ZERO).unwrap();
+            committed.map(|()| hits(&index))
+        };
+        assert_eq!(delete(&mut slot).unwrap(), 1);
+        // The delete's files stay; meta.json is as before it (the commit never finished).
+        std::fs::write(path.join("meta.json"), &meta_before).unwrap();
+        let left: Vec<String> = std::fs::read_dir(&path)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|name| name.ends_with(".del"))
+            .collect();
+        assert!(
+            !left.is_empty(),
+            "the delete file of the lost commit is there"
+        );
+        // After the restart the delete is replayed: it commits.
+        assert_eq!(delete(&mut slot).unwrap(), 1);
     }
 }
