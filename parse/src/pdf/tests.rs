@@ -16,7 +16,7 @@ fn parse(name: &str) -> Result<ParsedDocument, ParseError> {
     parse_pdf(&fixture(name), &PdfLimits::default())
 }
 
-fn page_text<'a>(document: &'a ParsedDocument, number: u32) -> &'a str {
+fn page_text(document: &ParsedDocument, number: u32) -> &str {
     let page = document
         .pages
         .iter()
