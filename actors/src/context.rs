@@ -28,6 +28,8 @@ pub struct NodeOptions {
     /// Starts of processing a document may have that never finish (the process died meanwhile)
     /// before it is failed with `crashed_processing` instead of being tried again.
     pub ingest_max_attempts: u32,
+    /// Page cap and parse-time budget of one PDF (`pdf_max_pages`, `pdf_parse_timeout_ms`).
+    pub pdf_limits: sift_parse::pdf::PdfLimits,
     /// Knowledge bases the cluster may hold.
     pub max_kbs: usize,
     /// Shard replicas one node may hold; a KB create that would pass it is refused.
@@ -71,6 +73,7 @@ impl Default for NodeOptions {
             ingest_queue_capacity: 256,
             ingest_workers: 2,
             ingest_max_attempts: 3,
+            pdf_limits: sift_parse::pdf::PdfLimits::default(),
             max_kbs: 1000,
             max_shards_per_node: 512,
             max_bytes_per_tenant: None,

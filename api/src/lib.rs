@@ -23,7 +23,7 @@ pub use self::documents::{AddedDocument, BulkDocuments, DocumentAccess, NewTextD
 pub use self::error::{ErrorBody, ErrorDetail};
 pub use self::kbs::{CreateKb, SettingsPatch, UpdateKb};
 pub use self::keys::{NewApiKey, NewTenant, TenantLimits};
-pub use self::search::{ChannelWeights, SearchFilters, SearchQuery};
+pub use self::search::{ChannelWeights, PageRange, SearchFilters, SearchQuery};
 pub use self::sessions::{NewMessage, NewSession};
 pub use self::snapshots::CreateSnapshot;
 

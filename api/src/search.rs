@@ -6,6 +6,20 @@ use serde::{Deserialize, Serialize};
 
 use crate::JsonMap;
 
+/// The pages a chunk, hit or citation lies on (1-based, inclusive): `{"first": 2, "last": 3}`.
+/// Documents with pages (PDF) have them; other formats have `null` in their place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageRange {
+    pub first: u32,
+    pub last: u32,
+}
+
+impl PageRange {
+    pub fn new((first, last): (u32, u32)) -> Self {
+        PageRange { first, last }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchFilters {

@@ -692,6 +692,7 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
         )
     };
     let mut file: Option<(PathBuf, String, u64, String)> = None;
+    let mut media_type = None;
     let mut external_id = None;
     let mut metadata = sift_storage::chunk::Metadata::new();
     let mut groups = Vec::new();
@@ -708,6 +709,7 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
                     }
                     let name = field.file_name().unwrap_or("").to_string();
                     check_file_name(&name)?;
+                    media_type = field.content_type().map(str::to_string);
                     let path = state.temp_dir.join(uuid::Uuid::new_v4().to_string());
                     // Registered before the first write so that any early return cleans it up.
                     file = Some((path.clone(), name, 0, String::new()));
@@ -805,6 +807,7 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
     Ok(Upload {
         temp_path,
         file_name,
+        media_type,
         external_id,
         size_bytes,
         content_hash,

@@ -148,17 +148,15 @@ impl Renderer {
             if !self.citations.is_empty() {
                 println!("\n{}Sources{}", self.style(BOLD), self.style(RESET));
                 for citation in &self.citations {
-                    let span = &citation["span"];
                     println!(
-                        "  [{}] {} ({}, chars {}–{})",
+                        "  [{}] {} ({}, {})",
                         citation["n"],
                         citation["document_title"].as_str().unwrap_or(""),
                         citation["external_id"]
                             .as_str()
                             .or(citation["document_id"].as_str())
                             .unwrap_or(""),
-                        span[0],
-                        span[1]
+                        crate::cli::place(citation)
                     );
                 }
             }

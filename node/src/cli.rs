@@ -389,7 +389,15 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Ingest { kb, paths, no_wait } => {
-            ingest(&client, &kb, &paths, !no_wait).await?;
+            let ingested = ingest(&client, &kb, &paths, !no_wait).await?;
+            if ingested.refused + ingested.failed > 0 {
+                // Each one was named above; the exit status tells a script.
+                return Err(CliError::Other(anyhow::anyhow!(
+                    "{} file(s) refused, {} failed",
+                    ingested.refused,
+                    ingested.failed
+                )));
+            }
             Ok(())
         }
         Command::Search {
@@ -601,10 +609,13 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
 }
 
 /// File extensions `ingest` picks up when walking a folder.
-const INGESTED_EXTENSIONS: [&str; 8] = [
-    "txt", "text", "md", "markdown", "html", "htm", "json", "jsonl",
+const INGESTED_EXTENSIONS: [&str; 10] = [
+    "txt", "text", "md", "markdown", "html", "htm", "json", "jsonl", "ndjson", "pdf",
 ];
 
+/// The files to upload: named files as they are, folders walked for files with an
+/// [`INGESTED_EXTENSIONS`] extension. Each other file met in a folder is named on stderr as
+/// skipped (hidden files, dot-files, are passed over without a word).
 fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for path in paths {
@@ -624,6 +635,16 @@ fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
                         INGESTED_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str())
                     }) {
                         files.push(entry);
+                    } else if !entry
+                        .file_name()
+                        .and_then(|name| name.to_str())
+                        .is_some_and(|name| name.starts_with('.'))
+                    {
+                        eprintln!(
+                            "{}: skipped: not a supported type ({})",
+                            entry.display(),
+                            INGESTED_EXTENSIONS.map(|e| format!(".{e}")).join(", ")
+                        );
                     }
                 }
             }
@@ -634,14 +655,34 @@ fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// What `ingest` did.
+#[derive(Debug, Default)]
+pub struct Ingested {
+    /// The document ids of the accepted files.
+    pub ids: Vec<String>,
+    /// Files the node refused (each named on stderr with its reason).
+    pub refused: usize,
+    /// Accepted files that failed in the pipeline (when waited for).
+    pub failed: usize,
+}
+
+/// A line above the progress bar, or on stderr when the bar is hidden (not a terminal:
+/// indicatif then drops its lines, and a script must still read each refusal).
+fn report(bar: &ProgressBar, line: String) {
+    if bar.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
+
 /// Uploads every file, then (when `wait`) shows a progress bar until all are ready or failed.
-/// Returns the document ids of the accepted files.
 pub async fn ingest(
     client: &Client,
     kb: &str,
     paths: &[PathBuf],
     wait: bool,
-) -> Result<Vec<String>, CliError> {
+) -> Result<Ingested, CliError> {
     let files = collect_files(paths)?;
     if files.is_empty() {
         return Err(CliError::Other(anyhow::anyhow!("no files to ingest")));
@@ -663,12 +704,18 @@ pub async fn ingest(
                     ids.push(id.to_string());
                 }
                 if doc["duplicate"] == json!(true) {
-                    bar.println(format!("{}: already in the knowledge base", file.display()));
+                    report(
+                        &bar,
+                        format!("{}: already in the knowledge base", file.display()),
+                    );
                 }
             }
             Err(CliError::Refused { code, message, .. }) => {
                 refused += 1;
-                bar.println(format!("{}: refused: {code}: {message}", file.display()));
+                report(
+                    &bar,
+                    format!("{}: refused: {code}: {message}", file.display()),
+                );
             }
             Err(error) => {
                 bar.finish_and_clear();
@@ -679,7 +726,14 @@ pub async fn ingest(
     }
     if !wait {
         bar.finish_with_message("uploaded");
-        return Ok(ids);
+        if refused > 0 {
+            eprintln!("{} uploaded, {refused} refused", ids.len());
+        }
+        return Ok(Ingested {
+            ids,
+            refused,
+            failed: 0,
+        });
     }
     bar.set_position(0);
     bar.set_length(ids.len() as u64);
@@ -695,11 +749,14 @@ pub async fn ingest(
                     Some("ready") => bar.inc(1),
                     Some("failed") => {
                         failed += 1;
-                        bar.println(format!(
-                            "{}: failed: {}",
-                            doc["title"].as_str().unwrap_or(&id),
-                            doc["error"]
-                        ));
+                        report(
+                            &bar,
+                            format!(
+                                "{}: failed: {}",
+                                doc["title"].as_str().unwrap_or(&id),
+                                doc["error"].as_str().unwrap_or("no reason given")
+                            ),
+                        );
                         bar.inc(1);
                     }
                     _ => still.push(id),
@@ -718,7 +775,23 @@ pub async fn ingest(
         "{} ready, {failed} failed, {refused} refused",
         ids.len() - failed
     );
-    Ok(ids)
+    Ok(Ingested {
+        ids,
+        refused,
+        failed,
+    })
+}
+
+/// Where a hit or citation lies: `page 2` or `pages 2–3` (and its chars) when its document
+/// has pages, else its chars.
+pub(crate) fn place(item: &Value) -> String {
+    let chars = format!("chars {}–{}", item["span"][0], item["span"][1]);
+    let pages = &item["pages"];
+    match (pages["first"].as_u64(), pages["last"].as_u64()) {
+        (Some(first), Some(last)) if first == last => format!("page {first}, {chars}"),
+        (Some(first), Some(last)) => format!("pages {first}–{last}, {chars}"),
+        _ => chars,
+    }
 }
 
 pub fn print_hits(query: &str, answer: &Value) {
@@ -771,10 +844,9 @@ pub fn print_hits(query: &str, answer: &Value) {
         );
         println!("      \"{snippet}…\"");
         println!(
-            "      cite: {} chars {}–{}",
+            "      cite: {} {}",
             hit["chunk_id"].as_str().unwrap_or(""),
-            hit["span"][0],
-            hit["span"][1]
+            place(hit)
         );
     }
     if let Some(failed) = answer["failed_shards"].as_array().filter(|f| !f.is_empty()) {

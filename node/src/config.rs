@@ -79,6 +79,11 @@ pub struct FileConfig {
     pub ingest_workers: Option<usize>,
     /// Interrupted starts of processing after which a document fails (`crashed_processing`).
     pub ingest_max_attempts: Option<u32>,
+    /// A PDF with more pages is refused with `pdf_too_large` (default 2000).
+    pub pdf_max_pages: Option<usize>,
+    /// Longest parsing one PDF may take before it fails with `pdf_too_large` (ms, default
+    /// 120000).
+    pub pdf_parse_timeout_ms: Option<u64>,
     /// Knowledge bases the cluster may hold.
     pub max_kbs: Option<usize>,
     /// Shard replicas one node may hold.
@@ -355,6 +360,12 @@ impl Config {
             file.ingest_max_attempts =
                 Some(u32::try_from(v).context("SIFT_INGEST_MAX_ATTEMPTS is too large")?);
         }
+        if let Some(v) = parse_count("SIFT_PDF_MAX_PAGES")? {
+            file.pdf_max_pages = Some(v);
+        }
+        if let Some(v) = parse("SIFT_PDF_PARSE_TIMEOUT_MS")? {
+            file.pdf_parse_timeout_ms = Some(v);
+        }
         if let Some(v) = get("SIFT_DEBUG_FAULTS") {
             file.debug_faults = Some(matches!(v.as_str(), "1" | "true" | "yes"));
         }
@@ -461,6 +472,13 @@ impl Config {
             ingest_max_attempts: file
                 .ingest_max_attempts
                 .unwrap_or(defaults.ingest_max_attempts),
+            pdf_limits: sift_actors::ingest::pdf::PdfLimits {
+                max_pages: file.pdf_max_pages.unwrap_or(defaults.pdf_limits.max_pages),
+                time_budget: file
+                    .pdf_parse_timeout_ms
+                    .map(Duration::from_millis)
+                    .unwrap_or(defaults.pdf_limits.time_budget),
+            },
             max_kbs: file.max_kbs.unwrap_or(defaults.max_kbs),
             max_shards_per_node: file
                 .max_shards_per_node
@@ -516,10 +534,13 @@ impl Config {
             || options.max_kbs == 0
             || options.max_shards_per_node == 0
             || options.search_permits_per_shard == 0
+            || options.pdf_limits.max_pages == 0
+            || options.pdf_limits.time_budget.is_zero()
         {
             bail!(
                 "ingest_queue_capacity, ingest_workers, ingest_max_attempts, max_kbs, \
-                 max_shards_per_node and search_permits_per_shard must be at least 1"
+                 max_shards_per_node, search_permits_per_shard, pdf_max_pages and \
+                 pdf_parse_timeout_ms must be at least 1"
             );
         }
         let default_limits = sift_cluster::http_server::ConnectionLimits::default();
@@ -685,7 +706,7 @@ fn check_upper_bounds(
     connections: &sift_cluster::http_server::ConnectionLimits,
     max_bulk_documents: usize,
 ) -> anyhow::Result<()> {
-    let counts: [(&str, Option<usize>, usize); 12] = [
+    let counts: [(&str, Option<usize>, usize); 13] = [
         ("ingest_workers", Some(options.ingest_workers), 256),
         (
             "ingest_queue_capacity",
@@ -708,6 +729,7 @@ fn check_upper_bounds(
             1 << 20,
         ),
         ("max_bulk_documents", Some(max_bulk_documents), 1 << 20),
+        ("pdf_max_pages", Some(options.pdf_limits.max_pages), 1 << 20),
         (
             "runs.max_concurrent",
             Some(runs.max_concurrent_runs),
@@ -741,6 +763,7 @@ fn check_upper_bounds(
         ("replace_after_ms", options.replace_after),
         ("header_read_timeout_ms", connections.header_read_timeout),
         ("runs.queue_timeout_ms", runs.queue_timeout),
+        ("pdf_parse_timeout_ms", options.pdf_limits.time_budget),
     ];
     let max_ms = MAX_DURATION.as_millis();
     for (name, value) in durations {
@@ -952,6 +975,8 @@ mod tests {
             "max_connections_per_ip",
             "max_bulk_documents",
             "ingest_max_attempts",
+            "pdf_max_pages",
+            "pdf_parse_timeout_ms",
             "shard_deadline_ms",
             "hedge_after_ms",
             "replica_write_timeout_ms",

@@ -71,7 +71,9 @@ async fn demo(client: &Client, samples: &Path, data_dir: &Path) -> Result<(), Cl
         "created knowledge base demo (2 shards); ingesting {}",
         samples.display()
     );
-    let ids = ingest(client, "demo", &[samples.to_path_buf()], true).await?;
+    let ids = ingest(client, "demo", &[samples.to_path_buf()], true)
+        .await?
+        .ids;
     let kb: Value = client.get_kb("demo").await?;
     println!(
         "{} documents: {} ready, {} failed",

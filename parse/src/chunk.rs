@@ -34,6 +34,8 @@
 
 use tiktoken_rs::CoreBPE;
 
+use crate::parse::Page;
+
 /// Sizes of the chunks, all in cl100k tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkerConfig {
@@ -75,6 +77,8 @@ pub struct ParentDraft {
     pub text: String,
     /// Char offsets `[start, end)` in the input text.
     pub span: (u32, u32),
+    /// First and last page of its children ([`chunk_pages`]); `None` for text without pages.
+    pub pages: Option<(u32, u32)>,
 }
 
 /// A chunk that gets embedded and searched.
@@ -93,6 +97,9 @@ pub struct ChildDraft {
     pub span: (u32, u32),
     /// cl100k tokens of `text`.
     pub token_count: usize,
+    /// The page it lies on, as `(first, last)` ([`chunk_pages`]: a child never crosses a page
+    /// boundary, so both are the same); `None` for text without pages.
+    pub pages: Option<(u32, u32)>,
 }
 
 fn bpe() -> &'static CoreBPE {
@@ -196,6 +203,38 @@ pub fn chunk_document(text: &str, markdown: bool, config: &ChunkerConfig) -> Chu
     } else {
         plain_sections(text)
     };
+    chunk_sections(text, &sections, config)
+}
+
+/// Cuts the plain text of a paged document (a PDF) into children and parents: each page is a
+/// section of its own, under the page's heading path, so that no child (and no overlap)
+/// crosses a page boundary and every chunk knows its pages. A parent may hold several whole
+/// pages. Pages whose range is not a char-boundary range of `text` are skipped.
+pub fn chunk_pages(text: &str, pages: &[Page], config: &ChunkerConfig) -> Chunked {
+    let sections: Vec<Section> = pages
+        .iter()
+        .filter(|page| page.start <= page.end && text.get(page.start..page.end).is_some())
+        .filter_map(|page| {
+            let blocks: Vec<Block> = segments(text, page.start, page.end, SplitLevel::Paragraph)
+                .into_iter()
+                .map(|(start, end)| Block {
+                    start,
+                    end,
+                    kind: BlockKind::Paragraph,
+                })
+                .collect();
+            (!blocks.is_empty()).then(|| Section {
+                path: page.heading_path.clone(),
+                blocks,
+                page: Some(page.number),
+            })
+        })
+        .collect();
+    chunk_sections(text, &sections, config)
+}
+
+/// Packs the blocks of `sections` (in text order, non-empty) into children and parents.
+fn chunk_sections(text: &str, sections: &[Section], config: &ChunkerConfig) -> Chunked {
     let bound = config.chunk_tokens + config.min_tail_tokens + config.overlap_tokens;
     let mut children = Vec::new();
     let mut placed = Vec::new();
@@ -253,6 +292,7 @@ pub fn chunk_document(text: &str, markdown: bool, config: &ChunkerConfig) -> Chu
                 heading_path: section.path.clone(),
                 span: (0, 0),
                 token_count,
+                pages: section.page.map(|page| (page, page)),
             });
         }
     }
@@ -283,6 +323,9 @@ pub fn chunk_document(text: &str, markdown: bool, config: &ChunkerConfig) -> Chu
             position: position as u32,
             text: format!("{}{}", context_prefix(path), &text[first.start..last.end]),
             span: (chars.at(first.start), chars.at(last.end)),
+            pages: sections[first.section]
+                .page
+                .zip(sections[last.section].page),
         });
     }
     Chunked { parents, children }
@@ -402,6 +445,8 @@ struct Block {
 struct Section {
     path: Vec<String>,
     blocks: Vec<Block>,
+    /// The page the section is (a PDF's, [`chunk_pages`]).
+    page: Option<u32>,
 }
 
 /// `(start, end)` of every line, `end` excluding the newline.
@@ -444,6 +489,7 @@ fn plain_sections(text: &str) -> Vec<Section> {
     vec![Section {
         path: Vec::new(),
         blocks,
+        page: None,
     }]
 }
 
@@ -555,6 +601,7 @@ fn markdown_sections(text: &str) -> Vec<Section> {
                 sections.push(Section {
                     path,
                     blocks: Vec::new(),
+                    page: None,
                 });
             }
             kind = BlockKind::Heading;
@@ -1006,6 +1053,127 @@ mod tests {
             .skip(start as usize)
             .take((end - start) as usize)
             .collect()
+    }
+
+    /// A paged text: `pages` of `paragraphs` paragraphs each, pages under alternating
+    /// headings, and the page ranges.
+    fn paged(pages: u32, paragraphs: usize) -> (String, Vec<Page>) {
+        let mut text = String::new();
+        let mut ranges = Vec::new();
+        for number in 1..=pages {
+            if !text.is_empty() {
+                text.push_str("\n\n");
+            }
+            let start = text.len();
+            for paragraph in 0..paragraphs {
+                if paragraph > 0 {
+                    text.push_str("\n\n");
+                }
+                text.push_str(&format!(
+                    "Page {number} paragraph {paragraph} tells of harbour lights. The keeper \
+                     trims the wick, winds the clockwork and logs the weather at dusk."
+                ));
+            }
+            ranges.push(Page {
+                number,
+                start,
+                end: text.len(),
+                heading_path: vec![format!("Part {}", number.div_ceil(2))],
+            });
+        }
+        (text, ranges)
+    }
+
+    #[test]
+    fn paged_chunks_never_cross_a_page_and_carry_it() {
+        let (text, pages) = paged(4, 6);
+        let chunked = chunk_pages(&text, &pages, &config(64, 16, 200));
+        assert!(chunked.children.len() > 8, "{}", chunked.children.len());
+        for child in &chunked.children {
+            let (first, last) = child.pages.expect("a paged child has pages");
+            assert_eq!(first, last);
+            let page = &pages[first as usize - 1];
+            // Its own text and its overlap both lie on its page (the body is a verbatim slice).
+            assert!(
+                text[page.start..page.end].contains(&child.body),
+                "{:?} on page {first}",
+                child.body
+            );
+            assert_eq!(child.heading_path, page.heading_path);
+            assert!(
+                child
+                    .text
+                    .starts_with(&format!("[Context: Part {}]\n", first.div_ceil(2)))
+            );
+        }
+        let pages_of_children: Vec<u32> = chunked
+            .children
+            .iter()
+            .map(|child| child.pages.unwrap().0)
+            .collect();
+        assert!(pages_of_children.windows(2).all(|pair| pair[0] <= pair[1]));
+        assert_eq!(pages_of_children.first(), Some(&1));
+        assert_eq!(pages_of_children.last(), Some(&4));
+        for parent in &chunked.parents {
+            let (first, last) = parent.pages.expect("a paged parent has pages");
+            let children: Vec<&ChildDraft> = chunked
+                .children
+                .iter()
+                .filter(|child| child.parent_position == parent.position)
+                .collect();
+            assert_eq!(children.first().unwrap().pages.unwrap().0, first);
+            assert_eq!(children.last().unwrap().pages.unwrap().1, last);
+        }
+    }
+
+    #[test]
+    fn short_pages_are_chunks_of_their_own_and_share_a_parent() {
+        let (text, pages) = paged(3, 1);
+        let chunked = chunk_pages(&text, &pages, &ChunkerConfig::default());
+        let pages_of: Vec<Option<(u32, u32)>> =
+            chunked.children.iter().map(|child| child.pages).collect();
+        assert_eq!(pages_of, [Some((1, 1)), Some((2, 2)), Some((3, 3))]);
+        assert_eq!(chunked.parents.len(), 1);
+        assert_eq!(chunked.parents[0].pages, Some((1, 3)));
+        // Text without pages has none.
+        let plain = chunk_document(&text, false, &ChunkerConfig::default());
+        assert!(plain.children.iter().all(|child| child.pages.is_none()));
+        assert!(plain.parents.iter().all(|parent| parent.pages.is_none()));
+    }
+
+    #[test]
+    fn pages_out_of_range_are_skipped() {
+        let text = "héllo world";
+        let pages = [
+            Page {
+                number: 1,
+                start: 0,
+                end: 2,
+                heading_path: Vec::new(),
+            }, // inside 'é'
+            Page {
+                number: 2,
+                start: 7,
+                end: 99,
+                heading_path: Vec::new(),
+            },
+            Page {
+                number: 3,
+                start: 7,
+                end: 3,
+                heading_path: Vec::new(),
+            },
+            Page {
+                number: 4,
+                start: 7,
+                end: text.len(),
+                heading_path: Vec::new(),
+            },
+        ];
+        let chunked = chunk_pages(text, &pages, &ChunkerConfig::default());
+        assert_eq!(chunked.children.len(), 1);
+        assert_eq!(chunked.children[0].body, "world");
+        assert_eq!(chunked.children[0].pages, Some((4, 4)));
     }
 
     /// The overlap part of a child's body: what precedes its own text.

@@ -14,6 +14,8 @@ use html5ever::tendril::{StrTendril, TendrilSink};
 use scraper::{ElementRef, Html, HtmlTreeSink, Node, Selector};
 use serde_json::Value;
 
+use crate::pdf::PdfLimits;
+
 /// The kinds of uploaded files we can turn into text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -23,6 +25,7 @@ pub enum SourceFormat {
     Html,
     Json,
     Jsonl,
+    Pdf,
 }
 
 impl SourceFormat {
@@ -35,8 +38,37 @@ impl SourceFormat {
             "html" | "htm" => Some(SourceFormat::Html),
             "json" => Some(SourceFormat::Json),
             "jsonl" | "ndjson" => Some(SourceFormat::Jsonl),
+            "pdf" => Some(SourceFormat::Pdf),
             _ => None,
         }
+    }
+
+    /// The format of a media type (`application/pdf`; parameters ignored), if we support it.
+    pub fn from_media_type(media_type: &str) -> Option<SourceFormat> {
+        let essence = media_type.split(';').next().unwrap_or("").trim();
+        match essence.to_ascii_lowercase().as_str() {
+            "text/plain" => Some(SourceFormat::Text),
+            "text/markdown" => Some(SourceFormat::Markdown),
+            "text/html" => Some(SourceFormat::Html),
+            "application/json" => Some(SourceFormat::Json),
+            "application/jsonl" | "application/x-ndjson" => Some(SourceFormat::Jsonl),
+            "application/pdf" => Some(SourceFormat::Pdf),
+            _ => None,
+        }
+    }
+
+    /// The format named by [`SourceFormat::as_str`].
+    pub fn from_name(name: &str) -> Option<SourceFormat> {
+        [
+            SourceFormat::Text,
+            SourceFormat::Markdown,
+            SourceFormat::Html,
+            SourceFormat::Json,
+            SourceFormat::Jsonl,
+            SourceFormat::Pdf,
+        ]
+        .into_iter()
+        .find(|format| format.as_str() == name)
     }
 
     /// The serde name of the format (`"text"`, `"markdown"`, ...).
@@ -47,6 +79,7 @@ impl SourceFormat {
             SourceFormat::Html => "html",
             SourceFormat::Json => "json",
             SourceFormat::Jsonl => "jsonl",
+            SourceFormat::Pdf => "pdf",
         }
     }
 }
@@ -58,6 +91,8 @@ pub struct ParseOptions {
     pub json_text_field: String,
     /// The field of the first JSON record that holds the document title.
     pub json_title_field: String,
+    /// Page cap and time budget of a PDF.
+    pub pdf: PdfLimits,
 }
 
 impl Default for ParseOptions {
@@ -65,6 +100,7 @@ impl Default for ParseOptions {
         ParseOptions {
             json_text_field: "text".to_string(),
             json_title_field: "title".to_string(),
+            pdf: PdfLimits::default(),
         }
     }
 }
@@ -78,8 +114,25 @@ pub struct ParsedDocument {
     pub text: String,
     /// Whether the chunker should treat `text` as Markdown.
     pub markdown: bool,
-    /// The detected source encoding, as named by `encoding_rs` ("UTF-8", "GBK", "Big5", ...).
+    /// The detected source encoding, as named by `encoding_rs` ("UTF-8", "GBK", "Big5", ...);
+    /// `"PDF"` for a PDF.
     pub encoding: &'static str,
+    /// Where each page's text lies in `text` (PDF); empty for formats without pages. Chunks
+    /// never cross a page boundary when it is given.
+    pub pages: Vec<Page>,
+}
+
+/// One page's text in [`ParsedDocument::text`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    /// 1-based page number, as a reader counts pages.
+    pub number: u32,
+    /// Byte range `[start, end)` of the page's text.
+    pub start: usize,
+    pub end: usize,
+    /// The document outline's headings that hold this page (outermost first); empty without an
+    /// outline.
+    pub heading_path: Vec<String>,
 }
 
 /// Why an upload could not be turned into text. Messages are shown to users.
@@ -99,6 +152,16 @@ pub enum ParseError {
     MissingField(String),
     #[error("the HTML nests elements more than {MAX_HTML_DEPTH} deep")]
     TooDeep,
+    #[error("the PDF is encrypted and needs a password")]
+    EncryptedPdf,
+    #[error("the file is not a readable PDF: {0}")]
+    InvalidPdf(String),
+    #[error("the PDF is too large: {0}")]
+    PdfTooLarge(String),
+    #[error(
+        "the PDF has no text layer (scanned pages?); text recognition (OCR) is not supported yet"
+    )]
+    NoTextLayer,
 }
 
 impl ParseError {
@@ -112,6 +175,10 @@ impl ParseError {
             ParseError::InvalidJson(_) => "invalid_json",
             ParseError::MissingField(_) => "missing_field",
             ParseError::TooDeep => "nesting_too_deep",
+            ParseError::EncryptedPdf => "encrypted_pdf",
+            ParseError::InvalidPdf(_) => "invalid_pdf",
+            ParseError::PdfTooLarge(_) => "pdf_too_large",
+            ParseError::NoTextLayer => "no_text_layer",
         }
     }
 
@@ -124,7 +191,11 @@ impl ParseError {
             | ParseError::UnsupportedType(_)
             | ParseError::InvalidJson(_)
             | ParseError::MissingField(_)
-            | ParseError::TooDeep => false,
+            | ParseError::TooDeep
+            | ParseError::EncryptedPdf
+            | ParseError::InvalidPdf(_)
+            | ParseError::PdfTooLarge(_)
+            | ParseError::NoTextLayer => false,
         }
     }
 }
@@ -277,7 +348,7 @@ fn drop_control_characters(text: &str) -> String {
 /// Text that came out of HTML character references (`&#4;`) or JSON escapes (`"\u0004"`),
 /// which [`decode_text`] never saw: newlines normalised and control characters dropped as for
 /// decoded bytes, so every [`ParsedDocument`] is as clean as decoded text.
-fn clean_extracted(text: &str) -> String {
+pub(crate) fn clean_extracted(text: &str) -> String {
     drop_control_characters(&normalize_newlines(text))
 }
 
@@ -295,6 +366,9 @@ pub fn parse_document(
     format: SourceFormat,
     options: &ParseOptions,
 ) -> Result<ParsedDocument, ParseError> {
+    if format == SourceFormat::Pdf {
+        return crate::pdf::parse_pdf(bytes, &options.pdf);
+    }
     let (decoded, encoding) = decode_text(bytes)?;
     let decoded = normalize_newlines(&decoded);
     let (title, text, markdown) = match format {
@@ -327,6 +401,10 @@ pub fn parse_document(
             let (title, text) = json_records_text(&records, options)?;
             (title, text, false)
         }
+        // Parsed above, from its bytes: never decoded as text.
+        SourceFormat::Pdf => {
+            return Err(ParseError::UnsupportedType("a PDF is not text".into()));
+        }
         SourceFormat::Jsonl => {
             let mut records = Vec::new();
             for (index, line) in decoded.lines().enumerate() {
@@ -356,6 +434,7 @@ pub fn parse_document(
         text,
         markdown,
         encoding,
+        pages: Vec::new(),
     })
 }
 
@@ -921,7 +1000,11 @@ mod tests {
             SourceFormat::from_file_name("data.ndjson"),
             Some(SourceFormat::Jsonl)
         );
-        assert_eq!(SourceFormat::from_file_name("report.pdf"), None);
+        assert_eq!(
+            SourceFormat::from_file_name("report.pdf"),
+            Some(SourceFormat::Pdf)
+        );
+        assert_eq!(SourceFormat::from_file_name("slides.pptx"), None);
         assert_eq!(SourceFormat::from_file_name("Makefile"), None);
         assert_eq!(
             serde_json::to_string(&SourceFormat::Jsonl).unwrap(),
@@ -1235,6 +1318,7 @@ mod tests {
         let options = ParseOptions {
             json_text_field: "body".to_string(),
             json_title_field: "name".to_string(),
+            ..ParseOptions::default()
         };
         let doc = parse_document(
             br#"[{"name": "N", "body": "B"}]"#,

@@ -101,6 +101,7 @@ fn document(id: &str, vector: Vec<f32>, metadata: Metadata) -> DocumentWrite {
             text: format!("abstract {id}"),
             heading_path: Vec::new(),
             span: (0, 0),
+            pages: None,
             vector,
         }],
     }

@@ -66,11 +66,13 @@ fn document(id: &str, title: String, text: String) -> DocumentWrite {
             position: 0,
             text: String::new(),
             span: (0, text.len() as u32),
+            pages: None,
         }],
         chunks: vec![ChunkRecord {
             position: 0,
             parent_position: 0,
             span: (0, text.len() as u32),
+            pages: None,
             text,
             heading_path: Vec::new(),
             vector,

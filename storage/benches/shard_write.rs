@@ -86,6 +86,7 @@ fn documents(vectors: &[Vec<f32>]) -> Vec<DocumentWrite> {
                 position: 0,
                 text: "parent ".repeat(200),
                 span: (0, 1400),
+                pages: None,
             }],
             chunks: vectors
                 .iter()
@@ -99,6 +100,7 @@ fn documents(vectors: &[Vec<f32>]) -> Vec<DocumentWrite> {
                         .join(" "),
                     heading_path: vec!["Abstract".to_owned()],
                     span: (0, 400),
+                    pages: None,
                     vector: vector.clone(),
                 })
                 .collect(),

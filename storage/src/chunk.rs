@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+pub use sift_api::PageRange;
 
 /// Metadata attached to a document: string keys and string values. JSON scalars given by
 /// users are stringified at the API boundary, so equality filters are plain string matches.
@@ -52,6 +53,9 @@ pub struct ParentRecord {
     pub text: String,
     /// Character offsets `[start, end)` in the document's extracted text.
     pub span: (u32, u32),
+    /// The pages of its children (PDF); `None` for documents without pages. Last field: a
+    /// record stored before pages existed decodes without it (see `chunk_store`).
+    pub pages: Option<PageRange>,
 }
 
 /// A child chunk: indexed by both channels.
@@ -68,6 +72,9 @@ pub struct ChunkRecord {
     pub span: (u32, u32),
     /// L2-normalised embedding of the chunk.
     pub vector: Vec<f32>,
+    /// The page it lies on (PDF); `None` for documents without pages. Last field: a record
+    /// stored before pages existed decodes without it (see `chunk_store`).
+    pub pages: Option<PageRange>,
 }
 
 /// Everything a shard stores for one document, written atomically.
@@ -109,6 +116,8 @@ pub struct ChunkView {
     pub parent_text: Option<String>,
     pub heading_path: Vec<String>,
     pub span: (u32, u32),
+    /// `{"first", "last"}` for a document with pages (PDF), else `null`.
+    pub pages: Option<PageRange>,
     pub metadata: Metadata,
 }
 

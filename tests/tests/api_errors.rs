@@ -225,9 +225,16 @@ async fn bad_requests_get_clear_errors_and_leave_the_kb_intact() {
     )
     .await;
     base.check(
-        "a .pdf",
+        "a .pdf that is not one",
         c.upload(KB, "paper.pdf", b"%PDF-1.7\n%binary".to_vec())
             .await,
+        422,
+        "invalid_pdf",
+    )
+    .await;
+    base.check(
+        "a .docx (not yet supported)",
+        c.upload(KB, "memo.docx", b"PK\x03\x04".to_vec()).await,
         415,
         "unsupported_type",
     )

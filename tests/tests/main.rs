@@ -11,6 +11,7 @@ mod crash_loop;
 mod document_access;
 mod durability;
 mod ingestion;
+mod pdf;
 mod quality;
 mod quotas;
 mod remote_embedder;

@@ -101,6 +101,7 @@ pub fn citation_for(n: u32, evidence: &EvidenceChunk) -> Citation {
         document_title: chunk.title.clone(),
         external_id: chunk.external_id.clone(),
         span: chunk.span,
+        pages: chunk.pages,
         text: chunk.text.clone(),
     }
 }
@@ -306,6 +307,7 @@ pub(crate) mod tests {
                 parent_text: None,
                 heading_path: Vec::new(),
                 span: (position * 100, position * 100 + text.chars().count() as u32),
+                pages: None,
                 metadata: Default::default(),
             },
             relevance: 0.5,

@@ -113,6 +113,7 @@ pub fn extractive_answer(
             document_title: chunk.title.clone(),
             external_id: chunk.external_id.clone(),
             span: sentence_span(&chunk.text, chunk.span, pick.start, pick.end),
+            pages: chunk.pages,
             text: pick.sentence.clone(),
         });
     }

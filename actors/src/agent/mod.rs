@@ -39,6 +39,8 @@ pub struct Citation {
     pub external_id: Option<String>,
     /// Character offsets `[start, end)` in the document's extracted text.
     pub span: (u32, u32),
+    /// The pages of the cited chunk (PDF), else `null`.
+    pub pages: Option<sift_storage::chunk::PageRange>,
     /// The cited text (the chunk, or the sentence used for an extractive answer).
     pub text: String,
 }

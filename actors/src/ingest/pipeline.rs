@@ -9,15 +9,16 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::join_all;
-use sift_storage::chunk::{ChunkRecord, DocumentEntry, DocumentWrite, ParentRecord};
+use sift_storage::chunk::{ChunkRecord, DocumentEntry, DocumentWrite, PageRange, ParentRecord};
 use sift_storage::meta::{
     DocSource, DocStatus, DocumentRecord, KbRecord, MetaOp, MetaOutcome, StatusUpdate,
 };
 use tracing::{info, instrument, warn};
 
-use super::chunk::{ChunkerConfig, chunk_document};
+use super::chunk::{ChunkerConfig, chunk_document, chunk_pages};
 use super::handoff::{self, Fetched};
 use super::parse::{ParseOptions, ParsedDocument, SourceFormat, parse_document};
+use super::pdf::PdfLimits;
 use super::queue::IngestJob;
 use crate::context::NodeContext;
 use crate::error::{Result, SiftError};
@@ -60,10 +61,13 @@ impl Work {
     }
 }
 
-/// The source format of a registered document.
+/// The source format of a registered document: an upload's as recorded when it was checked
+/// (a PDF named by its media type has no `.pdf` to go by), else by its file name.
 pub fn source_format(record: &DocumentRecord) -> Option<SourceFormat> {
     match &record.source {
-        DocSource::Upload { file_name, .. } => SourceFormat::from_file_name(file_name),
+        DocSource::Upload { file_name, format } => {
+            SourceFormat::from_name(format).or_else(|| SourceFormat::from_file_name(file_name))
+        }
         DocSource::Text { format } => match format.as_str() {
             "markdown" | "md" => Some(SourceFormat::Markdown),
             "html" => Some(SourceFormat::Html),
@@ -72,10 +76,11 @@ pub fn source_format(record: &DocumentRecord) -> Option<SourceFormat> {
     }
 }
 
-pub fn parse_options(kb: &KbRecord) -> ParseOptions {
+pub fn parse_options(kb: &KbRecord, pdf: &PdfLimits) -> ParseOptions {
     ParseOptions {
         json_text_field: kb.settings.json_text_field.clone(),
         json_title_field: kb.settings.json_title_field.clone(),
+        pdf: pdf.clone(),
     }
 }
 
@@ -192,7 +197,7 @@ async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) 
     let mut works = set_stage(context, kb, works, DocStatus::Parsing).await?;
     let stage = Instant::now();
     let raw = context.raw.clone();
-    let options = parse_options(kb);
+    let options = parse_options(kb, &context.options.pdf_limits);
     let debug_faults = context.options.debug_faults;
     works = blocking(move || {
         for work in &mut works {
@@ -210,6 +215,8 @@ async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) 
             });
             match parsed {
                 Ok(parsed) => work.parsed = Some(parsed),
+                // "encrypted_pdf: the PDF is encrypted ...": the reason starts with its code.
+                Err(error @ SiftError::Parse(_)) => work.fail(format!("{}: {error}", error.code())),
                 Err(error) => work.fail(error.to_string()),
             }
         }
@@ -227,7 +234,11 @@ async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) 
                 continue;
             };
             let chunked = match unpanicked("chunking", || {
-                chunk_document(&parsed.text, parsed.markdown, &config)
+                if parsed.pages.is_empty() {
+                    chunk_document(&parsed.text, parsed.markdown, &config)
+                } else {
+                    chunk_pages(&parsed.text, &parsed.pages, &config)
+                }
             }) {
                 Ok(chunked) => chunked,
                 Err(error) => {
@@ -268,6 +279,7 @@ async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) 
                         position: parent.position,
                         text: parent.text,
                         span: parent.span,
+                        pages: parent.pages.map(PageRange::new),
                     })
                     .collect(),
                 chunks: chunked
@@ -280,6 +292,7 @@ async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) 
                         heading_path: child.heading_path,
                         span: child.span,
                         vector: Vec::new(),
+                        pages: child.pages.map(PageRange::new),
                     })
                     .collect(),
             });

@@ -23,6 +23,9 @@ use crate::scope::{Need, Scope, check_groups};
 pub struct Upload {
     pub temp_path: PathBuf,
     pub file_name: String,
+    /// The `Content-Type` of the file's part, if the client sent one: the format of a file
+    /// whose name has no known extension (`application/pdf`).
+    pub media_type: Option<String>,
     pub external_id: Option<String>,
     pub size_bytes: u64,
     /// sha256 of the bytes, hex.
@@ -127,17 +130,24 @@ impl SiftNode {
         upload: Upload,
     ) -> Result<AddedDocument> {
         let kb = self.find_kb_for_data(scope, kb, Need::Write).await?;
-        let format = SourceFormat::from_file_name(&upload.file_name).ok_or_else(|| {
-            crate::ingest::parse::ParseError::UnsupportedType(format!(
-                "{:?}: supported types are .txt, .md, .html, .json, .jsonl",
-                upload.file_name
-            ))
-        })?;
+        let format = SourceFormat::from_file_name(&upload.file_name)
+            .or_else(|| {
+                upload
+                    .media_type
+                    .as_deref()
+                    .and_then(SourceFormat::from_media_type)
+            })
+            .ok_or_else(|| {
+                crate::ingest::parse::ParseError::UnsupportedType(format!(
+                    "{:?}: supported types are .txt, .md, .html, .json, .jsonl, .pdf",
+                    upload.file_name
+                ))
+            })?;
         validate_external_id(upload.external_id.as_deref())?;
         let groups = check_groups(&upload.groups)?;
         let mut metadata = upload.metadata.clone();
         set_access(&mut metadata, &groups);
-        let options = pipeline::parse_options(&kb);
+        let options = pipeline::parse_options(&kb, &self.context.options.pdf_limits);
         let temp = upload.temp_path.clone();
         let parsed = tokio::task::spawn_blocking(move || -> Result<Option<String>> {
             let bytes = std::fs::read(&temp).map_err(|e| SiftError::Storage(e.into()))?;
@@ -159,7 +169,7 @@ impl SiftNode {
             title: parsed.unwrap_or_else(|| upload.file_name.clone()),
             source: DocSource::Upload {
                 file_name: upload.file_name.clone(),
-                format: format!("{format:?}").to_lowercase(),
+                format: format.as_str().to_string(),
             },
             content_hash: access_hash(&upload.content_hash, &groups),
             size_bytes: upload.size_bytes,

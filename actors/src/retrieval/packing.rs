@@ -26,6 +26,8 @@ pub struct Citation {
     pub title: String,
     /// The hits (by chunk id) this citation covers.
     pub chunk_ids: Vec<String>,
+    /// The pages of the hit's chunk (PDF), else `null`.
+    pub pages: Option<sift_storage::chunk::PageRange>,
     /// `parent`, `neighbours` or `chunk`: what of the hit was packed.
     pub expansion: &'static str,
     pub tokens: usize,
@@ -129,6 +131,7 @@ pub fn pack(hits: &mut [SearchHit], expand_parent: bool, budget: usize) -> Packe
                     external_id: hit.chunk.external_id.clone(),
                     title: hit.chunk.title.clone(),
                     chunk_ids: vec![hit.chunk.chunk_id.clone()],
+                    pages: hit.chunk.pages,
                     expansion: kind,
                     tokens,
                 });

@@ -884,6 +884,8 @@ fn citation_from(citation: TurnCitation) -> Citation {
         document_title: citation.document_title,
         external_id: citation.external_id,
         span: citation.span,
+        // Stored turns keep no pages (their record predates them; see ADR 0024).
+        pages: None,
         text: citation.text,
     }
 }

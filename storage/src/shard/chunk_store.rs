@@ -226,7 +226,7 @@ impl ChunkStore {
     pub fn chunk(&self, internal_id: u64) -> Result<Option<StoredChunk>> {
         self.chunks
             .get(internal_id.to_be_bytes())?
-            .map(|bytes| decode(&bytes))
+            .map(|bytes| decode_chunk(&bytes))
             .transpose()
     }
 
@@ -240,7 +240,7 @@ impl ChunkStore {
     pub fn parent(&self, document_id: &str, position: u32) -> Result<Option<ParentRecord>> {
         self.parents
             .get(parent_key(document_id, position))?
-            .map(|bytes| decode(&bytes))
+            .map(|bytes| decode_parent(&bytes))
             .transpose()
     }
 
@@ -324,6 +324,62 @@ fn parent_key(document_id: &str, position: u32) -> Vec<u8> {
     key
 }
 
+/// A [`StoredChunk`] as written before chunks had pages: the same fields less the last one.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct StoredChunkWithoutPages {
+    document_id: String,
+    position: u32,
+    parent_position: u32,
+    text: String,
+    heading_path: Vec<String>,
+    span: (u32, u32),
+    vector: Vec<f32>,
+}
+
+/// A [`ParentRecord`] as written before parents had pages.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct ParentWithoutPages {
+    position: u32,
+    text: String,
+    span: (u32, u32),
+}
+
+/// A stored chunk, of either layout. `pages` is the record's last field, so bincode runs out
+/// of bytes exactly there on a record written before it existed; that one decodes without
+/// it. (An older build reading a newer record stops before `pages` and ignores it.)
+fn decode_chunk(bytes: &[u8]) -> Result<StoredChunk> {
+    decode::<StoredChunk>(bytes).or_else(|error| {
+        let old = decode::<StoredChunkWithoutPages>(bytes).map_err(|_| error)?;
+        Ok(StoredChunk {
+            document_id: old.document_id,
+            record: ChunkRecord {
+                position: old.position,
+                parent_position: old.parent_position,
+                text: old.text,
+                heading_path: old.heading_path,
+                span: old.span,
+                vector: old.vector,
+                pages: None,
+            },
+        })
+    })
+}
+
+/// A stored parent, of either layout (see [`decode_chunk`]).
+fn decode_parent(bytes: &[u8]) -> Result<ParentRecord> {
+    decode::<ParentRecord>(bytes).or_else(|error| {
+        let old = decode::<ParentWithoutPages>(bytes).map_err(|_| error)?;
+        Ok(ParentRecord {
+            position: old.position,
+            text: old.text,
+            span: old.span,
+            pages: None,
+        })
+    })
+}
+
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
     bincode::serde::encode_to_vec(value, bincode::config::standard())
         .map_err(|error| StorageError::Corrupt(format!("encode: {error}")))
@@ -373,5 +429,73 @@ impl ChunkStore {
             .get(name)?
             .map(|bytes| decode_u64_be(&bytes))
             .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunk::PageRange;
+
+    fn old_chunk() -> StoredChunkWithoutPages {
+        StoredChunkWithoutPages {
+            document_id: "doc".into(),
+            position: 3,
+            parent_position: 1,
+            text: "text".into(),
+            heading_path: vec!["A".into()],
+            span: (5, 9),
+            vector: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn records_written_before_pages_decode_without_them() {
+        let chunk = decode_chunk(&encode(&old_chunk()).unwrap()).unwrap();
+        assert_eq!(chunk.document_id, "doc");
+        assert_eq!(chunk.record.span, (5, 9));
+        assert_eq!(chunk.record.heading_path, ["A"]);
+        assert_eq!(chunk.record.pages, None);
+        let old_parent = ParentWithoutPages {
+            position: 2,
+            text: "parent".into(),
+            span: (0, 6),
+        };
+        let parent = decode_parent(&encode(&old_parent).unwrap()).unwrap();
+        assert_eq!(
+            (parent.position, parent.span, parent.pages),
+            (2, (0, 6), None)
+        );
+    }
+
+    #[test]
+    fn records_with_pages_round_trip_and_older_builds_still_read_them() {
+        let old = old_chunk();
+        let chunk = StoredChunk {
+            document_id: old.document_id.clone(),
+            record: ChunkRecord {
+                position: old.position,
+                parent_position: old.parent_position,
+                text: old.text.clone(),
+                heading_path: old.heading_path.clone(),
+                span: old.span,
+                vector: Vec::new(),
+                pages: Some(PageRange { first: 2, last: 2 }),
+            },
+        };
+        let bytes = encode(&chunk).unwrap();
+        assert_eq!(decode_chunk(&bytes).unwrap(), chunk);
+        // What a build without pages reads: every field it knows, the pages left over.
+        let (seen, _) = bincode::serde::decode_from_slice::<StoredChunkWithoutPages, _>(
+            &bytes,
+            bincode::config::standard(),
+        )
+        .unwrap();
+        assert_eq!(
+            (seen.position, seen.text, seen.span),
+            (3, "text".to_string(), (5, 9))
+        );
+        // Garbage is still an error, not an empty record.
+        assert!(decode_chunk(&[0xff; 3]).is_err());
     }
 }

@@ -967,6 +967,7 @@ impl ShardIndex {
             parent_text,
             heading_path: record.heading_path,
             span: record.span,
+            pages: record.pages,
             metadata: entry.metadata.clone(),
         })
     }

@@ -64,6 +64,7 @@ fn document(id: &str, title: &str, texts: &[&str], seed: u64, meta: Metadata) ->
             position: 0,
             text: format!("parent of {id}: {}", texts.join(" ")),
             span: (0, 100),
+            pages: None,
         }],
         chunks: texts
             .iter()
@@ -74,6 +75,7 @@ fn document(id: &str, title: &str, texts: &[&str], seed: u64, meta: Metadata) ->
                 text: (*text).to_owned(),
                 heading_path: vec!["Intro".to_owned()],
                 span: (position as u32 * 10, position as u32 * 10 + 10),
+                pages: None,
                 vector: vector_for(seed + position as u64),
             })
             .collect(),
@@ -1105,6 +1107,7 @@ fn hnsw_recall_at_10_against_brute_force() {
                 text: format!("vector {index}"),
                 heading_path: Vec::new(),
                 span: (0, 0),
+                pages: None,
                 vector: vector.clone(),
             }],
         })

@@ -99,6 +99,7 @@ impl MemoryCorpus {
             parent_text: None,
             heading_path: Vec::new(),
             span: (0, text.chars().count() as u32),
+            pages: None,
             metadata: Default::default(),
         };
         state.documents.push(Stored {

@@ -1,0 +1,161 @@
+//! One PDF's pages and outline, read with `pdf_oxide`, unguarded (the caller guards).
+
+use std::time::Instant;
+
+use pdf_oxide::PdfDocument;
+use pdf_oxide::error::Error as PdfError;
+use pdf_oxide::outline::{Destination, OutlineItem};
+
+use super::clean::clean_page_text;
+use super::{PdfLimits, over_budget, reason};
+use crate::parse::{Page, ParseError, ParsedDocument};
+
+/// Outline items read at most; the rest of a larger outline is ignored.
+const MAX_OUTLINE_ITEMS: usize = 10_000;
+/// Outline levels kept in a heading path; deeper items are ignored.
+const MAX_OUTLINE_DEPTH: usize = 8;
+/// Longest outline title kept, in chars.
+const MAX_TITLE_CHARS: usize = 200;
+
+/// Reads every page's text of the PDF in `bytes`, checking `limits` (page cap first, then
+/// `deadline` between pages). Runs on the caller's thread with no guard: [`super::parse_pdf`]
+/// is the guarded entry; this one is for it and for fuzzing, where a panic is a finding.
+pub fn extract_pdf(
+    bytes: Vec<u8>,
+    limits: &PdfLimits,
+    deadline: Instant,
+) -> Result<ParsedDocument, ParseError> {
+    let document = PdfDocument::from_bytes(bytes).map_err(classify)?;
+    // An empty user password is tried on opening; a document still locked needs a real one.
+    if document.is_encrypted() && !document.is_authenticated() {
+        return Err(ParseError::EncryptedPdf);
+    }
+    let page_count = document.page_count().map_err(classify)?;
+    if page_count == 0 {
+        return Err(ParseError::InvalidPdf("it has no pages".into()));
+    }
+    if page_count > limits.max_pages {
+        return Err(ParseError::PdfTooLarge(format!(
+            "{page_count} pages; the limit is {} (pdf_max_pages)",
+            limits.max_pages
+        )));
+    }
+    let headings = page_headings(&document, page_count);
+    let mut text = String::new();
+    let mut pages = Vec::new();
+    for index in 0..page_count {
+        if Instant::now() >= deadline {
+            return Err(over_budget(limits));
+        }
+        let raw = match document.extract_text(index) {
+            Ok(raw) => raw,
+            Err(PdfError::EncryptedPdf) => return Err(ParseError::EncryptedPdf),
+            Err(error) => {
+                // A page that cannot be read (a truncated file, a broken page tree) fails the
+                // document: a knowledge base silently missing pages would cite around them.
+                return Err(ParseError::InvalidPdf(reason(&format!(
+                    "page {} of {page_count} cannot be read: {error}",
+                    index + 1
+                ))));
+            }
+        };
+        let page_text = clean_page_text(&raw);
+        if page_text.is_empty() {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str("\n\n");
+        }
+        let start = text.len();
+        text.push_str(&page_text);
+        pages.push(Page {
+            number: (index + 1) as u32,
+            start,
+            end: text.len(),
+            heading_path: headings.get(index).cloned().unwrap_or_default(),
+        });
+    }
+    if pages.is_empty() {
+        return Err(ParseError::NoTextLayer);
+    }
+    Ok(ParsedDocument {
+        title: None,
+        text,
+        markdown: false,
+        encoding: "PDF",
+        pages,
+    })
+}
+
+/// The parser's error as ours: a locked document, or one we cannot read.
+fn classify(error: PdfError) -> ParseError {
+    match error {
+        PdfError::EncryptedPdf => ParseError::EncryptedPdf,
+        other => ParseError::InvalidPdf(reason(&other.to_string())),
+    }
+}
+
+/// The heading path of every page (0-based index) from the outline: the path of the last
+/// outline item (in page order, then outline order) that points at this page or an earlier
+/// one. No outline, or one that cannot be read: no headings.
+fn page_headings(document: &PdfDocument, page_count: usize) -> Vec<Vec<String>> {
+    let mut headings = vec![Vec::new(); page_count];
+    let Ok(Some(outline)) = document.get_outline() else {
+        return headings;
+    };
+    // (page index, path) of every item with a page, in outline order. The outline is
+    // untrusted: walked with an explicit stack and bounded in items and depth.
+    let mut marks: Vec<(usize, Vec<String>)> = Vec::new();
+    let mut stack: Vec<(&OutlineItem, Vec<String>)> = outline
+        .iter()
+        .rev()
+        .map(|item| (item, Vec::new()))
+        .collect();
+    let mut seen = 0;
+    while let Some((item, mut path)) = stack.pop() {
+        seen += 1;
+        if seen > MAX_OUTLINE_ITEMS {
+            break;
+        }
+        let title = outline_title(&item.title);
+        if title.is_empty() || path.len() >= MAX_OUTLINE_DEPTH {
+            continue;
+        }
+        path.push(title);
+        let page = match &item.dest {
+            Some(Destination::PageIndex(index)) => Some(*index),
+            Some(Destination::Named(name)) => {
+                document.resolve_named_destination(name).ok().flatten()
+            }
+            None => None,
+        };
+        if let Some(page) = page.filter(|page| *page < page_count) {
+            marks.push((page, path.clone()));
+        }
+        for child in item.children.iter().rev() {
+            stack.push((child, path.clone()));
+        }
+    }
+    marks.sort_by_key(|(page, _)| *page); // stable: outline order within a page
+    let mut marks = marks.into_iter().peekable();
+    let mut current = Vec::new();
+    for (index, heading) in headings.iter_mut().enumerate() {
+        while let Some((_, path)) = marks.next_if(|(page, _)| *page <= index) {
+            current = path;
+        }
+        heading.clone_from(&current);
+    }
+    headings
+}
+
+/// An outline title on one line: control characters dropped, whitespace collapsed, at most
+/// [`MAX_TITLE_CHARS`] chars.
+fn outline_title(title: &str) -> String {
+    let words: Vec<&str> = title.split_whitespace().collect();
+    words
+        .join(" ")
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_TITLE_CHARS)
+        .collect()
+}

@@ -1,0 +1,111 @@
+//! PDF -> text page by page, with the outline (bookmarks) as the heading path.
+//!
+//! [`parse_pdf`] is what uploads and ingestion call. `pdf_oxide` (pure Rust, ADR 0024) reads
+//! the file; we take each page's text in reading order ([`extract`]), undo hyphenation at line
+//! ends ([`clean`]) and record where each page lies in the document text
+//! ([`ParsedDocument::pages`]) so that chunks carry their page range.
+//!
+//! A PDF is untrusted input handed to a large parser, so it runs under [`PdfLimits`] and a
+//! guard: on a thread of its own with a big stack (deeply nested objects recurse), inside
+//! `catch_unwind` (a parser panic fails the document, not the node), with a page cap checked
+//! before any page is read and a time budget checked between pages and enforced by the caller's
+//! wait. A page that never finishes cannot be stopped from inside the process: the caller
+//! gives up on it at the budget and the thread is left to end on its own (ADR 0024 says what
+//! a child process would add).
+//!
+//! Failures are [`ParseError`]s with their own codes: `encrypted_pdf` (a password is needed;
+//! an empty user password opens by itself), `invalid_pdf`, `pdf_too_large` (page cap or time
+//! budget) and `no_text_layer` (scanned pages: OCR comes later).
+
+mod clean;
+mod extract;
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::parse::{ParseError, ParsedDocument};
+
+pub use self::extract::extract_pdf;
+
+/// Bounds on the work one PDF may cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PdfLimits {
+    /// A PDF with more pages is refused (`pdf_too_large`) before any page is read.
+    pub max_pages: usize,
+    /// Longest parsing may take, all pages together (`pdf_too_large` past it).
+    pub time_budget: Duration,
+}
+
+impl Default for PdfLimits {
+    fn default() -> Self {
+        PdfLimits {
+            max_pages: 2_000,
+            time_budget: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Stack of the parsing thread. `pdf_oxide` recurses over nested objects and content streams
+/// with depth limits of its own; this leaves them room on any input (the threads of a runtime
+/// have 2 MiB).
+const PARSER_STACK_BYTES: usize = 64 * 1024 * 1024;
+
+/// Extra wait past the budget for the parser to notice it at a page boundary.
+const BUDGET_GRACE: Duration = Duration::from_secs(1);
+
+/// Longest message of the parser kept in an `invalid_pdf` reason.
+const MAX_REASON_CHARS: usize = 300;
+
+/// Parses `bytes` as a PDF under `limits`, on a guarded thread (see the module docs).
+pub fn parse_pdf(bytes: &[u8], limits: &PdfLimits) -> Result<ParsedDocument, ParseError> {
+    let owned = bytes.to_vec();
+    let thread_limits = limits.clone();
+    let deadline = Instant::now() + limits.time_budget;
+    // Capacity 1: the parser never blocks on sending, even after the caller gave up.
+    let (sender, receiver) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("sift-pdf".into())
+        .stack_size(PARSER_STACK_BYTES)
+        .spawn(move || {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                extract_pdf(owned, &thread_limits, deadline)
+            }));
+            let _ = sender.send(outcome);
+        })
+        .map_err(|error| ParseError::InvalidPdf(format!("no thread to parse it on: {error}")))?;
+    match receiver.recv_timeout(limits.time_budget + BUDGET_GRACE) {
+        Ok(Ok(result)) => result,
+        Ok(Err(panic)) => {
+            let detail = panic
+                .downcast_ref::<&str>()
+                .map(|message| message.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into());
+            Err(ParseError::InvalidPdf(reason(&format!(
+                "the parser failed on it ({detail})"
+            ))))
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => Err(over_budget(limits)),
+        Err(mpsc::RecvTimeoutError::Disconnected) => Err(ParseError::InvalidPdf(
+            "the parser stopped without an answer".into(),
+        )),
+    }
+}
+
+fn over_budget(limits: &PdfLimits) -> ParseError {
+    ParseError::PdfTooLarge(format!(
+        "parsing it takes longer than the {} s budget (pdf_parse_timeout_ms)",
+        limits.time_budget.as_secs_f64()
+    ))
+}
+
+/// `message` cut to [`MAX_REASON_CHARS`], for a reason shown to users.
+fn reason(message: &str) -> String {
+    match message.char_indices().nth(MAX_REASON_CHARS) {
+        Some((cut, _)) => format!("{}…", &message[..cut]),
+        None => message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

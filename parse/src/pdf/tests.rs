@@ -1,0 +1,149 @@
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::parse::{ParseOptions, SourceFormat, parse_document};
+
+/// A fixture of `tests/fixtures/pdf/` (made by its `make.py`).
+fn fixture(name: &str) -> Vec<u8> {
+    let path = format!(
+        "{}/../tests/fixtures/pdf/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read(&path).unwrap_or_else(|error| panic!("{path}: {error}"))
+}
+
+fn parse(name: &str) -> Result<ParsedDocument, ParseError> {
+    parse_pdf(&fixture(name), &PdfLimits::default())
+}
+
+fn page_text(document: &ParsedDocument, number: u32) -> &str {
+    let page = document
+        .pages
+        .iter()
+        .find(|page| page.number == number)
+        .unwrap_or_else(|| panic!("page {number} in {:?}", document.pages));
+    &document.text[page.start..page.end]
+}
+
+#[test]
+fn text_comes_page_by_page_with_the_outline_as_heading_path() {
+    let document = parse("three-pages.pdf").unwrap();
+    assert_eq!(document.pages.len(), 3, "{document:?}");
+    assert!(!document.markdown);
+    assert!(page_text(&document, 1).starts_with("Harbour Lights"));
+    let second = page_text(&document, 2);
+    assert!(
+        second.contains("Fresnel lens of the Skerryvore"),
+        "{second}"
+    );
+    // Hyphenation at the line end undone.
+    assert!(second.contains("information plate"), "{second}");
+    assert!(page_text(&document, 3).contains("Spring tides"));
+    let paths: Vec<&[String]> = document
+        .pages
+        .iter()
+        .map(|page| page.heading_path.as_slice())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            &["Introduction".to_string()][..],
+            &["Optics".to_string()][..],
+            &["Tides and weather".to_string()][..]
+        ]
+    );
+    // Pages are in order, do not overlap and are separated by a blank line.
+    for pair in document.pages.windows(2) {
+        assert_eq!(&document.text[pair[0].end..pair[1].start], "\n\n");
+    }
+}
+
+#[test]
+fn a_pdf_without_outline_has_pages_without_headings() {
+    let document = parse("no-outline.pdf").unwrap();
+    assert_eq!(document.pages.len(), 3);
+    assert!(
+        document
+            .pages
+            .iter()
+            .all(|page| page.heading_path.is_empty())
+    );
+}
+
+#[test]
+fn parse_document_reads_pdf_from_its_bytes() {
+    let document = parse_document(
+        &fixture("three-pages.pdf"),
+        SourceFormat::Pdf,
+        &ParseOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(document.pages.len(), 3);
+    assert_eq!(
+        SourceFormat::from_file_name("Report.PDF"),
+        Some(SourceFormat::Pdf)
+    );
+    assert_eq!(
+        SourceFormat::from_media_type("application/pdf; name=x"),
+        Some(SourceFormat::Pdf)
+    );
+    assert_eq!(SourceFormat::from_name("pdf"), Some(SourceFormat::Pdf));
+}
+
+#[test]
+fn an_empty_user_password_opens_a_real_one_is_refused() {
+    let document = parse("empty-password.pdf").unwrap();
+    assert!(page_text(&document, 2).contains("Skerryvore"));
+    let error = parse("encrypted.pdf").unwrap_err();
+    assert_eq!(error.code(), "encrypted_pdf", "{error}");
+}
+
+#[test]
+fn broken_files_are_invalid_pdf() {
+    for name in ["corrupt.pdf", "truncated.pdf"] {
+        let error = parse(name).unwrap_err();
+        assert_eq!(error.code(), "invalid_pdf", "{name}: {error}");
+    }
+    for bytes in [
+        &b""[..],
+        b"%PDF-",
+        b"not a pdf at all",
+        b"%PDF-1.4\n1 0 obj\n<<",
+    ] {
+        let error = parse_pdf(bytes, &PdfLimits::default()).unwrap_err();
+        assert_eq!(error.code(), "invalid_pdf", "{bytes:?}: {error}");
+    }
+}
+
+#[test]
+fn a_page_without_text_is_no_text_layer() {
+    let error = parse("scanned.pdf").unwrap_err();
+    assert_eq!(error.code(), "no_text_layer", "{error}");
+}
+
+#[test]
+fn the_page_cap_refuses_before_reading_pages() {
+    let limits = PdfLimits {
+        max_pages: 2,
+        ..PdfLimits::default()
+    };
+    let error = parse_pdf(&fixture("three-pages.pdf"), &limits).unwrap_err();
+    assert_eq!(error.code(), "pdf_too_large");
+    assert!(error.to_string().contains("pdf_max_pages"), "{error}");
+}
+
+#[test]
+fn the_time_budget_stops_between_pages() {
+    let limits = PdfLimits::default();
+    let past = Instant::now() - Duration::from_millis(1);
+    let error = extract_pdf(fixture("three-pages.pdf"), &limits, past).unwrap_err();
+    assert_eq!(error.code(), "pdf_too_large");
+    assert!(error.to_string().contains("budget"), "{error}");
+}
+
+#[test]
+fn reasons_are_cut_to_a_bounded_length() {
+    let long = "x".repeat(1_000);
+    assert_eq!(reason(&long).chars().count(), MAX_REASON_CHARS + 1);
+    assert_eq!(reason("short"), "short");
+}

@@ -1,0 +1,285 @@
+//! PDF ingestion (issue 17, first increment): uploads, pages on chunks, hits and citations,
+//! bad PDFs refused with their codes, and `sift ingest` of a folder with PDFs in it.
+//!
+//! The fixtures are `tests/fixtures/pdf/` (made by its `make.py`; see its README).
+
+use std::path::Path;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use sift_node::config::{Config, TEST_ADMIN_KEY};
+use sift_tests::sse::ask;
+use sift_tests::{ApiClient, InProcessNode, WAIT, repo_root, require_model};
+
+const KB: &str = "manuals";
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = repo_root().join("tests/fixtures/pdf").join(name);
+    std::fs::read(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+}
+
+async fn node_with(tweak: impl FnOnce(&mut Config)) -> (tempfile::TempDir, InProcessNode) {
+    let dir = sift_tests::temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    tweak(&mut config);
+    let node = InProcessNode::start_with(config).await;
+    node.client().create_kb(json!({ "name": KB })).await;
+    (dir, node)
+}
+
+fn pages(first: u32, last: u32) -> Value {
+    json!({ "first": first, "last": last })
+}
+
+/// Uploads `bytes` as a file part named `file_name` of media type `media_type`.
+async fn upload_typed(
+    client: &ApiClient,
+    file_name: &str,
+    media_type: &str,
+    bytes: Vec<u8>,
+) -> Value {
+    let part = reqwest::multipart::Part::bytes(bytes)
+        .file_name(file_name.to_string())
+        .mime_str(media_type)
+        .unwrap();
+    let request = client
+        .request(Method::POST, &format!("/v1/kbs/{KB}/documents"))
+        .multipart(reqwest::multipart::Form::new().part("file", part));
+    client.send(request).await.expect(202)["documents"][0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pdf_is_searchable_and_its_hits_and_citations_carry_pages() {
+    let (_dir, node) = node_with(|_| {}).await;
+    let client = node.client();
+    let added = client
+        .upload_ok(KB, "harbour-lights.pdf", fixture("three-pages.pdf"))
+        .await;
+    let id = added["id"].as_str().unwrap().to_string();
+    let record = client.wait_document(KB, &id, WAIT).await;
+    assert_eq!(record["status"], "ready", "{record}");
+    assert_eq!(record["source"]["upload"]["format"], "pdf", "{record}");
+
+    // A chunk per page (the pages are short), each under its outline heading.
+    let chunks = client
+        .get(&format!("/v1/kbs/{KB}/documents/{id}/chunks"))
+        .await
+        .expect(200);
+    let chunks = chunks["chunks"].as_array().unwrap().clone();
+    let placed: Vec<(Value, Value)> = chunks
+        .iter()
+        .map(|chunk| (chunk["pages"].clone(), chunk["heading_path"].clone()))
+        .collect();
+    assert_eq!(
+        placed,
+        [
+            (pages(1, 1), json!(["Introduction"])),
+            (pages(2, 2), json!(["Optics"])),
+            (pages(3, 3), json!(["Tides and weather"])),
+        ],
+        "{chunks:#?}"
+    );
+
+    // Text from page 2 is found, with its page, in the hit and in the packed context.
+    let answer = client
+        .search(
+            KB,
+            json!({ "query": "Fresnel lens of the Skerryvore lighthouse", "top_k": 3, "context_tokens": 400 }),
+        )
+        .await;
+    let hit = &answer["hits"][0];
+    assert!(
+        hit["text"].as_str().unwrap().contains("Skerryvore"),
+        "{answer:#}"
+    );
+    assert_eq!(hit["pages"], pages(2, 2), "{hit:#}");
+    assert_eq!(hit["heading_path"], json!(["Optics"]));
+    // Hyphenation at the line end undone in the indexed text.
+    assert!(hit["text"].as_str().unwrap().contains("information plate"));
+    let citation = &answer["context"]["citations"][0];
+    assert_eq!(citation["chunk_ids"][0], hit["chunk_id"], "{answer:#}");
+    assert_eq!(citation["pages"], pages(2, 2), "{citation:#}");
+
+    // An agent run's citation (no model: extractive) names the page too.
+    let session = client
+        .post_json("/v1/sessions", &json!({ "kbs": [KB] }))
+        .await
+        .expect(201);
+    let events = ask(
+        &client,
+        session["id"].as_str().unwrap(),
+        "What does the Fresnel lens of the Skerryvore lighthouse do?",
+    )
+    .await
+    .rest()
+    .await;
+    let citations: Vec<&Value> = events
+        .iter()
+        .filter(|event| event.event == "citation")
+        .map(|event| &event.data)
+        .collect();
+    let cited = citations
+        .iter()
+        .find(|citation| {
+            citation["text"]
+                .as_str()
+                .unwrap_or("")
+                .contains("Skerryvore")
+        })
+        .unwrap_or_else(|| panic!("no citation of page 2: {citations:#?}"));
+    assert_eq!(cited["pages"], pages(2, 2), "{cited:#}");
+    assert_eq!(cited["document_id"], id.as_str());
+
+    // Documents of other formats have no pages.
+    client
+        .upload_ok(
+            KB,
+            "notes.txt",
+            b"Keepers logged the fog signal hours.".to_vec(),
+        )
+        .await;
+    client.wait_ready(KB, 2, WAIT).await;
+    let answer = client
+        .search(KB, json!({ "query": "fog signal hours", "top_k": 1 }))
+        .await;
+    assert_eq!(answer["hits"][0]["title"], "notes.txt", "{answer:#}");
+    assert_eq!(answer["hits"][0]["pages"], Value::Null);
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pdf_is_recognised_by_its_media_type_and_opens_with_an_empty_password() {
+    let (_dir, node) = node_with(|_| {}).await;
+    let client = node.client();
+    // No extension: the part's Content-Type says PDF.
+    let added = upload_typed(
+        &client,
+        "scan-0042",
+        "application/pdf",
+        fixture("three-pages.pdf"),
+    )
+    .await;
+    let record = client
+        .wait_document(KB, added["id"].as_str().unwrap(), WAIT)
+        .await;
+    assert_eq!(record["status"], "ready", "{record}");
+    assert_eq!(record["source"]["upload"]["format"], "pdf", "{record}");
+    // Encrypted with an empty user password: readers open it without asking, so do we.
+    let added = client
+        .upload_ok(KB, "open.pdf", fixture("empty-password.pdf"))
+        .await;
+    let record = client
+        .wait_document(KB, added["id"].as_str().unwrap(), WAIT)
+        .await;
+    assert_eq!(record["status"], "ready", "{record}");
+    let chunks = client
+        .get(&format!(
+            "/v1/kbs/{KB}/documents/{}/chunks",
+            record["id"].as_str().unwrap()
+        ))
+        .await
+        .expect(200);
+    assert!(
+        chunks["chunks"][1]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Skerryvore"),
+        "{chunks:#}"
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_pdfs_are_refused_with_their_codes_and_nothing_is_stored() {
+    let (dir, node) = node_with(|_| {}).await;
+    let client = node.client();
+    let refusals = [
+        ("locked.pdf", fixture("encrypted.pdf"), "encrypted_pdf"),
+        ("corrupt.pdf", fixture("corrupt.pdf"), "invalid_pdf"),
+        ("truncated.pdf", fixture("truncated.pdf"), "invalid_pdf"),
+        ("fake.pdf", b"%PDF-1.7\n%binary".to_vec(), "invalid_pdf"),
+        ("scan.pdf", fixture("scanned.pdf"), "no_text_layer"),
+    ];
+    for (name, bytes, code) in refusals {
+        let message = client.upload(KB, name, bytes).await.expect_error(422, code);
+        assert!(!message.is_empty(), "{name}");
+    }
+    let kb = client.get(&format!("/v1/kbs/{KB}")).await.expect(200);
+    assert_eq!(kb["documents"]["total"], 0, "{kb:#}");
+    // No temp file of a refused upload is left behind.
+    let temp = dir.path().join("node").join("tmp");
+    let left: Vec<_> = std::fs::read_dir(&temp)
+        .map(|entries| entries.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    // The node still serves.
+    client
+        .upload_ok(KB, "fine.txt", b"still here".to_vec())
+        .await;
+    client.wait_ready(KB, 1, WAIT).await;
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pdf_past_the_page_cap_is_pdf_too_large() {
+    let (_dir, node) = node_with(|config| config.options.pdf_limits.max_pages = 2).await;
+    let client = node.client();
+    let message = client
+        .upload(KB, "long.pdf", fixture("three-pages.pdf"))
+        .await
+        .expect_error(422, "pdf_too_large");
+    assert!(message.contains("3 pages"), "{message}");
+    assert!(message.contains("pdf_max_pages"), "{message}");
+    let kb = client.get(&format!("/v1/kbs/{KB}")).await.expect(200);
+    assert_eq!(kb["documents"]["total"], 0, "{kb:#}");
+    node.shutdown().await;
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) {
+    std::fs::write(dir.join(name), bytes).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sift_ingest_of_a_folder_uploads_pdfs_and_exits_1_naming_the_refused_file() {
+    let (dir, node) = node_with(|_| {}).await;
+    let folder = dir.path().join("handbook");
+    std::fs::create_dir_all(folder.join("annex")).unwrap();
+    write(&folder, "harbour-lights.pdf", &fixture("three-pages.pdf"));
+    write(
+        &folder,
+        "notes.md",
+        b"# Notes\n\nThe fog bell rang every thirty seconds.",
+    );
+    write(
+        &folder.join("annex"),
+        "locked.pdf",
+        &fixture("encrypted.pdf"),
+    );
+    write(&folder, "slides.pptx", b"PK not supported yet");
+    let output = tokio::process::Command::new(sift_tests::node_binary())
+        .env("SIFT_API_KEY", TEST_ADMIN_KEY)
+        .args(["--node", &node.url, "ingest", KB])
+        .arg(&folder)
+        .output()
+        .await
+        .expect("running sift ingest");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let refusal = stderr
+        .lines()
+        .find(|line| line.contains("locked.pdf"))
+        .unwrap_or_else(|| panic!("the refused file is named: {stderr}"));
+    assert!(refusal.contains("refused: encrypted_pdf"), "{refusal}");
+    assert!(
+        stderr
+            .lines()
+            .any(|line| line.contains("slides.pptx") && line.contains("skipped")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("2 ready, 0 failed, 1 refused"), "{stderr}");
+    let client = node.client();
+    let counts = client.wait_ready(KB, 2, WAIT).await;
+    assert_eq!(counts["total"], 2, "{counts}");
+    node.shutdown().await;
+}
