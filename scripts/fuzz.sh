@@ -45,6 +45,11 @@ else
         if [[ $target == config_file && $features != *node* ]]; then
             continue
         fi
+        # parse_pdf finds a known hang inside pdf_oxide within seconds (ADR 0024): only when
+        # named, so that the default run (CI's) stays a regression check.
+        if [[ $target == parse_pdf ]]; then
+            continue
+        fi
         targets+=("$target")
     done < <(cargo +nightly fuzz list --fuzz-dir "$fuzz_dir")
 fi

@@ -147,3 +147,21 @@ fn reasons_are_cut_to_a_bounded_length() {
     assert_eq!(reason(&long).chars().count(), MAX_REASON_CHARS + 1);
     assert_eq!(reason("short"), "short");
 }
+
+#[test]
+fn a_pdf_that_hangs_the_parser_is_given_up_at_the_budget() {
+    // Found by the parse_pdf fuzz target: pdf_oxide spins on it for more than 10 s. The
+    // caller stops waiting at the budget (the thread is left to end on its own; ADR 0024).
+    let limits = PdfLimits {
+        time_budget: Duration::from_millis(500),
+        ..PdfLimits::default()
+    };
+    let started = Instant::now();
+    let error = parse_pdf(&fixture("hangs-parser.pdf"), &limits).unwrap_err();
+    assert_eq!(error.code(), "pdf_too_large", "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
