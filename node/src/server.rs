@@ -64,7 +64,15 @@ impl RunningNode {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.server).await;
+        if tokio::time::timeout(Duration::from_secs(10), &mut self.server)
+            .await
+            .is_err()
+        {
+            // Connections still open after the grace period are cut: their tasks hold the
+            // node's stores.
+            self.server.abort();
+            let _ = (&mut self.server).await;
+        }
         self.node.shutdown().await;
         if let Some(member) = self.cluster.take() {
             member.shutdown().await;

@@ -68,6 +68,10 @@ fn describe() {
         "chunks embedded (cache hits included)"
     );
     describe_counter!(
+        "sift_ingest_deferred_total",
+        "documents sent back to the queue by a transient error (no leader, a shard or the embedder unreachable)"
+    );
+    describe_counter!(
         "sift_ingest_rejected_total",
         "ingestion requests refused because the queue was full"
     );

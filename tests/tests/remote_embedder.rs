@@ -1,11 +1,12 @@
 //! A KB embedded by a remote OpenAI-compatible server. The server is a real HTTP server in the
 //! test speaking `/v1/embeddings` (deterministic hashed bag-of-words vectors); when it starts
 //! answering with another dimension, new documents fail with a clear error and the KB keeps
-//! serving what it has.
+//! serving what it has; while it is down (503), new documents wait and are indexed once it is
+//! back.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -25,6 +26,9 @@ struct Service {
     requests: AtomicUsize,
     texts: AtomicUsize,
     bad_auth: AtomicUsize,
+    /// While set, every request is answered 503 (an outage).
+    down: AtomicBool,
+    refused: AtomicUsize,
 }
 
 /// FNV-1a: a stable hash, so vectors are the same on every run.
@@ -59,6 +63,12 @@ async fn embeddings(
     Json(request): Json<Value>,
 ) -> Result<Json<Value>, (StatusCode, Json<Value>)> {
     service.requests.fetch_add(1, Ordering::SeqCst);
+    if service.down.load(Ordering::SeqCst) {
+        service.refused.fetch_add(1, Ordering::SeqCst);
+        let error =
+            json!({ "error": { "message": "the model is loading", "type": "server_error" } });
+        return Err((StatusCode::SERVICE_UNAVAILABLE, Json(error)));
+    }
     let authorized = headers.get("authorization").and_then(|v| v.to_str().ok())
         == Some(&format!("Bearer {API_KEY}"));
     if !authorized {
@@ -129,13 +139,9 @@ const DOCUMENTS: [(&str, &str, &str); 4] = [
     ),
 ];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn remote_embedder_serves_a_kb_and_a_dimension_change_fails_clearly() {
-    let service = Arc::new(Service::default());
-    service.dimension.store(64, Ordering::SeqCst);
-    let base_url = start_service(service.clone()).await;
-
-    let dir = temp_dir();
+/// A node whose remote embedder "fake" is the service at `base_url`, retrying each request
+/// `max_retries` times.
+async fn start_node(dir: &tempfile::TempDir, base_url: String, max_retries: u32) -> InProcessNode {
     let mut file = FileConfig {
         data_dir: Some(dir.path().join("data")),
         listen: Some("127.0.0.1:0".into()),
@@ -148,12 +154,22 @@ async fn remote_embedder_serves_a_kb_and_a_dimension_change_fails_clearly() {
         api_key: Some(API_KEY.into()),
         dimension: None, // probed
         timeout_ms: Some(30_000),
-        max_retries: Some(1),
+        max_retries: Some(max_retries),
         batch_size: Some(8),
     };
     file.embedding.remote = BTreeMap::from([("fake".to_string(), remote)]);
     let config = Config::check(file).expect("a valid config");
-    let node = InProcessNode::start_with(config).await;
+    InProcessNode::start_with(config).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_embedder_serves_a_kb_and_a_dimension_change_fails_clearly() {
+    let service = Arc::new(Service::default());
+    service.dimension.store(64, Ordering::SeqCst);
+    let base_url = start_service(service.clone()).await;
+
+    let dir = temp_dir();
+    let node = start_node(&dir, base_url, 1).await;
     let client = node.client();
     assert!(
         service.requests.load(Ordering::SeqCst) >= 1,
@@ -272,6 +288,55 @@ async fn remote_embedder_serves_a_kb_and_a_dimension_change_fails_clearly() {
         .search(
             KB,
             json!({ "query": "tides of the ocean", "channels": ["dense"] }),
+        )
+        .await;
+    assert_eq!(document_ids(&answer)[0], ids[3], "{answer}");
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documents_wait_out_an_embedding_service_outage_and_are_indexed_when_it_returns() {
+    let service = Arc::new(Service::default());
+    service.dimension.store(64, Ordering::SeqCst);
+    let base_url = start_service(service.clone()).await;
+    let dir = temp_dir();
+    // No retries inside the embedder: every refusal reaches the ingestion job.
+    let node = start_node(&dir, base_url, 0).await;
+    let client = node.client();
+    client
+        .create_kb(json!({ "name": KB, "shards": 1, "embedding_model": "fake" }))
+        .await;
+
+    service.down.store(true, Ordering::SeqCst);
+    let documents: Vec<Value> = DOCUMENTS
+        .iter()
+        .map(|(id, title, text)| text_document(id, title, text))
+        .collect();
+    let ids = client.bulk_add(KB, &documents).await;
+    // More refused attempts than a document may be interrupted (3) before it counts as a
+    // poison pill: a transient outage is not a crash.
+    let started = std::time::Instant::now();
+    while service.refused.load(Ordering::SeqCst) < 5 {
+        assert!(
+            started.elapsed() < WAIT,
+            "ingestion stopped trying the service"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    for id in &ids {
+        let record = client.document(KB, id).await;
+        assert_ne!(record["status"], "failed", "{record}");
+        assert_ne!(record["status"], "ready", "{record}");
+    }
+
+    service.down.store(false, Ordering::SeqCst);
+    client.wait_ready(KB, 4, WAIT).await;
+    let counts = client.counts(KB).await;
+    assert_eq!(counts["failed"].as_u64(), Some(0), "{counts}");
+    let answer = client
+        .search(
+            KB,
+            json!({ "query": "moon gravity causes tides", "channels": ["dense"] }),
         )
         .await;
     assert_eq!(document_ids(&answer)[0], ids[3], "{answer}");

@@ -217,6 +217,7 @@ pub async fn queue_documents(
         let job = IngestJob {
             kb_id: kb_id.to_string(),
             document_ids: batch.to_vec(),
+            retries: 0,
         };
         if wait {
             let queue = queue.clone();

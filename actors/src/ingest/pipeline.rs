@@ -51,6 +51,9 @@ struct Work {
     /// Texts to embed, one per child chunk.
     embed_texts: Vec<String>,
     failure: Option<String>,
+    /// A transient error (a shard unreachable, no quorum) stopped this document: it stays
+    /// pending and is tried again.
+    deferred: bool,
 }
 
 impl Work {
@@ -94,25 +97,72 @@ pub fn chunker_config(kb: &KbRecord) -> ChunkerConfig {
     }
 }
 
-/// Runs one job to the end; every document ends ready or failed (or deleted).
-#[instrument(skip_all, fields(kb_id = %job.kb_id, documents = job.document_ids.len()))]
-pub async fn process(context: &Arc<NodeContext>, job: IngestJob) {
-    let started = Instant::now();
-    if let Err(error) = run(context, &job).await {
-        warn!(%error, "ingestion job failed");
-        fail_unfinished(context, &job, &error.to_string()).await;
-    }
-    metrics::histogram!("sift_ingest_job_seconds").record(started.elapsed().as_secs_f64());
+/// Documents of a job that a transient error (no Raft leader, a ReadIndex timeout, a shard or
+/// the embedding service unreachable) stopped: they stay pending, to be tried again.
+#[derive(Debug, Default)]
+pub struct Deferred {
+    pub document_ids: Vec<String>,
+    /// The last transient error met.
+    pub reason: String,
 }
 
-async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
+impl Deferred {
+    fn add(&mut self, document_id: String, reason: &str) {
+        self.document_ids.push(document_id);
+        self.reason = reason.to_string();
+    }
+}
+
+/// Runs one job to the end: every document ends ready or failed (or deleted), except those
+/// a transient error stopped, which are returned pending (see [`Deferred`]).
+#[instrument(skip_all, fields(kb_id = %job.kb_id, documents = job.document_ids.len()))]
+pub async fn process(context: &Arc<NodeContext>, job: IngestJob) -> Deferred {
+    let started = Instant::now();
+    let deferred = match run(context, &job).await {
+        Ok(deferred) => deferred,
+        // The cluster or a service is away for a moment: an acknowledged document is not
+        // failed for that (the chaos soak's "failed" documents came from here).
+        Err(error) if error.is_transient() => {
+            warn!(%error, "ingestion job stopped by a transient error; its documents stay pending");
+            // Best effort (the metadata may be what is away): an attempt that ended this way
+            // is not counted as a crash.
+            let updates = job
+                .document_ids
+                .iter()
+                .map(|id| requeued(id.clone()))
+                .collect();
+            let _ = context
+                .meta
+                .propose(MetaOp::SetDocumentStatus {
+                    kb_id: job.kb_id.clone(),
+                    updates,
+                    at_ms: now_ms(),
+                })
+                .await;
+            Deferred {
+                document_ids: job.document_ids.clone(),
+                reason: error.to_string(),
+            }
+        }
+        Err(error) => {
+            warn!(%error, "ingestion job failed");
+            fail_unfinished(context, &job, &error.to_string()).await;
+            Deferred::default()
+        }
+    };
+    metrics::histogram!("sift_ingest_job_seconds").record(started.elapsed().as_secs_f64());
+    metrics::counter!("sift_ingest_deferred_total").increment(deferred.document_ids.len() as u64);
+    deferred
+}
+
+async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<Deferred> {
     // Cluster mode: this node's metadata may lag (it just restarted): catch up first, so
     // that finished or reassigned documents are not processed again.
     context.meta.linearizable_barrier().await?;
     let store = context.meta.store().clone();
     let local = context.access.local_id();
     let Some(kb) = store.get_kb(&job.kb_id)? else {
-        return Ok(()); // the KB was deleted meanwhile
+        return Ok(Deferred::default()); // the KB was deleted meanwhile
     };
     let mut works: Vec<Work> = Vec::new();
     for id in &job.document_ids {
@@ -132,19 +182,23 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
                 write: None,
                 embed_texts: Vec::new(),
                 failure: None,
+                deferred: false,
             });
         }
     }
     if works.is_empty() {
-        return Ok(());
+        return Ok(Deferred::default());
     }
 
     // Documents whose processing was interrupted too often (the process died while working
     // on them, every time) are failed rather than tried again: one of them may be what kills
     // the process, and a node that crashes on every restart serves nothing.
+    // A retry after a transient error may find the attempt marks of its earlier runs still
+    // there (taking them back needs the metadata that was away): those were no crashes.
     let limit = context.options.ingest_max_attempts;
-    let (given_up, works): (Vec<Work>, Vec<Work>) =
-        works.into_iter().partition(|work| work.attempts >= limit);
+    let (given_up, works): (Vec<Work>, Vec<Work>) = works
+        .into_iter()
+        .partition(|work| work.attempts >= limit.saturating_add(job.retries));
     if !given_up.is_empty() {
         let ids: Vec<String> = given_up.iter().map(|work| work.record.id.clone()).collect();
         warn!(documents = ?ids, attempts = limit, "documents interrupted too often; failing them");
@@ -159,14 +213,22 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<()> {
     // crashed the node it cannot take the rest of its job down with it again.
     let (retried, fresh): (Vec<Work>, Vec<Work>) =
         works.into_iter().partition(|work| work.attempts > 0);
+    let mut deferred = Deferred::default();
     for work in retried {
-        run_works(context, &kb, vec![work]).await?;
+        run_works(context, &kb, vec![work], &mut deferred).await?;
     }
-    run_works(context, &kb, fresh).await
+    run_works(context, &kb, fresh, &mut deferred).await?;
+    Ok(deferred)
 }
 
-/// Runs `works` (documents of `kb`) through the stages together.
-async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) -> Result<()> {
+/// Runs `works` (documents of `kb`) through the stages together; those a transient error
+/// stops go to `deferred`.
+async fn run_works(
+    context: &Arc<NodeContext>,
+    kb: &KbRecord,
+    works: Vec<Work>,
+    deferred: &mut Deferred,
+) -> Result<()> {
     if works.is_empty() {
         return Ok(());
     }
@@ -180,8 +242,8 @@ async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) 
                 Fetched::Stored => {}
                 Fetched::Lost => work.fail("the raw bytes of the document are on no node"),
                 Fetched::Unreachable(reason) => {
-                    // Left pending: the reconciler queues it again later.
                     warn!(document_id = %work.record.id, %reason, "raw bytes not reachable yet");
+                    deferred.add(work.record.id, &reason);
                     continue;
                 }
             }
@@ -355,10 +417,16 @@ async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) 
         async move { (positions, context.access.write(kb, shard, documents).await) }
     });
     for (positions, outcome) in join_all(writes).await {
-        if let Err(reason) = outcome {
-            let reason = reason.to_string();
+        if let Err(error) = outcome {
+            let transient = error.is_transient();
+            let reason = error.to_string();
             for position in positions {
-                works[position].fail(reason.clone());
+                if transient {
+                    works[position].deferred = true;
+                    deferred.add(works[position].record.id.clone(), &reason);
+                } else {
+                    works[position].fail(reason.clone());
+                }
             }
         }
     }
@@ -368,6 +436,7 @@ async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) 
     let updates: Vec<StatusUpdate> = works
         .iter()
         .map(|work| match &work.failure {
+            _ if work.deferred => requeued(work.record.id.clone()),
             Some(reason) => StatusUpdate {
                 document_id: work.record.id.clone(),
                 status: DocStatus::Failed,
@@ -396,7 +465,7 @@ async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) 
     };
     let mut ready = 0u64;
     let mut failed = 0u64;
-    for work in &works {
+    for work in works.iter().filter(|work| !work.deferred) {
         if !live.contains(&work.record.id) {
             // Deleted meanwhile (not finished by another worker): remove what was written.
             let deleted = store.get_document(&kb.id, &work.record.id)?.is_none();
@@ -419,13 +488,24 @@ async fn run_works(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) 
     metrics::counter!("sift_ingest_chunks_total").increment(
         works
             .iter()
-            .filter(|w| w.failure.is_none())
+            .filter(|w| w.failure.is_none() && !w.deferred)
             .filter_map(|w| w.write.as_ref())
             .map(|w| w.chunks.len() as u64)
             .sum(),
     );
     info!(ready, failed, "ingestion job done");
     Ok(())
+}
+
+/// The update that sends a document back to `queued` after a transient error; applying it
+/// takes back the attempt mark its start made.
+fn requeued(document_id: String) -> StatusUpdate {
+    StatusUpdate {
+        document_id,
+        status: DocStatus::Queued,
+        error: None,
+        chunk_count: None,
+    }
 }
 
 /// Moves the job's live, not-yet-failed documents to `status`; drops documents deleted meanwhile.

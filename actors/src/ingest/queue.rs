@@ -13,6 +13,10 @@ use crate::error::{Result, SiftError};
 pub struct IngestJob {
     pub kb_id: String,
     pub document_ids: Vec<String>,
+    /// How many times a transient error has sent these documents back (see
+    /// `worker::retry_later`).
+    #[serde(default)]
+    pub retries: u32,
 }
 
 /// The sending side. A full queue refuses work at once (the API answers 429 with

@@ -225,6 +225,7 @@ impl SiftNode {
             .map(|batch| IngestJob {
                 kb_id: kb.id.clone(),
                 document_ids: batch.to_vec(),
+                retries: 0,
             })
             .collect();
         let permits = match self.queue.try_reserve(jobs.len()) {

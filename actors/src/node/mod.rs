@@ -49,6 +49,9 @@ use crate::shards::{
 /// Largest `top_k` a search may ask for.
 pub use crate::retrieval::query::MAX_TOP_K;
 
+/// How long [`SiftNode::shutdown`] waits for each supervisor's children, then for it.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// One running node: its actors and its shared context.
 pub struct SiftNode {
     data_dir: PathBuf,
@@ -57,6 +60,8 @@ pub struct SiftNode {
     root: RootSearch,
     shards: ActorRef<ShardsMessage>,
     ingest: ActorRef<()>,
+    /// Wakes idle ingestion workers at shutdown.
+    ingest_stopping: tokio_util::sync::CancellationToken,
     /// The root of the restartable children (the reconciler in cluster mode).
     supervisor: ActorRef<NodeMessage>,
     /// The running instance of each of the supervisor's children.
@@ -159,6 +164,7 @@ impl SiftNode {
             options: options.clone(),
         });
         let (queue, receiver) = IngestQueue::new(options.ingest_queue_capacity);
+        let ingest_stopping = tokio_util::sync::CancellationToken::new();
         let (ingest, _) = Actor::spawn(
             None,
             IngestSupervisor,
@@ -167,6 +173,7 @@ impl SiftNode {
                 receiver,
                 queue: queue.clone(),
                 workers: options.ingest_workers,
+                stopping: ingest_stopping.clone(),
             },
         )
         .await
@@ -202,6 +209,7 @@ impl SiftNode {
             root,
             shards,
             ingest,
+            ingest_stopping,
             supervisor,
             children,
             quotas: quota::QuotaLedger::default(),
@@ -275,10 +283,21 @@ impl SiftNode {
     }
 
     /// Stops the actors. Everything acknowledged is already durable.
+    /// Stops ingestion, then the shards, then the root, each waiting for its children to
+    /// exit (up to [`STOP_GRACE`] each), and flushes the metadata store. Once it returns, no
+    /// actor of this node holds its stores: the same data dir can be opened again.
     pub async fn shutdown(&self) {
-        self.supervisor.stop(None);
-        self.ingest.stop(None);
-        self.shards.stop(None);
+        self.ingest_stopping.cancel();
+        for actor in [
+            self.ingest.get_cell(),
+            self.shards.get_cell(),
+            self.supervisor.get_cell(),
+        ] {
+            actor.stop_children_and_wait(None, Some(STOP_GRACE)).await;
+            if let Err(error) = actor.stop_and_wait(None, Some(STOP_GRACE)).await {
+                tracing::warn!(actor = ?actor.get_name(), %error, "an actor did not stop in time");
+            }
+        }
         let _ = self.context.meta.store().db().flush_async().await;
     }
 

@@ -101,6 +101,7 @@ impl SledMetaStore {
                     if doc.status.is_terminal() {
                         continue; // finished already (by another worker): final
                     }
+                    let started = doc.status != DocStatus::Queued;
                     doc.status = update.status;
                     doc.error = update.error.clone();
                     if let Some(count) = update.chunk_count {
@@ -115,6 +116,14 @@ impl SledMetaStore {
                     {
                         // A durable mark that processing started, before any work is done.
                         work.attempts = work.attempts.saturating_add(1);
+                        pending.put(work_key, &work)?;
+                    } else if update.status == DocStatus::Queued
+                        && started
+                        && let Some(mut work) = pending.get::<PendingWork>(&work_key)?
+                    {
+                        // Sent back by a transient error: that attempt ended without a crash,
+                        // so it does not count towards the crash limit.
+                        work.attempts = work.attempts.saturating_sub(1);
                         pending.put(work_key, &work)?;
                     }
                     pending.put(key, &doc)?;

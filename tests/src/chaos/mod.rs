@@ -146,6 +146,7 @@ impl Summary {
             "linearizability",
             "crash_loop",
             "not_converged",
+            "failed",
         ] {
             self.anomalies.entry(kind.into()).or_insert(0);
         }

@@ -231,6 +231,16 @@ async fn main() -> std::process::ExitCode {
                     if let Some(id) = document["id"].as_str() {
                         if document["status"] == "failed" && !present.contains(id) {
                             failed_documents += 1;
+                            let error = document["error"].as_str().unwrap_or_default();
+                            // The poison-pill guard fails a document whose processing was cut
+                            // by a crash (here, a kill) too often: that is its promise. Any
+                            // other reason loses an acknowledged document.
+                            if !error.starts_with("crashed_processing") {
+                                anomalies.push(Anomaly {
+                                    kind: "failed",
+                                    detail: format!("acknowledged document {id} failed: {error}"),
+                                });
+                            }
                         }
                         present.insert(id.to_string());
                     }
