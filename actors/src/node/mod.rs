@@ -298,6 +298,15 @@ impl SiftNode {
                 tracing::warn!(actor = ?actor.get_name(), %error, "an actor did not stop in time");
             }
         }
+        // An actor's state (and the context in it) is dropped a moment after its stop is
+        // reported: wait for that, so that the stores are closed once this returns.
+        let deadline = tokio::time::Instant::now() + STOP_GRACE;
+        while Arc::strong_count(&self.context) > 1 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        if Arc::strong_count(&self.context) > 1 {
+            tracing::warn!("an actor still holds the node's context after shutdown");
+        }
         let _ = self.context.meta.store().db().flush_async().await;
     }
 
