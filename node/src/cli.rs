@@ -474,7 +474,21 @@ pub fn serve_config(args: &ServeArgs) -> anyhow::Result<Config> {
     if let Some(dir) = &args.model_dir {
         file.embedding.model_dir = Some(dir.clone());
     }
-    Config::check(file)
+    let mut config = Config::check(file)?;
+    parse_pdfs_in_workers(&mut config);
+    Ok(config)
+}
+
+/// A node run from the `sift` binary parses each PDF in a child process of that binary
+/// (`sift __parse-pdf`), killed at the parse budget (ADR 0024). Nodes inside other programs
+/// (tests) keep the guarded thread: their binary is no parse worker.
+pub fn parse_pdfs_in_workers(config: &mut Config) {
+    match std::env::current_exe() {
+        Ok(program) => config.options.pdf_limits.worker = Some(program),
+        Err(error) => {
+            tracing::warn!(%error, "PDFs are parsed on a thread: the binary's path is unknown")
+        }
+    }
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {

@@ -478,6 +478,8 @@ impl Config {
                     .pdf_parse_timeout_ms
                     .map(Duration::from_millis)
                     .unwrap_or(defaults.pdf_limits.time_budget),
+                // Set by `sift serve` to its own binary (`cli::serve_config`).
+                worker: None,
             },
             max_kbs: file.max_kbs.unwrap_or(defaults.max_kbs),
             max_shards_per_node: file

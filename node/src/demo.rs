@@ -38,7 +38,8 @@ pub async fn run(data_dir: &Path, samples: &Path) -> Result<(), CliError> {
     };
     let mut file = file;
     file.embedding.model_dir = std::env::var_os("SIFT_MODEL_DIR").map(Into::into);
-    let config = Config::check(file)?;
+    let mut config = Config::check(file)?;
+    crate::cli::parse_pdfs_in_workers(&mut config);
     let running = crate::server::start(config).await?;
     println!(
         "sift demo: a node on {} with data in {}",

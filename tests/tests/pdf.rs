@@ -1,5 +1,6 @@
 //! PDF ingestion (issue 17, first increment): uploads, pages on chunks, hits and citations,
-//! bad PDFs refused with their codes, and `sift ingest` of a folder with PDFs in it.
+//! bad PDFs refused with their codes, `sift ingest` of a folder with PDFs in it, and the parse
+//! worker process of a node run from the `sift` binary, killed when a PDF makes it spin.
 //!
 //! The fixtures are `tests/fixtures/pdf/` (made by its `make.py`; see its README).
 
@@ -9,7 +10,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use sift_node::config::{Config, TEST_ADMIN_KEY};
 use sift_tests::sse::ask;
-use sift_tests::{ApiClient, InProcessNode, WAIT, repo_root, require_model};
+use sift_tests::{ApiClient, InProcessNode, NodeProcess, WAIT, repo_root, require_model};
 
 const KB: &str = "manuals";
 
@@ -282,4 +283,83 @@ async fn sift_ingest_of_a_folder_uploads_pdfs_and_exits_1_naming_the_refused_fil
     let counts = client.wait_ready(KB, 2, WAIT).await;
     assert_eq!(counts["total"], 2, "{counts}");
     node.shutdown().await;
+}
+
+/// The `comm` of every live process whose parent is `pid`.
+fn child_processes(pid: u32) -> Vec<String> {
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        let Some((head, tail)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let parent = tail.split_whitespace().nth(1);
+        if parent == Some(pid.to_string().as_str()) {
+            children.push(
+                head.split_once('(')
+                    .map(|(_, c)| c)
+                    .unwrap_or(head)
+                    .to_string(),
+            );
+        }
+    }
+    children
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_process_parses_pdfs_in_workers_and_kills_one_that_spins() {
+    let dir = sift_tests::temp_dir();
+    let mut node = NodeProcess::start(
+        &dir.path().join("node"),
+        &[("SIFT_PDF_PARSE_TIMEOUT_MS", "1500")],
+    );
+    node.require_embedded_model().await;
+    let client = node.client();
+    client.create_kb(json!({ "name": KB })).await;
+
+    // pdf_oxide spins on this file for far longer than the budget (found by fuzzing).
+    let upload = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .upload(KB, "spins.pdf", fixture("hangs-parser.pdf"))
+                .await
+        })
+    };
+    let watched = std::time::Instant::now();
+    let mut worker_seen = false;
+    while !upload.is_finished() && watched.elapsed() < std::time::Duration::from_secs(30) {
+        worker_seen |= !child_processes(node.pid()).is_empty();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let message = upload.await.unwrap().expect_error(422, "pdf_too_large");
+    assert!(message.contains("budget"), "{message}");
+    assert!(
+        worker_seen,
+        "the PDF was parsed in a child process of the node"
+    );
+    let left = child_processes(node.pid());
+    assert!(left.is_empty(), "the spinning worker was killed: {left:?}");
+
+    // An ordinary PDF goes through a worker to the end, pages and all.
+    let added = client
+        .upload_ok(KB, "harbour-lights.pdf", fixture("three-pages.pdf"))
+        .await;
+    let record = client
+        .wait_document(KB, added["id"].as_str().unwrap(), WAIT)
+        .await;
+    assert_eq!(record["status"], "ready", "{record}");
+    let answer = client
+        .search(
+            KB,
+            json!({ "query": "Fresnel lens of the Skerryvore lighthouse", "top_k": 3 }),
+        )
+        .await;
+    assert_eq!(answer["hits"][0]["pages"], pages(2, 2), "{answer:#}");
+    assert_eq!(answer["hits"][0]["heading_path"], json!(["Optics"]));
+    assert!(child_processes(node.pid()).is_empty());
+    node.stop();
 }

@@ -9,22 +9,26 @@
 //! guard: on a thread of its own with a big stack (deeply nested objects recurse), inside
 //! `catch_unwind` (a parser panic fails the document, not the node), with a page cap checked
 //! before any page is read and a time budget checked between pages and enforced by the caller's
-//! wait. A page that never finishes cannot be stopped from inside the process: the caller
-//! gives up on it at the budget and the thread is left to end on its own (ADR 0024 says what
-//! a child process would add).
+//! wait. A page that never finishes cannot be stopped from inside the process, so a node run
+//! from the `sift` binary parses each PDF in a child process that is killed at the budget
+//! ([`child`], [`PdfLimits::worker`]); without one (a node inside a test binary) the caller
+//! gives up on the thread at the budget and leaves it to end on its own.
 //!
 //! Failures are [`ParseError`]s with their own codes: `encrypted_pdf` (a password is needed;
 //! an empty user password opens by itself), `invalid_pdf`, `pdf_too_large` (page cap or time
 //! budget) and `no_text_layer` (scanned pages: OCR comes later).
 
+mod child;
 mod clean;
 mod extract;
 
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::parse::{ParseError, ParsedDocument};
 
+pub use self::child::{WORKER_COMMAND, serve_worker};
 pub use self::extract::extract_pdf;
 
 /// Bounds on the work one PDF may cost.
@@ -34,6 +38,9 @@ pub struct PdfLimits {
     pub max_pages: usize,
     /// Longest parsing may take, all pages together (`pdf_too_large` past it).
     pub time_budget: Duration,
+    /// The program to parse in (the `sift` binary, run as `sift __parse-pdf`): each PDF is
+    /// parsed in a child process killed at the budget. `None`: on a guarded thread here.
+    pub worker: Option<PathBuf>,
 }
 
 impl Default for PdfLimits {
@@ -41,6 +48,7 @@ impl Default for PdfLimits {
         PdfLimits {
             max_pages: 2_000,
             time_budget: Duration::from_secs(120),
+            worker: None,
         }
     }
 }
@@ -56,8 +64,18 @@ const BUDGET_GRACE: Duration = Duration::from_secs(1);
 /// Longest message of the parser kept in an `invalid_pdf` reason.
 const MAX_REASON_CHARS: usize = 300;
 
-/// Parses `bytes` as a PDF under `limits`, on a guarded thread (see the module docs).
+/// Parses `bytes` as a PDF under `limits`, in the worker process when `limits` names one,
+/// else on a guarded thread (see the module docs).
 pub fn parse_pdf(bytes: &[u8], limits: &PdfLimits) -> Result<ParsedDocument, ParseError> {
+    match &limits.worker {
+        Some(program) => child::parse_in_child(program, bytes, limits),
+        None => parse_on_thread(bytes, limits),
+    }
+}
+
+/// Parses `bytes` on a thread with a big stack, inside `catch_unwind`, waiting at most the
+/// budget (plus [`BUDGET_GRACE`]) for it.
+fn parse_on_thread(bytes: &[u8], limits: &PdfLimits) -> Result<ParsedDocument, ParseError> {
     let owned = bytes.to_vec();
     let thread_limits = limits.clone();
     let deadline = Instant::now() + limits.time_budget;
