@@ -194,13 +194,14 @@ pub fn recover_step(text: &str) -> Option<RecoveredStep> {
 /// Whether `text` looks like a step or tool call written as JSON (so it must not be taken
 /// as an answer, even when it cannot be read).
 pub fn looks_like_step(text: &str) -> bool {
-    let trimmed = text
+    let without_tokens = role_after_token_regex().replace_all(text, " ");
+    let without_tokens = template_regex().replace_all(&without_tokens, " ");
+    let trimmed = without_tokens
         .trim_start()
         .trim_start_matches("```json")
-        .trim_start_matches("```");
-    let trimmed = trimmed.trim_start();
-    (trimmed.starts_with('{') && step_key_regex().is_match(trimmed))
-        || template_regex().is_match(text)
+        .trim_start_matches("```")
+        .trim_start();
+    (trimmed.starts_with('{') && step_key_regex().is_match(trimmed)) || text.contains("<tool_call>")
 }
 
 fn step_key_regex() -> &'static Regex {
@@ -387,7 +388,13 @@ mod tests {
         // Ordinary braces and brackets stay.
         assert_eq!(scrub("Use {x} and [1] here."), "Use {x} and [1] here.");
         assert!(looks_like_step("  {\"tool\": \"final_answer\""));
-        assert!(looks_like_step("<|im_start|>assistant"));
+        assert!(looks_like_step("<|im_start|>assistant\n{\"tool\": \"x\"}"));
+        assert!(looks_like_step(
+            "Let me search. <tool_call>{\"name\": \"x\"}"
+        ));
+        assert!(!looks_like_step(
+            "<|im_start|>assistant\nWater boils.<|im_end|>"
+        ));
         assert!(!looks_like_step("Water boils at 100 °C."));
     }
 }
