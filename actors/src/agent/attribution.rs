@@ -47,6 +47,13 @@ pub const MIN_SENTENCE_WORDS: usize = 4;
 pub const MIN_SENTENCE_CJK_CHARS: usize = 6;
 /// Most chunks one sentence cites.
 pub const MAX_CITATIONS_PER_SENTENCE: usize = 3;
+/// A sentence the words alone do not support is compared by meaning with the chunks that
+/// hold at least this share of its stems (and one not in the question)…
+pub const SEMANTIC_MIN_SHARE: f64 = 0.25;
+/// …and supported by one whose closest sentence has at least this cosine similarity to it.
+pub const SEMANTIC_SUPPORT: f32 = 0.7;
+/// Chunks compared by meaning per sentence.
+pub const SEMANTIC_CANDIDATES: usize = 3;
 /// The marker an unsupported sentence gets under `flag`.
 pub const UNSUPPORTED_MARK: &str = "[unsupported]";
 
@@ -107,6 +114,9 @@ pub struct SupportRef {
     pub span: (u32, u32),
     /// Share of the sentence's content stems this chunk holds.
     pub overlap: f64,
+    /// The cosine similarity that supported the sentence when the words alone did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub similarity: Option<f32>,
 }
 
 /// One sentence of the answer and its verdict.
@@ -174,7 +184,23 @@ pub struct Attributed {
     /// Cited ids no tool returned in this run.
     pub dropped: Vec<String>,
     pub report: GroundingReport,
+    /// Sentences the words alone do not support but that share some content with a chunk:
+    /// the run may compare them by meaning and attribute again with [`SemanticMatches`].
+    pub borderline: Vec<Borderline>,
 }
+
+/// A sentence to compare by meaning with the closest sentence of a few chunks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Borderline {
+    /// The sentence's place among the answer's judged sentences.
+    pub index: usize,
+    pub sentence: String,
+    /// (chunk id, the chunk's sentence sharing most of its stems).
+    pub candidates: Vec<(String, String)>,
+}
+
+/// Sentence index → (chunk id, cosine similarity) pairs that passed [`SEMANTIC_SUPPORT`].
+pub type SemanticMatches = std::collections::HashMap<usize, Vec<(String, f32)>>;
 
 /// What attribution reads.
 pub struct AttributionInput<'a> {
@@ -190,6 +216,8 @@ pub struct AttributionInput<'a> {
     /// Outputs of service tools (web search, MCP) as (tool name, text): they can support a
     /// sentence, but give no citation.
     pub tool_outputs: &'a [(String, String)],
+    /// Support found by meaning for borderline sentences of an earlier pass (empty at first).
+    pub semantic: &'a SemanticMatches,
 }
 
 /// Splits an answer into sentences, as byte ranges `[start, end)` of `text` (trimmed).
@@ -466,10 +494,21 @@ fn is_fragment(sentence: &str) -> bool {
     words < MIN_SENTENCE_WORDS && cjk < MIN_SENTENCE_CJK_CHARS
 }
 
-/// One evidence chunk's stems.
+/// One evidence chunk's stems and numbers.
 struct Indexed<'a> {
     chunk: &'a EvidenceChunk,
     stems: BTreeSet<String>,
+    numbers: BTreeSet<String>,
+}
+
+/// The numbers of `text` (digit runs, `43.8` and `1,890` joined): a chunk supports a sentence
+/// only if it holds every number the sentence states.
+fn numbers(text: &str) -> BTreeSet<String> {
+    join_numbers(text)
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|run| !run.is_empty())
+        .map(str::to_string)
+        .collect()
 }
 
 /// Attributes each sentence of the answer (see the module docs).
@@ -481,6 +520,7 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
         .map(|chunk| Indexed {
             chunk,
             stems: stems(&chunk.chunk.text).into_iter().collect(),
+            numbers: numbers(&chunk.chunk.text),
         })
         .collect();
     let question: BTreeSet<String> = stems(input.question).into_iter().collect();
@@ -501,7 +541,9 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
         overlap: f64,
         rejected: Vec<String>,
         tool: Option<String>,
+        similarity: Option<f32>,
     }
+    let mut borderline: Vec<Borderline> = Vec::new();
     let tools: Vec<(&str, BTreeSet<String>)> = input
         .tool_outputs
         .iter()
@@ -538,6 +580,43 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
         } else {
             judge(&plain, &question, input.question, &indexed, &hinted)
         };
+        let index = judged.len();
+        let mut support = support;
+        let mut similarity = None;
+        if verdict == Verdict::Unsupported {
+            let candidates = lexical_candidates(&plain, &question, &indexed);
+            let matched = input.semantic.get(&index).and_then(|matches| {
+                matches
+                    .iter()
+                    .filter(|(id, cosine)| {
+                        *cosine >= SEMANTIC_SUPPORT && candidates.iter().any(|(c, _)| c == id)
+                    })
+                    .max_by(|a, b| a.1.total_cmp(&b.1))
+            });
+            match matched {
+                Some((id, cosine)) => {
+                    let share = candidates
+                        .iter()
+                        .find(|(c, _)| c == id)
+                        .map_or(0.0, |(_, share)| *share);
+                    verdict = Verdict::Supported;
+                    support = vec![(id.clone(), share)];
+                    similarity = Some(*cosine);
+                }
+                None if !candidates.is_empty() => borderline.push(Borderline {
+                    index,
+                    sentence: plain.clone(),
+                    candidates: candidates
+                        .iter()
+                        .filter_map(|(id, _)| {
+                            let chunk = input.evidence.get(id)?;
+                            Some((id.clone(), closest_sentence(chunk, &plain)))
+                        })
+                        .collect(),
+                }),
+                None => {}
+            }
+        }
         let mut tool = None;
         if matches!(verdict, Verdict::Unsupported | Verdict::Fragment) {
             tool = supporting_tool(&plain, &question, &tools).map(str::to_string);
@@ -558,6 +637,7 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
             overlap,
             rejected,
             tool,
+            similarity,
         });
     }
     let any_supported = judged.iter().any(|j| j.verdict.is_supported());
@@ -621,6 +701,7 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
                         n,
                         span: best_span(found, &item.plain),
                         overlap: round(*overlap),
+                        similarity: item.similarity,
                     });
                 }
             }
@@ -662,6 +743,64 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
         citations,
         dropped,
         report,
+        borderline,
+    }
+}
+
+/// Chunks holding at least [`SEMANTIC_MIN_SHARE`] of the sentence's stems, one of them not in
+/// the question: (chunk id, share), best first, at most [`SEMANTIC_CANDIDATES`].
+fn lexical_candidates(
+    plain: &str,
+    question: &BTreeSet<String>,
+    indexed: &[Indexed<'_>],
+) -> Vec<(String, f64)> {
+    let sentence = stems(plain);
+    if sentence.is_empty() {
+        return Vec::new();
+    }
+    let stated = numbers(plain);
+    let mut out: Vec<(String, f64)> = indexed
+        .iter()
+        .filter(|c| stated.is_subset(&c.numbers))
+        .filter_map(|c| {
+            let matched: Vec<&String> = sentence.iter().filter(|s| stem_in(s, &c.stems)).collect();
+            let share = matched.len() as f64 / sentence.len() as f64;
+            let novel = matched.iter().any(|s| !stem_in(s, question));
+            (share >= SEMANTIC_MIN_SHARE && novel).then(|| (c.chunk.chunk.chunk_id.clone(), share))
+        })
+        .collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1));
+    out.truncate(SEMANTIC_CANDIDATES);
+    out
+}
+
+/// The sentence of `chunk` sharing most of `sentence`'s stems (the chunk's text when none).
+fn closest_sentence(chunk: &EvidenceChunk, sentence: &str) -> String {
+    let wanted = stems(sentence);
+    sentences(&chunk.chunk.text)
+        .into_iter()
+        .map(|(_, _, text)| {
+            let set: BTreeSet<String> = stems(&text).into_iter().collect();
+            (wanted.iter().filter(|s| stem_in(s, &set)).count(), text)
+        })
+        .filter(|(count, _)| *count > 0)
+        .max_by_key(|(count, _)| *count)
+        .map(|(_, text)| text)
+        .unwrap_or_else(|| chunk.chunk.text.clone())
+}
+
+/// Cosine similarity of two vectors (0 for empty or zero vectors).
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() || a.is_empty() {
+        return 0.0;
+    }
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let denominator = norm(a) * norm(b);
+    if denominator == 0.0 {
+        0.0
+    } else {
+        dot / denominator
     }
 }
 
@@ -704,8 +843,10 @@ fn judge(
     if novel.is_empty() {
         return (Verdict::Echo, Vec::new(), 0.0);
     }
+    let stated = numbers(plain);
     struct Scored<'b> {
         id: &'b str,
+        chunk_numbers: &'b BTreeSet<String>,
         matched: Vec<&'b String>,
         novel: usize,
         share: f64,
@@ -720,6 +861,7 @@ fn judge(
             let id = c.chunk.chunk.chunk_id.as_str();
             Scored {
                 id,
+                chunk_numbers: &c.numbers,
                 share: matched.len() as f64 / sentence.len() as f64,
                 matched,
                 novel,
@@ -733,7 +875,11 @@ fn judge(
         // A short answer stands only as an entity found whole in a chunk.
         let best = scored
             .iter()
-            .filter(|s| s.matched.len() == sentence.len() && s.novel > 0)
+            .filter(|s| {
+                s.matched.len() == sentence.len()
+                    && s.novel > 0
+                    && stated.is_subset(s.chunk_numbers)
+            })
             .max_by(|a, b| {
                 (a.hinted, a.relevance)
                     .partial_cmp(&(b.hinted, b.relevance))
@@ -755,7 +901,10 @@ fn judge(
         } else {
             SUPPORT_SHARE
         };
-        s.share >= needed && s.novel > 0 && s.matched.len() >= min_matched
+        s.share >= needed
+            && s.novel > 0
+            && s.matched.len() >= min_matched
+            && stated.is_subset(s.chunk_numbers)
     };
     let mut ranked: Vec<&Scored<'_>> = scored.iter().filter(|s| s.novel > 0).collect();
     ranked.sort_by(|a, b| {
@@ -789,7 +938,13 @@ fn judge(
         support.push(next);
     }
     let union_share = covered.len() as f64 / sentence.len() as f64;
-    if passes(first) || (support.len() > 1 && union_share >= SUPPORT_SHARE) {
+    let union_numbers: BTreeSet<String> = support
+        .iter()
+        .flat_map(|s| s.chunk_numbers.iter().cloned())
+        .collect();
+    if stated.is_subset(&union_numbers)
+        && (passes(first) || (support.len() > 1 && union_share >= SUPPORT_SHARE))
+    {
         return (
             Verdict::Supported,
             support

@@ -21,7 +21,9 @@ use futures::future::join_all;
 use serde_json::json;
 use tracing::{debug, warn};
 
-use super::attribution::{self, AttributionInput, Grounding, GroundingReport};
+use super::attribution::{
+    self, AttributionInput, Borderline, Grounding, GroundingReport, SemanticMatches,
+};
 use super::context::{
     self, DROP_GROUPS_AT, KEEP_RECENT_TURNS, SUMMARISE_AT, TokenCounter, cut_tool_results,
     drop_tool_groups, history_messages,
@@ -69,6 +71,8 @@ const DELTA_CHARS: usize = 160;
 const ANSWER_CHARS_PER_TOKEN: usize = 4;
 /// The cap when the model states no window.
 const MAX_ANSWER_CHARS: usize = 64_000;
+/// Longest the embeddings of attribution may take.
+const SEMANTIC_TIMEOUT: Duration = Duration::from_secs(10);
 /// Service tool outputs kept for attribution, and the characters kept of each.
 const MAX_TOOL_OUTPUTS: usize = 20;
 const TOOL_OUTPUT_CHARS: usize = 8_000;
@@ -1532,15 +1536,22 @@ impl Run {
             .evidence
             .in_order()
             .any(|c| coverage(&question_terms, &c.chunk.text) >= RELEVANT_COVERAGE);
-        let attributed = attribution::attribute(&AttributionInput {
-            answer: &text,
-            cited: &cited,
-            question: &self.retrieval_question,
-            evidence: &self.evidence,
+        let mut attributed = self.attribute(
+            &text,
+            &cited,
             policy,
             nothing_relevant,
-            tool_outputs: &self.tool_outputs,
-        });
+            &SemanticMatches::new(),
+        );
+        // Sentences the words alone leave unsupported but that share some content with a
+        // chunk are compared by meaning, then attributed again.
+        if !attributed.borderline.is_empty() {
+            let borderline = std::mem::take(&mut attributed.borderline);
+            let matches = self.semantic_matches(&borderline).await;
+            if !matches.is_empty() {
+                attributed = self.attribute(&text, &cited, policy, nothing_relevant, &matches);
+            }
+        }
         if !attributed.dropped.is_empty() {
             self.step(
                 "citations",
@@ -1604,6 +1615,87 @@ impl Run {
         );
         self.grounding = Some(report);
         ending
+    }
+
+    fn attribute(
+        &self,
+        answer: &str,
+        cited: &[String],
+        policy: Grounding,
+        nothing_relevant: bool,
+        semantic: &SemanticMatches,
+    ) -> attribution::Attributed {
+        attribution::attribute(&AttributionInput {
+            answer,
+            cited,
+            question: &self.retrieval_question,
+            evidence: &self.evidence,
+            policy,
+            nothing_relevant,
+            tool_outputs: &self.tool_outputs,
+            semantic,
+        })
+    }
+
+    /// Cosine similarities of borderline sentences to their candidate chunks' closest
+    /// sentences, with the embedding model of each chunk's KB (via the corpus); the pairs at
+    /// or above [`attribution::SEMANTIC_SUPPORT`]. Empty when no model is at hand, on a
+    /// timeout, or when the run is cancelled.
+    async fn semantic_matches(&mut self, borderline: &[Borderline]) -> SemanticMatches {
+        let started = Instant::now();
+        // Per KB: the texts to embed, and for each pair the positions of its two texts.
+        let mut by_kb: std::collections::BTreeMap<
+            String,
+            (Vec<String>, Vec<(usize, String, usize, usize)>),
+        > = Default::default();
+        for item in borderline {
+            for (chunk_id, closest) in &item.candidates {
+                let Some(kb) = self.evidence.get(chunk_id).map(|c| c.kb_id.clone()) else {
+                    continue;
+                };
+                let (texts, pairs) = by_kb.entry(kb).or_default();
+                let sentence_at = match texts.iter().position(|t| t == &item.sentence) {
+                    Some(at) => at,
+                    None => {
+                        texts.push(item.sentence.clone());
+                        texts.len() - 1
+                    }
+                };
+                texts.push(closest.clone());
+                pairs.push((item.index, chunk_id.clone(), sentence_at, texts.len() - 1));
+            }
+        }
+        let corpus = self.deps.corpus.clone();
+        let mut matches = SemanticMatches::new();
+        let mut compared = 0usize;
+        for (kb, (texts, pairs)) in by_kb {
+            let embedded = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => None,
+                embedded = tokio::time::timeout(SEMANTIC_TIMEOUT.min(self.remaining()), corpus.embed(&kb, texts)) => embedded.ok().flatten(),
+            };
+            let Some(vectors) = embedded else { continue };
+            for (index, chunk_id, sentence_at, closest_at) in pairs {
+                let (Some(a), Some(b)) = (vectors.get(sentence_at), vectors.get(closest_at)) else {
+                    continue;
+                };
+                compared += 1;
+                let similarity = attribution::cosine(a, b);
+                if similarity >= attribution::SEMANTIC_SUPPORT {
+                    matches
+                        .entry(index)
+                        .or_default()
+                        .push((chunk_id, similarity));
+                }
+            }
+        }
+        self.step(
+            "attribution",
+            "semantic",
+            started,
+            json!({"sentences": borderline.len(), "pairs_compared": compared, "supported": matches.len()}),
+        );
+        matches
     }
 
     /// The longest answer shown, in characters: what the model's window could have held.

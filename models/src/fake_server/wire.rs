@@ -237,11 +237,7 @@ pub fn final_answer_citing(request: &FakeRequest, n: usize) -> Value {
             Some(text) => {
                 let opening: Vec<&str> = text.split_whitespace().take(24).collect();
                 let opening = opening.join(" ");
-                format!(
-                    "Finding {}: {} [{id}].",
-                    i + 1,
-                    opening.trim_end_matches(['.', ',', ';', ':'])
-                )
+                format!("{} [{id}].", opening.trim_end_matches(['.', ',', ';', ':']))
             }
             None => format!("Finding {} is supported by the evidence [{id}].", i + 1),
         })

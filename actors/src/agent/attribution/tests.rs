@@ -87,6 +87,7 @@ fn run(answer: &str, cited: &[&str], question: &str, policy: Grounding) -> Attri
         policy,
         nothing_relevant: false,
         tool_outputs: &[],
+        semantic: &SemanticMatches::new(),
     })
 }
 
@@ -230,6 +231,7 @@ fn an_answer_in_another_language_is_unsupported() {
 fn refusals_stand_when_nothing_relevant_was_found_or_beside_an_answer() {
     let cited: Vec<String> = Vec::new();
     let evidence = evidence();
+    let semantic = SemanticMatches::new();
     let input = |answer, nothing_relevant| AttributionInput {
         answer,
         cited: &cited,
@@ -238,6 +240,7 @@ fn refusals_stand_when_nothing_relevant_was_found_or_beside_an_answer() {
         policy: Grounding::Strict,
         nothing_relevant,
         tool_outputs: &[],
+        semantic: &semantic,
     };
     let alone = attribute(&input(
         "The knowledge base does not say who founded Sift.",
@@ -310,6 +313,7 @@ fn a_service_tool_output_supports_without_a_citation() {
         policy: Grounding::Strict,
         nothing_relevant: true,
         tool_outputs: &outputs,
+        semantic: &SemanticMatches::new(),
     });
     assert_eq!(out.report.sentences[0].verdict, Verdict::SupportedByTool);
     assert_eq!(
@@ -318,4 +322,75 @@ fn a_service_tool_output_supports_without_a_citation() {
     );
     assert_eq!(out.text, "According to the atlas service, Fredville.");
     assert!(out.citations.is_empty());
+}
+
+#[test]
+fn meaning_supports_only_a_borderline_sentence_and_only_above_the_bar() {
+    let evidence = evidence();
+    let answer =
+        "Climbers at altitude see their water boil before it gets as hot, as the air is thinner.";
+    let attribute_with = |semantic: &SemanticMatches| {
+        attribute(&AttributionInput {
+            answer,
+            cited: &[],
+            question: "Why does altitude change cooking?",
+            evidence: &evidence,
+            policy: Grounding::Strict,
+            nothing_relevant: false,
+            tool_outputs: &[],
+            semantic,
+        })
+    };
+    let first = attribute_with(&SemanticMatches::new());
+    assert_eq!(first.report.sentences[0].verdict, Verdict::Unsupported);
+    assert_eq!(first.borderline.len(), 1);
+    assert_eq!(first.borderline[0].candidates[0].0, "water#0");
+    assert_eq!(
+        first.borderline[0].candidates[0].1,
+        "At higher altitude the boiling point is lower."
+    );
+    // Below the bar, or for a chunk that shares none of its content: still unsupported.
+    let weak = SemanticMatches::from([(0, vec![("water#0".to_string(), SEMANTIC_SUPPORT - 0.01)])]);
+    assert_eq!(
+        attribute_with(&weak).report.sentences[0].verdict,
+        Verdict::Unsupported
+    );
+    let unrelated = SemanticMatches::from([(0, vec![("raft#1".to_string(), 0.99)])]);
+    assert_eq!(
+        attribute_with(&unrelated).report.sentences[0].verdict,
+        Verdict::Unsupported
+    );
+    let strong = SemanticMatches::from([(0, vec![("water#0".to_string(), 0.8)])]);
+    let out = attribute_with(&strong);
+    assert_eq!(out.report.sentences[0].verdict, Verdict::Supported);
+    assert_eq!(out.report.sentences[0].support[0].similarity, Some(0.8));
+    assert_eq!(out.citations[0].chunk_id, "water#0");
+    assert!((cosine(&[1.0, 0.0], &[1.0, 0.0]) - 1.0).abs() < 1e-6);
+    assert_eq!(cosine(&[], &[]), 0.0);
+    assert_eq!(cosine(&[0.0, 0.0], &[1.0, 0.0]), 0.0);
+}
+
+#[test]
+fn a_number_the_chunk_does_not_hold_is_not_supported_by_it() {
+    let out = run(
+        "Boston's average snowfall is 38.4 inches per year.",
+        &[],
+        "What is the average snowfall in Boston?",
+        Grounding::Strict,
+    );
+    assert_eq!(out.report.sentences[0].verdict, Verdict::Unsupported);
+    let out = run(
+        "Water boils at 90 degrees Celsius at sea level.",
+        &[],
+        "When does water boil?",
+        Grounding::Strict,
+    );
+    assert_eq!(out.report.sentences[0].verdict, Verdict::Unsupported);
+    let out = run(
+        "38.4 inches.",
+        &[],
+        "What is the average snowfall in Boston?",
+        Grounding::Strict,
+    );
+    assert_eq!(out.report.sentences[0].verdict, Verdict::Fragment);
 }

@@ -2274,3 +2274,28 @@ async fn the_knowledge_base_does_not_say_is_stated_with_the_searches_tried() {
         attribution::Verdict::Refusal
     );
 }
+
+#[tokio::test]
+async fn a_paraphrase_the_words_alone_miss_is_supported_by_meaning() {
+    let fixture = default_fixture().await;
+    // 44% of its stems are in the water chunk (under the 50% bar); MiniLM puts it at cosine
+    // 0.78 to the chunk's sentence on altitude.
+    let answer = "Climbers at altitude see their water boil before it gets as hot, as the air is thinner. The moon is made of green cheese.";
+    let ran = run(
+        deps(&fixture, Some(search_then_answer(answer, vec![]))),
+        input(&fixture, "Why does altitude change cooking?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(
+        ran.outcome.answer,
+        "Climbers at altitude see their water boil before it gets as hot, as the air is thinner [1]."
+    );
+    assert_eq!(ran.outcome.citations[0].document_title, "water");
+    let report = grounding_of(&ran);
+    let support = &report.sentences[0].support[0];
+    assert!(support.similarity.unwrap() >= attribution::SEMANTIC_SUPPORT);
+    assert!(support.overlap < attribution::SUPPORT_SHARE);
+    assert!(trace_has(&ran.outcome, "attribution", "semantic"));
+    assert!(!report.sentences[1].kept);
+}
