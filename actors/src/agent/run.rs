@@ -71,6 +71,11 @@ const DELTA_CHARS: usize = 160;
 const ANSWER_CHARS_PER_TOKEN: usize = 4;
 /// The cap when the model states no window.
 const MAX_ANSWER_CHARS: usize = 64_000;
+/// The texts one KB's model embeds for attribution, and the pairs to compare: (sentence
+/// index, chunk id, position of the sentence's text, position of the chunk sentence's text).
+#[derive(Default)]
+struct KbPairs(Vec<String>, Vec<(usize, String, usize, usize)>);
+
 /// Longest the embeddings of attribution may take.
 const SEMANTIC_TIMEOUT: Duration = Duration::from_secs(10);
 /// Service tool outputs kept for attribution, and the characters kept of each.
@@ -1644,16 +1649,13 @@ impl Run {
     async fn semantic_matches(&mut self, borderline: &[Borderline]) -> SemanticMatches {
         let started = Instant::now();
         // Per KB: the texts to embed, and for each pair the positions of its two texts.
-        let mut by_kb: std::collections::BTreeMap<
-            String,
-            (Vec<String>, Vec<(usize, String, usize, usize)>),
-        > = Default::default();
+        let mut by_kb: std::collections::BTreeMap<String, KbPairs> = Default::default();
         for item in borderline {
             for (chunk_id, closest) in &item.candidates {
                 let Some(kb) = self.evidence.get(chunk_id).map(|c| c.kb_id.clone()) else {
                     continue;
                 };
-                let (texts, pairs) = by_kb.entry(kb).or_default();
+                let KbPairs(texts, pairs) = by_kb.entry(kb).or_default();
                 let sentence_at = match texts.iter().position(|t| t == &item.sentence) {
                     Some(at) => at,
                     None => {
@@ -1668,7 +1670,7 @@ impl Run {
         let corpus = self.deps.corpus.clone();
         let mut matches = SemanticMatches::new();
         let mut compared = 0usize;
-        for (kb, (texts, pairs)) in by_kb {
+        for (kb, KbPairs(texts, pairs)) in by_kb {
             let embedded = tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => None,
