@@ -1457,6 +1457,13 @@ async fn a_cut_off_step_is_repaired_attributed_and_never_shown_as_protocol() {
         shown.contains("[1]") && !shown.contains("green cheese"),
         "{shown}"
     );
+    for thought in events_named(&events, "thought") {
+        let delta = thought.data["delta"].as_str().unwrap_or_default();
+        assert!(
+            !delta.contains("tool_input") && !delta.contains("<|"),
+            "{delta:?}"
+        );
+    }
     let grounding = events_named(&events, "grounding");
     assert_eq!(grounding.len(), 1, "{:#?}", names(&events));
     assert!(grounding[0].data["supported"].as_u64().unwrap() >= 1);

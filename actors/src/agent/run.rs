@@ -983,7 +983,12 @@ impl Run {
                     Some(Err(error)) => return Err(ModelFailure::Model(error)),
                     Some(Ok(ChatEvent::TextDelta(delta))) => {
                         turn.text.push_str(&delta);
-                        let _ = self.events.send(AgentEvent::Thought { delta });
+                        // A turn that opens like a step or a tool tag is protocol, not a
+                        // thought: held back (its `thought` field is shown once it is read).
+                        let opening = turn.text.trim_start();
+                        if !opening.is_empty() && !opening.starts_with(['{', '`', '<']) {
+                            let _ = self.events.send(AgentEvent::Thought { delta });
+                        }
                     }
                     Some(Ok(ChatEvent::ReasoningDelta(delta))) => {
                         let _ = self.events.send(AgentEvent::Thought { delta });
@@ -1037,6 +1042,16 @@ impl Run {
                 "error": error,
             }),
         );
+        let opening = turn.text.trim_start();
+        if opening.starts_with(['{', '`', '<']) {
+            let thought = super::model_io::extract_json_object(opening)
+                .or_else(|| repair_json(opening))
+                .and_then(|step| step.get("thought").and_then(|t| t.as_str()).map(scrub))
+                .filter(|thought| !thought.is_empty());
+            if let Some(delta) = thought {
+                let _ = self.events.send(AgentEvent::Thought { delta });
+            }
+        }
         outcome.map(|()| turn)
     }
 

@@ -2012,6 +2012,10 @@ async fn bad_input_a_step_truncated_mid_string_keeps_its_answer() {
     );
     assert!(trace_has(&ran.outcome, "parse", "repaired_step"));
     assert_eq!(model.loop_requests().len(), 2, "repaired, not retried");
+    // The step is protocol, not a thought: it is not streamed as one either.
+    assert!(!ran.events.iter().any(
+        |e| matches!(e, AgentEvent::Thought { delta } if delta.contains('{') || delta.contains("tool_input"))
+    ));
 
     // The same cut in a native tool call's arguments.
     let model = ScriptedModel::new(|request, _| match tool_results(request).len() {
