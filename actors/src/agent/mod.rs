@@ -277,6 +277,16 @@ pub fn describe_metrics() {
         "Model iterations of the ReAct loop per run"
     );
     metrics::describe_counter!(
+        "sift_agent_answer_sentences_total",
+        metrics::Unit::Count,
+        "Sentences of model answers by attribution verdict (supported, echo, fragment, unsupported, ...) and whether they were kept"
+    );
+    metrics::describe_counter!(
+        "sift_agent_grounding_fallbacks_total",
+        metrics::Unit::Count,
+        "Model answers replaced because no sentence was supported, by kind (extractive, not_found)"
+    );
+    metrics::describe_counter!(
         "sift_agent_tool_calls_total",
         metrics::Unit::Count,
         "Agent tool calls by tool and status (ok, bad_arguments, unknown_tool, error, timeout, repeated)"

@@ -1627,6 +1627,21 @@ impl Run {
                 finish,
             }
         };
+        for sentence in &report.sentences {
+            metrics::counter!(
+                "sift_agent_answer_sentences_total",
+                "verdict" => verdict_label(sentence.verdict),
+                "kept" => if sentence.kept { "true" } else { "false" }
+            )
+            .increment(1);
+        }
+        if let Some(fallback) = &report.fallback {
+            metrics::counter!(
+                "sift_agent_grounding_fallbacks_total",
+                "kind" => if fallback == "not_found" { "not_found" } else { "extractive" }
+            )
+            .increment(1);
+        }
         self.step(
             "grounding",
             grounding_label(policy),
@@ -2016,6 +2031,21 @@ fn cut_at_sentence(text: &str, cap: usize) -> String {
     match ranges.len() {
         0 | 1 => prefix,
         n => prefix[..ranges[n - 2].1].to_string(),
+    }
+}
+
+fn verdict_label(verdict: attribution::Verdict) -> &'static str {
+    use attribution::Verdict;
+    match verdict {
+        Verdict::Supported => "supported",
+        Verdict::SupportedYesNo => "supported_yes_no",
+        Verdict::SupportedEntity => "supported_entity",
+        Verdict::SupportedByTool => "supported_by_tool",
+        Verdict::Refusal => "refusal",
+        Verdict::Echo => "echo",
+        Verdict::Fragment => "fragment",
+        Verdict::Duplicate => "duplicate",
+        Verdict::Unsupported => "unsupported",
     }
 }
 

@@ -394,3 +394,91 @@ fn a_number_the_chunk_does_not_hold_is_not_supported_by_it() {
     );
     assert_eq!(out.report.sentences[0].verdict, Verdict::Fragment);
 }
+
+mod properties {
+    use super::*;
+    use crate::agent::protocol::{repair_json, scrub};
+    use proptest::prelude::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        // Words, punctuation, markers, CJK, braces and template tokens, mixed.
+        let pieces = prop::sample::select(vec![
+            "Water",
+            "boils",
+            "at",
+            "100",
+            "43.8",
+            "degrees",
+            "e.g.",
+            "J.",
+            "Raft",
+            "leader",
+            ". ",
+            "! ",
+            "? ",
+            "。",
+            "\n",
+            " ",
+            "[water#0]",
+            "[1]",
+            "[raft#1, made#2]",
+            "{",
+            "}",
+            "\"",
+            ":",
+            ",",
+            "\"answer\":",
+            "{\"tool\":",
+            "<|im_end|>",
+            "</s>",
+            "<tool_call>",
+            "绿茶",
+            "Wasser",
+            "(",
+            "[",
+            "]",
+            "\\",
+        ]);
+        prop::collection::vec(pieces, 0..60).prop_map(|p| p.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        #[test]
+        fn attribution_never_panics_and_cites_only_supporting_evidence(answer in text()) {
+            for policy in [Grounding::Strict, Grounding::Flag] {
+                let out = run(&answer, &["water#0", "nope#3"], "When does water boil?", policy);
+                for citation in &out.citations {
+                    prop_assert!(evidence().contains(&citation.chunk_id));
+                    let marker = format!("[{}]", citation.n);
+                    prop_assert!(out.text.contains(&marker), "{} lacks {}", out.text, marker);
+                }
+                for sentence in &out.report.sentences {
+                    prop_assert_eq!(sentence.verdict.is_supported(), !sentence.support.is_empty()
+                        || sentence.verdict == Verdict::SupportedByTool);
+                }
+            }
+        }
+
+        #[test]
+        fn sentences_are_ordered_trimmed_slices(answer in text()) {
+            let mut last = 0;
+            for (start, end) in split_sentences(&answer) {
+                prop_assert!(start >= last && start < end && end <= answer.len());
+                let piece = &answer[start..end];
+                prop_assert_eq!(piece, piece.trim());
+                last = end;
+            }
+        }
+
+        #[test]
+        fn repair_and_scrub_never_panic_and_scrub_leaves_no_template_tokens(raw in text()) {
+            let _ = repair_json(&raw);
+            let cleaned = scrub(&raw);
+            prop_assert!(!cleaned.contains("<|im_end|>") && !cleaned.contains("</s>"));
+            prop_assert!(!cleaned.contains("<tool_call>"));
+            let step = "{\"tool\":";
+            prop_assert!(!cleaned.contains(step), "{}", cleaned);
+        }
+    }
+}
