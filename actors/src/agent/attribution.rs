@@ -485,6 +485,19 @@ fn is_yes_no(sentence: &str) -> bool {
         || sentence.trim_start().starts_with(['是', '否', '对', '不'])
 }
 
+/// Whether a sentence negates (`not`, `n't`, `never`, `no`).
+fn negates(sentence: &str) -> bool {
+    sentence
+        .split(|c: char| !c.is_alphanumeric() && c != '\'')
+        .any(|word| {
+            let word = word.to_lowercase();
+            matches!(
+                word.as_str(),
+                "not" | "no" | "never" | "neither" | "nor" | "cannot"
+            ) || word.ends_with("n't")
+        })
+}
+
 fn is_fragment(sentence: &str) -> bool {
     let words = sentence
         .split_whitespace()
@@ -841,6 +854,21 @@ fn judge(
     }
     let novel: Vec<&String> = sentence.iter().filter(|s| !stem_in(s, question)).collect();
     if novel.is_empty() {
+        // Restating a yes/no question affirms it: that stands when a chunk holds all of it
+        // (and the sentence does not negate it, which words alone cannot check).
+        if is_yes_no_question(question_text) && !negates(plain) {
+            let whole = indexed
+                .iter()
+                .filter(|c| sentence.iter().all(|s| stem_in(s, &c.stems)))
+                .max_by(|a, b| a.chunk.relevance.total_cmp(&b.chunk.relevance));
+            if let Some(chunk) = whole {
+                return (
+                    Verdict::SupportedYesNo,
+                    vec![(chunk.chunk.chunk.chunk_id.clone(), 1.0)],
+                    1.0,
+                );
+            }
+        }
         return (Verdict::Echo, Vec::new(), 0.0);
     }
     let stated = numbers(plain);

@@ -196,6 +196,25 @@ fn echoes_and_fragments_are_unsupported_but_entities_and_yes_no_stand() {
     let yes = run("Yes.", &[], "Does Raft elect a leader?", Grounding::Strict);
     assert_eq!(yes.report.sentences[0].verdict, Verdict::SupportedYesNo);
     assert_eq!(yes.citations[0].chunk_id, "raft#1");
+    // Restating a yes/no question affirms it, when the evidence holds it; a negation does not.
+    let restated = run(
+        "Raft elects a leader.",
+        &[],
+        "Does Raft elect a leader?",
+        Grounding::Strict,
+    );
+    assert_eq!(
+        restated.report.sentences[0].verdict,
+        Verdict::SupportedYesNo
+    );
+    assert_eq!(restated.text, "Raft elects a leader [1].");
+    let negated = run(
+        "Raft does not elect a leader.",
+        &[],
+        "Does Raft elect a leader?",
+        Grounding::Strict,
+    );
+    assert_eq!(negated.report.sentences[0].verdict, Verdict::Echo);
     let yes_to_what = run("Yes.", &[], "What is Raft?", Grounding::Strict);
     assert_eq!(yes_to_what.report.sentences[0].verdict, Verdict::Fragment);
 }

@@ -2303,3 +2303,28 @@ async fn a_paraphrase_the_words_alone_miss_is_supported_by_meaning() {
     assert!(trace_has(&ran.outcome, "attribution", "semantic"));
     assert!(!report.sentences[1].kept);
 }
+
+#[tokio::test]
+async fn fast_path_answers_are_attributed_too() {
+    let fixture = default_fixture().await;
+    let model = ScriptedModel::new(|request, _| {
+        if !request.tools.is_empty() {
+            return Step::Fail(LlmError::AllFailed(Vec::new()));
+        }
+        text("Water boils at 100 degrees Celsius at sea level. Tea cures every known disease.")
+    });
+    let ran = run(
+        deps(&fixture, Some(model)),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(ran.outcome.mode, AnswerMode::FastPath);
+    assert_eq!(
+        ran.outcome.answer,
+        "Water boils at 100 degrees Celsius at sea level [1]."
+    );
+    let report = grounding_of(&ran);
+    assert_eq!(report.sentences[1].text, "Tea cures every known disease.");
+    assert!(!report.sentences[1].kept);
+}
