@@ -146,4 +146,20 @@ impl Corpus for ScopedCorpus {
     ) -> BoxFuture<'a, Result<SearchResponse>> {
         Box::pin(self.node.search(&self.scope, kb, query))
     }
+
+    fn embed<'a>(
+        &'a self,
+        kb: &'a str,
+        texts: Vec<String>,
+    ) -> BoxFuture<'a, Option<Vec<Vec<f32>>>> {
+        Box::pin(async move {
+            let record = self.node.find_kb(&self.scope, kb, Need::Read).ok()?;
+            let context = self.node.context();
+            let embedder = context
+                .embedders
+                .get(&record.settings.embedding_model)
+                .ok()?;
+            context.embed_cached(&embedder, texts).await.ok()
+        })
+    }
 }

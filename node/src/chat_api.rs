@@ -316,6 +316,7 @@ async fn chat_completions(
 struct Collected {
     answer: String,
     citations: Vec<Citation>,
+    grounding: Option<sift_actors::agent::GroundingReport>,
     error: Option<(String, String)>,
     prompt_tokens: u64,
     completion_tokens: u64,
@@ -328,6 +329,9 @@ impl Collected {
             RunEventKind::Agent(AgentEvent::Delta { text }) => self.answer.push_str(text),
             RunEventKind::Agent(AgentEvent::Citation(citation)) => {
                 self.citations.push(citation.clone())
+            }
+            RunEventKind::Agent(AgentEvent::Grounding(report)) => {
+                self.grounding = Some(report.clone())
             }
             RunEventKind::Agent(AgentEvent::Error { code, message }) => {
                 self.error = Some((code.clone(), message.clone()))
@@ -365,6 +369,7 @@ impl Collected {
         json!({
             "run_id": run_id,
             "citations": self.citations,
+            "grounding": self.grounding,
             "finish_reason": self.finish.map(sift_actors::sessions::finish_name),
         })
     }

@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sift_models::fake_server::{
     FakeLlm, FakeReply, FakeRequest, final_answer_citing, llama_cpp_context_overflow,
-    openai_context_overflow, openai_text, react_agent, text_reply,
+    openai_context_overflow, openai_text, react_agent, shown_chunk_text, text_reply,
+    tool_call_reply,
 };
 use sift_models::llm::config::{ProviderConfig, ToolMode};
 use sift_node::config::Config;
@@ -1402,4 +1403,106 @@ async fn deleting_a_session_mid_run_stops_the_run_and_stores_nothing() {
     let rest = stream.rest().await;
     assert_eq!(rest.last().unwrap().data["finish_reason"], "stopped");
     shutdown.await.unwrap();
+}
+
+/// Issue 24: a small model's step, cut off mid-string and wrapped in chat-template tokens,
+/// with one claim the evidence holds and one it does not. What a reader sees (the session
+/// stream, the stored turn, the OpenAI-compatible answer) holds the supported sentence, cited,
+/// and no protocol text; the per-sentence verdicts are in the metadata.
+#[tokio::test]
+async fn a_cut_off_step_is_repaired_attributed_and_never_shown_as_protocol() {
+    let query = first_title();
+    let fake = FakeLlm::start(move |request: &FakeRequest| {
+        if !request.offers_tool("final_answer") {
+            return text_reply(request, &request.last_user_text(), 2);
+        }
+        let ids = request.chunk_ids_shown();
+        let Some(id) = ids.first() else {
+            return tool_call_reply(request, "s", "knowledge_search", &json!({ "query": query }), 3);
+        };
+        let opening: Vec<String> = shown_chunk_text(request, id)
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(20)
+            .map(str::to_string)
+            .collect();
+        let answer = format!(
+            "{}. The moon is made of green cheese",
+            opening.join(" ").trim_end_matches(['.', ',', ';', ':'])
+        );
+        // Cut off inside the answer string, as a token limit leaves it.
+        let step = format!(
+            "<|im_start|>assistant\n{{\"thought\":\"\",\"tool\":\"final_answer\",\"tool_input\":{{\"answer\":{}",
+            serde_json::to_string(&answer).unwrap().trim_end_matches('"')
+        );
+        text_reply(request, &step, 5)
+    })
+    .await;
+    let fixture = fixture_with_llm(vec![provider(&fake, "local", 0)]).await;
+    let client = &fixture.client;
+    let protocol = ["{", "}", "<|", "|>", "tool_input", "final_answer"];
+
+    let session = new_session(client).await;
+    let events = ask(client, &session, "What does the first study find?")
+        .await
+        .rest()
+        .await;
+    assert_well_formed(&events, &session);
+    assert_citations_retrieved(&events);
+    let shown = answer_text(&events);
+    for needle in protocol {
+        assert!(!shown.contains(needle), "{needle:?} in {shown:?}");
+    }
+    assert!(
+        shown.contains("[1]") && !shown.contains("green cheese"),
+        "{shown}"
+    );
+    for thought in events_named(&events, "thought") {
+        let delta = thought.data["delta"].as_str().unwrap_or_default();
+        assert!(
+            !delta.contains("tool_input") && !delta.contains("<|"),
+            "{delta:?}"
+        );
+    }
+    let grounding = events_named(&events, "grounding");
+    assert_eq!(grounding.len(), 1, "{:#?}", names(&events));
+    assert!(grounding[0].data["supported"].as_u64().unwrap() >= 1);
+    assert!(grounding[0].data["removed"].as_u64().unwrap() >= 1);
+    let turns = client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await
+        .expect(200);
+    let turn = &turns["messages"][0];
+    assert_eq!(turn["answer"].as_str().unwrap(), shown);
+    assert_eq!(turn["mode"], "agent");
+    let sentences = turn["grounding"]["sentences"].as_array().unwrap();
+    assert!(
+        sentences
+            .iter()
+            .any(|s| s["verdict"] == "supported" && s["kept"] == true)
+    );
+    let cheese = sentences.last().unwrap();
+    assert_eq!(cheese["text"], "The moon is made of green cheese");
+    assert_eq!(cheese["verdict"], "unsupported");
+    assert_eq!(cheese["kept"], false);
+
+    let answer = client
+        .post_json(
+            "/v1/chat/completions",
+            &json!({
+                "model": "default",
+                "messages": [{ "role": "user", "content": "What does the first study find?" }],
+                "sift": { "kbs": ["papers"] },
+            }),
+        )
+        .await
+        .expect(200);
+    let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    for needle in protocol {
+        assert!(!content.contains(needle), "{needle:?} in {content:?}");
+    }
+    assert!(content.contains("[1]"), "{content}");
+    assert_eq!(answer["sift"]["grounding"]["policy"], "strict");
+    assert!(answer["sift"]["grounding"]["supported"].as_u64().unwrap() >= 1);
+    fixture.node.shutdown().await;
 }

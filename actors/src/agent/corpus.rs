@@ -41,4 +41,16 @@ pub trait Corpus: Send + Sync {
         kb: &'a str,
         query: SearchQuery,
     ) -> BoxFuture<'a, Result<SearchResponse>>;
+
+    /// Embeds `texts` with the embedding model of `kb` (attribution compares an answer's
+    /// sentences with the evidence by meaning). `None` when no model is at hand: attribution
+    /// is then lexical only.
+    fn embed<'a>(
+        &'a self,
+        kb: &'a str,
+        texts: Vec<String>,
+    ) -> BoxFuture<'a, Option<Vec<Vec<f32>>>> {
+        let _ = (kb, texts);
+        Box::pin(async { None })
+    }
 }

@@ -141,20 +141,95 @@ pub fn build_answer(raw: &str, cited: &[String], evidence: &Evidence) -> BuiltAn
     let cited: Vec<String> = cited.iter().map(|c| clean_item(c).to_string()).collect();
     let mut numbering: Vec<String> = Vec::new();
     let mut dropped: Vec<String> = Vec::new();
-    let number_of = |id: &str, numbering: &mut Vec<String>| -> u32 {
-        match numbering.iter().position(|known| known == id) {
-            Some(at) => at as u32 + 1,
-            None => {
-                numbering.push(id.to_string());
-                numbering.len() as u32
+    let (text, _) = rewrite_markers(raw, &cited, evidence, &mut numbering, &mut dropped, &|_| {
+        true
+    });
+    let mut text = text.trim().to_string();
+    let mut appended = String::new();
+    let cited = resolve_cited(cited, evidence);
+    for id in &cited {
+        if evidence.contains(id) {
+            if !numbering.contains(id) {
+                appended.push_str(&format!("[{}]", number_of(id, &mut numbering)));
             }
+        } else {
+            note_dropped(id, &mut dropped);
         }
-    };
-    let note_dropped = |id: &str, dropped: &mut Vec<String>| {
-        if !dropped.iter().any(|d| d == id) {
-            dropped.push(id.to_string());
+    }
+    if !appended.is_empty() {
+        text.push(' ');
+        text.push_str(&appended);
+    }
+    let citations = numbering
+        .iter()
+        .enumerate()
+        .filter_map(|(index, id)| {
+            evidence
+                .get(id)
+                .map(|chunk| citation_for(index as u32 + 1, chunk))
+        })
+        .collect();
+    BuiltAnswer {
+        text,
+        citations,
+        dropped,
+    }
+}
+
+/// The cited ids as evidence chunk ids where they can be: a cited document id stands for its
+/// best chunk in the evidence; an id with stray characters around it (`id]}`, `id.`) for the
+/// id. Ids that stay unresolved are kept as they are (the caller drops them).
+pub(crate) fn resolve_cited(cited: Vec<String>, evidence: &Evidence) -> Vec<String> {
+    cited
+        .into_iter()
+        .map(|id| {
+            if evidence.contains(&id) {
+                return id;
+            }
+            if let Some(best) = evidence.best_of_document(&id) {
+                return best.chunk.chunk_id.clone();
+            }
+            embedded_id(&id, evidence).unwrap_or(id)
+        })
+        .collect()
+}
+
+/// The number of `id` in `numbering` (1-based), numbering it when new.
+pub(crate) fn number_of(id: &str, numbering: &mut Vec<String>) -> u32 {
+    match numbering.iter().position(|known| known == id) {
+        Some(at) => at as u32 + 1,
+        None => {
+            numbering.push(id.to_string());
+            numbering.len() as u32
         }
-    };
+    }
+}
+
+fn note_dropped(id: &str, dropped: &mut Vec<String>) {
+    if !dropped.iter().any(|d| d == id) {
+        dropped.push(id.to_string());
+    }
+}
+
+/// The ids of `cited` cleaned of the prefixes and quotes models put around them.
+pub(crate) fn clean_cited(cited: &[String]) -> Vec<String> {
+    cited.iter().map(|c| clean_item(c).to_string()).collect()
+}
+
+/// Rewrites the citation markers of `raw`: an item that resolves to an evidence chunk which
+/// `keep` accepts becomes `[n]` (numbered in `numbering` by first use); other recognised items
+/// are removed (ids no tool returned are noted in `dropped`); bracketed text that is no marker
+/// stays. Returns the text and every evidence chunk the markers resolved to, in order (kept or
+/// not). `cited` is the model's cleaned citation list (`[k]` means its k-th id).
+pub(crate) fn rewrite_markers(
+    raw: &str,
+    cited: &[String],
+    evidence: &Evidence,
+    numbering: &mut Vec<String>,
+    dropped: &mut Vec<String>,
+    keep: &dyn Fn(&str) -> bool,
+) -> (String, Vec<String>) {
+    let mut resolved_ids: Vec<String> = Vec::new();
     let mut text = String::with_capacity(raw.len());
     let mut last = 0;
     for captures in marker_regex().captures_iter(raw) {
@@ -190,12 +265,20 @@ pub fn build_answer(raw: &str, cited: &[String], evidence: &Evidence) -> BuiltAn
             match resolved {
                 Some(Ok(id)) => {
                     recognised += 1;
-                    markers.push_str(&format!("[{}]", number_of(&id, &mut numbering)));
+                    if keep(&id) {
+                        let n = number_of(&id, numbering);
+                        if !markers.contains(&format!("[{n}]")) {
+                            markers.push_str(&format!("[{n}]"));
+                        }
+                    }
+                    if !resolved_ids.contains(&id) {
+                        resolved_ids.push(id);
+                    }
                 }
                 Some(Err(id)) => {
                     recognised += 1;
                     if looks_like_chunk_id(&id) {
-                        note_dropped(&id, &mut dropped);
+                        note_dropped(&id, dropped);
                     }
                 }
                 None => {}
@@ -213,49 +296,7 @@ pub fn build_answer(raw: &str, cited: &[String], evidence: &Evidence) -> BuiltAn
         last = whole.end();
     }
     text.push_str(&raw[last..]);
-    let mut text = text.trim().to_string();
-    let mut appended = String::new();
-    // A cited document id stands for its best chunk in the evidence; an id with stray
-    // characters around it (`id]}`, `id.`) for the id.
-    let cited: Vec<String> = cited
-        .into_iter()
-        .map(|id| {
-            if evidence.contains(&id) {
-                return id;
-            }
-            if let Some(best) = evidence.best_of_document(&id) {
-                return best.chunk.chunk_id.clone();
-            }
-            embedded_id(&id, evidence).unwrap_or(id)
-        })
-        .collect();
-    for id in &cited {
-        if evidence.contains(id) {
-            if !numbering.contains(id) {
-                appended.push_str(&format!("[{}]", number_of(id, &mut numbering)));
-            }
-        } else {
-            note_dropped(id, &mut dropped);
-        }
-    }
-    if !appended.is_empty() {
-        text.push(' ');
-        text.push_str(&appended);
-    }
-    let citations = numbering
-        .iter()
-        .enumerate()
-        .filter_map(|(index, id)| {
-            evidence
-                .get(id)
-                .map(|chunk| citation_for(index as u32 + 1, chunk))
-        })
-        .collect();
-    BuiltAnswer {
-        text,
-        citations,
-        dropped,
-    }
+    (text, resolved_ids)
 }
 
 /// The evidence chunk id written inside `item` with stray characters around it (a real 0.5B

@@ -18,6 +18,8 @@ pub enum ExtractiveReason {
     ModelFailed,
     /// The run's budget (tokens or deadline) ran out before the model answered.
     Budget,
+    /// The model answered, but no sentence of its answer matched the retrieved evidence.
+    Ungrounded,
 }
 
 impl ExtractiveReason {
@@ -28,6 +30,9 @@ impl ExtractiveReason {
             }
             ExtractiveReason::ModelFailed => {
                 "Extractive answer (the language model was unavailable): the passages of the knowledge bases that best match the question."
+            }
+            ExtractiveReason::Ungrounded => {
+                "Extractive answer (no sentence of the model's answer could be matched to the retrieved evidence): the passages of the knowledge bases that best match the question."
             }
             ExtractiveReason::Budget => {
                 "Extractive answer (the run's budget ran out before the model answered): the passages of the knowledge bases that best match the question."
@@ -141,7 +146,7 @@ fn ends_a_sentence(sentence: &str) -> bool {
 
 /// The document span of the sentence at chars `[start, end)` of a chunk's text whose own
 /// text (its tail) is the document's `span`.
-fn sentence_span(text: &str, span: (u32, u32), start: usize, end: usize) -> (u32, u32) {
+pub(crate) fn sentence_span(text: &str, span: (u32, u32), start: usize, end: usize) -> (u32, u32) {
     let text_chars = text.chars().count();
     let own = span.1.saturating_sub(span.0) as usize;
     if own == 0 || own > text_chars {

@@ -6,6 +6,7 @@
 //! event before and the message id of `done`, keeps the event log for `Last-Event-ID`
 //! resumption, and supervises the run (a panicking run ends its stream with `error`, `done`).
 
+pub mod attribution;
 pub mod context;
 pub mod corpus;
 pub mod evidence;
@@ -13,6 +14,7 @@ pub mod extractive;
 pub mod model_io;
 pub mod planner;
 pub mod prompt;
+pub mod protocol;
 pub mod reflector;
 mod run;
 pub mod terms;
@@ -21,6 +23,7 @@ mod tests;
 pub mod tools;
 pub mod verifier;
 
+pub use attribution::{Grounding, GroundingReport};
 pub use corpus::Corpus;
 pub use planner::{QueryPlan, plan_rules};
 
@@ -120,6 +123,8 @@ pub enum AgentEvent {
         code: String,
         message: String,
     },
+    /// The per-sentence verdicts of the answer's attribution (before its citations).
+    Grounding(GroundingReport),
     Done {
         finish_reason: RunFinish,
     },
@@ -157,6 +162,10 @@ pub struct AgentOutcome {
     pub trace: Vec<TraceStep>,
     /// A summary of older turns made by context management, to be stored for the next run.
     pub history_summary: Option<String>,
+    /// The attribution of the answer's sentences (`None` for extractive answers and with
+    /// `grounding = "off"`).
+    #[serde(default)]
+    pub grounding: Option<GroundingReport>,
 }
 
 /// Limits of one run.
@@ -224,6 +233,10 @@ pub struct AgentPreset {
     pub web_search: Option<sift_models::web_search::WebSearchConfig>,
     #[serde(default)]
     pub mcp_servers: Vec<sift_models::mcp::McpServerConfig>,
+    /// What the answer's unsupported sentences become: `strict` (removed, the default),
+    /// `flag` (kept, marked) or `off` (no attribution).
+    #[serde(default)]
+    pub grounding: Grounding,
 }
 
 impl AgentPreset {
@@ -236,6 +249,7 @@ impl AgentPreset {
             tools: None,
             web_search: None,
             mcp_servers: Vec::new(),
+            grounding: Grounding::Strict,
         }
     }
 }
@@ -261,6 +275,16 @@ pub fn describe_metrics() {
         "sift_agent_iterations",
         metrics::Unit::Count,
         "Model iterations of the ReAct loop per run"
+    );
+    metrics::describe_counter!(
+        "sift_agent_answer_sentences_total",
+        metrics::Unit::Count,
+        "Sentences of model answers by attribution verdict (supported, echo, fragment, unsupported, ...) and whether they were kept"
+    );
+    metrics::describe_counter!(
+        "sift_agent_grounding_fallbacks_total",
+        metrics::Unit::Count,
+        "Model answers replaced because no sentence was supported, by kind (extractive, not_found)"
     );
     metrics::describe_counter!(
         "sift_agent_tool_calls_total",

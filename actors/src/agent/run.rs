@@ -21,6 +21,9 @@ use futures::future::join_all;
 use serde_json::json;
 use tracing::{debug, warn};
 
+use super::attribution::{
+    self, AttributionInput, Borderline, Grounding, GroundingReport, SemanticMatches,
+};
 use super::context::{
     self, DROP_GROUPS_AT, KEEP_RECENT_TURNS, SUMMARISE_AT, TokenCounter, cut_tool_results,
     drop_tool_groups, history_messages,
@@ -30,8 +33,9 @@ use super::extractive::{ExtractiveReason, extractive_answer};
 use super::model_io::{AuxError, complete_text, find_json_object};
 use super::planner::{self, QueryPlan};
 use super::prompt::{system_prompt, with_notes, wrap_observation};
+use super::protocol::{looks_like_step, recover_step, repair_json, scrub};
 use super::reflector::{Reflector, ReflectorConfig};
-use super::terms::{terms, truncate_chars};
+use super::terms::{coverage, terms, truncate_chars};
 use super::tools::search::{render_hit, search_all};
 use super::tools::{
     FINAL_ANSWER, FinalAnswerArgs, KNOWLEDGE_SEARCH, ToolContext, ToolError, ToolOutput, Toolbox,
@@ -62,6 +66,23 @@ const OVERFLOW_WINDOW_SHARE: f64 = 0.75;
 const MIN_OVERFLOW_WINDOW: usize = 512;
 /// Characters per `delta` event of the answer.
 const DELTA_CHARS: usize = 160;
+/// An answer is cut (at a sentence end) past this many characters per token of the model's
+/// window: no model answer can be longer than the window it was written in.
+const ANSWER_CHARS_PER_TOKEN: usize = 4;
+/// The cap when the model states no window.
+const MAX_ANSWER_CHARS: usize = 64_000;
+/// The texts one KB's model embeds for attribution, and the pairs to compare: (sentence
+/// index, chunk id, position of the sentence's text, position of the chunk sentence's text).
+#[derive(Default)]
+struct KbPairs(Vec<String>, Vec<(usize, String, usize, usize)>);
+
+/// Longest the embeddings of attribution may take.
+const SEMANTIC_TIMEOUT: Duration = Duration::from_secs(10);
+/// Service tool outputs kept for attribution, and the characters kept of each.
+const MAX_TOOL_OUTPUTS: usize = 20;
+const TOOL_OUTPUT_CHARS: usize = 8_000;
+/// A chunk is relevant to the question when it holds this share of the question's terms.
+const RELEVANT_COVERAGE: f64 = 0.5;
 
 /// How a run ended, before the answer is rendered.
 enum Ending {
@@ -155,6 +176,12 @@ pub(super) struct Run {
     call_ids: std::collections::HashSet<String>,
     /// Signatures of failed calls already allowed a retry.
     retried: std::collections::HashSet<String>,
+    /// The queries the run's searches ran, in order (a "not found" answer lists them).
+    searches: Vec<String>,
+    /// The attribution of the answer, once made.
+    grounding: Option<GroundingReport>,
+    /// Outputs of service tools (web search, MCP): they can support an answer's sentence.
+    tool_outputs: Vec<(String, String)>,
 }
 
 impl Run {
@@ -194,6 +221,9 @@ impl Run {
             window_cap: None,
             call_ids: Default::default(),
             retried: Default::default(),
+            searches: Vec::new(),
+            grounding: None,
+            tool_outputs: Vec::new(),
             deps,
             input,
             events,
@@ -241,6 +271,7 @@ impl Run {
     /// Runs to the end and renders the answer.
     pub(super) async fn run(mut self) -> AgentOutcome {
         let ending = self.execute().await;
+        let ending = self.ground(ending).await;
         self.finish(ending)
     }
 
@@ -363,6 +394,8 @@ impl Run {
         let tools: Vec<ToolSpec> = self.toolbox.specs().to_vec();
         let mut empty_retried = false;
         let mut nudged = false;
+        let mut unreadable_retried = false;
+        let mut final_answer_failures = 0u32;
         loop {
             if self.cancel.is_cancelled() {
                 return Ending::Stopped;
@@ -404,6 +437,55 @@ impl Run {
                         Instant::now(),
                         json!({"calls": calls.iter().map(|c| &c.name).collect::<Vec<_>>()}),
                     );
+                }
+            }
+            if calls.is_empty() && looks_like_step(&turn.text) {
+                // A step written as JSON that did not parse whole (cut off by a token limit,
+                // or spelt differently): repaired when its fields can be recovered, else
+                // retried once, else the run ends in the extractive answer. Never taken as
+                // answer text.
+                match recover_step(&turn.text).filter(|step| self.toolbox.allows(&step.tool)) {
+                    Some(step) => {
+                        self.step(
+                            "parse",
+                            if step.repaired {
+                                "repaired_step"
+                            } else {
+                                "step_in_text"
+                            },
+                            Instant::now(),
+                            json!({"tool": step.tool}),
+                        );
+                        calls.push(ToolCall {
+                            id: format!("text-{}-0", self.iterations),
+                            name: step.tool,
+                            arguments: step.arguments.to_string(),
+                        });
+                    }
+                    None if !unreadable_retried => {
+                        unreadable_retried = true;
+                        self.step(
+                            "retry",
+                            "unreadable_step",
+                            Instant::now(),
+                            json!({"text": truncate_chars(&turn.text, 300)}),
+                        );
+                        messages.push(ChatMessage::User {
+                            content: "Your last step could not be read (it was cut off or was not \
+                                      a valid tool call). Make one complete tool call now."
+                                .into(),
+                        });
+                        continue;
+                    }
+                    None => {
+                        self.step(
+                            "fallback",
+                            "unreadable_step",
+                            Instant::now(),
+                            json!({"text": truncate_chars(&turn.text, 300)}),
+                        );
+                        return self.extractive_with_evidence(RunFinish::Stop).await;
+                    }
                 }
             }
             // Ids pair calls with results (in the messages and the events): make them unique
@@ -461,7 +543,10 @@ impl Run {
                 }
                 self.emit_tool_call(call);
                 match parse_final_answer(&call.arguments) {
-                    Ok(args) => {
+                    Ok((args, repaired)) => {
+                        if repaired {
+                            self.step("parse", "repaired_final_answer", Instant::now(), json!({}));
+                        }
                         metrics::counter!("sift_agent_tool_calls_total", "tool" => FINAL_ANSWER, "status" => "ok")
                             .increment(1);
                         self.emit(AgentEvent::ToolResult {
@@ -484,6 +569,18 @@ impl Run {
                     }
                     Err(error) => {
                         observations[index] = Some(self.tool_error_observation(call, &error));
+                        // A final_answer that cannot be read is retried once (the error
+                        // observation tells the model why); a second ends the run.
+                        final_answer_failures += 1;
+                        if final_answer_failures >= 2 {
+                            self.step(
+                                "fallback",
+                                "unreadable_final_answer",
+                                Instant::now(),
+                                json!({"error": error.to_string()}),
+                            );
+                            return self.extractive_with_evidence(RunFinish::Stop).await;
+                        }
                     }
                 }
             }
@@ -752,6 +849,11 @@ impl Run {
         });
         if call.name == KNOWLEDGE_SEARCH {
             self.searched = true;
+            for query in &output.queries {
+                if !self.searches.contains(query) {
+                    self.searches.push(query.clone());
+                }
+            }
             let query_terms = terms(&self.retrieval_question);
             let candidates: Vec<Candidate<'_>> = output
                 .chunks
@@ -822,6 +924,15 @@ impl Run {
                 serde_json::to_value(&reflection).unwrap_or_default(),
             );
         }
+        if !super::tools::BUILTIN_TOOLS.contains(&call.name.as_str())
+            && output.chunks.is_empty()
+            && self.tool_outputs.len() < MAX_TOOL_OUTPUTS
+        {
+            self.tool_outputs.push((
+                call.name.clone(),
+                truncate_chars(&output.content, TOOL_OUTPUT_CHARS),
+            ));
+        }
         for chunk in output.chunks {
             self.evidence.insert(chunk);
         }
@@ -872,7 +983,12 @@ impl Run {
                     Some(Err(error)) => return Err(ModelFailure::Model(error)),
                     Some(Ok(ChatEvent::TextDelta(delta))) => {
                         turn.text.push_str(&delta);
-                        let _ = self.events.send(AgentEvent::Thought { delta });
+                        // A turn that opens like a step or a tool tag is protocol, not a
+                        // thought: held back (its `thought` field is shown once it is read).
+                        let opening = turn.text.trim_start();
+                        if !opening.is_empty() && !opening.starts_with(['{', '`', '<']) {
+                            let _ = self.events.send(AgentEvent::Thought { delta });
+                        }
                     }
                     Some(Ok(ChatEvent::ReasoningDelta(delta))) => {
                         let _ = self.events.send(AgentEvent::Thought { delta });
@@ -926,6 +1042,16 @@ impl Run {
                 "error": error,
             }),
         );
+        let opening = turn.text.trim_start();
+        if opening.starts_with(['{', '`', '<']) {
+            let thought = super::model_io::extract_json_object(opening)
+                .or_else(|| repair_json(opening))
+                .and_then(|step| step.get("thought").and_then(|t| t.as_str()).map(scrub))
+                .filter(|thought| !thought.is_empty());
+            if let Some(delta) = thought {
+                let _ = self.events.send(AgentEvent::Thought { delta });
+            }
+        }
         outcome.map(|()| turn)
     }
 
@@ -1151,7 +1277,7 @@ impl Run {
             Ok(turn) => {
                 if let Some(call) = turn.tool_calls.iter().find(|c| c.name == FINAL_ANSWER) {
                     self.emit_tool_call(call);
-                    if let Ok(args) = parse_final_answer(&call.arguments) {
+                    if let Ok((args, _)) = parse_final_answer(&call.arguments) {
                         self.emit(AgentEvent::ToolResult {
                             id: call.id.clone(),
                             summary: format!("answer with {} citation(s)", args.citations.len()),
@@ -1164,6 +1290,21 @@ impl Run {
                             finish,
                         };
                     }
+                }
+                if looks_like_step(&turn.text) {
+                    // A step in text: its answer when it has one, never the JSON itself.
+                    if let Some(step) = recover_step(&turn.text)
+                        && step.tool == FINAL_ANSWER
+                        && let Ok((args, _)) = parse_final_answer(&step.arguments.to_string())
+                    {
+                        return Ending::Answer {
+                            text: args.answer,
+                            cited: args.citations,
+                            mode: AnswerMode::Agent,
+                            finish,
+                        };
+                    }
+                    return self.extractive_with_evidence(finish).await;
                 }
                 if !turn.text.trim().is_empty() {
                     let cited = mentioned_ids(&turn.text, &self.evidence);
@@ -1347,6 +1488,275 @@ impl Run {
         ending
     }
 
+    /// Protocol text is scrubbed from every answer; a model's answer is then attributed
+    /// sentence by sentence to this run's evidence (see `attribution`), unless the preset's
+    /// `grounding` is `off`. An answer with nothing supported left becomes the extractive
+    /// answer (with a label saying why), or, when retrieval found nothing relevant, "the
+    /// knowledge base does not say" with the searches that were tried.
+    async fn ground(&mut self, ending: Ending) -> Ending {
+        let (raw, cited, mode, finish) = match ending {
+            Ending::Stopped => return Ending::Stopped,
+            Ending::Built {
+                text,
+                citations,
+                mode,
+                finish,
+            } => {
+                return Ending::Built {
+                    text: scrub(&text),
+                    citations,
+                    mode,
+                    finish,
+                };
+            }
+            Ending::Answer {
+                text,
+                cited,
+                mode,
+                finish,
+            } => (text, cited, mode, finish),
+        };
+        let started = Instant::now();
+        let mut text = scrub(&raw);
+        if text != raw.trim() {
+            self.step(
+                "protocol",
+                "scrubbed",
+                started,
+                json!({"chars_before": raw.chars().count(), "chars_after": text.chars().count()}),
+            );
+        }
+        let cap = self.answer_cap();
+        if text.chars().count() > cap {
+            let before = text.chars().count();
+            text = cut_at_sentence(&text, cap);
+            self.step(
+                "answer",
+                "cut",
+                Instant::now(),
+                json!({"chars_before": before, "chars_after": text.chars().count(), "cap": cap}),
+            );
+        }
+        let policy = self.deps.preset.grounding;
+        if policy == Grounding::Off && !text.is_empty() {
+            return Ending::Answer {
+                text,
+                cited,
+                mode,
+                finish,
+            };
+        }
+        // Attribution after the fact needs evidence: an answer given without any search (the
+        // model answered from memory) is checked against a search made now.
+        if self.evidence.is_empty() && !self.retrieve("grounding-search").await {
+            return Ending::Stopped;
+        }
+        let question_terms = terms(&self.retrieval_question);
+        let nothing_relevant = !self
+            .evidence
+            .in_order()
+            .any(|c| coverage(&question_terms, &c.chunk.text) >= RELEVANT_COVERAGE);
+        let mut attributed = self.attribute(
+            &text,
+            &cited,
+            policy,
+            nothing_relevant,
+            &SemanticMatches::new(),
+        );
+        // Sentences the words alone leave unsupported but that share some content with a
+        // chunk are compared by meaning, then attributed again.
+        if !attributed.borderline.is_empty() {
+            let borderline = std::mem::take(&mut attributed.borderline);
+            let matches = self.semantic_matches(&borderline).await;
+            if !matches.is_empty() {
+                attributed = self.attribute(&text, &cited, policy, nothing_relevant, &matches);
+            }
+        }
+        if !attributed.dropped.is_empty() {
+            self.step(
+                "citations",
+                "dropped",
+                Instant::now(),
+                json!({"dropped": attributed.dropped, "reason": "not returned by a tool in this run"}),
+            );
+        }
+        let mut report = attributed.report;
+        let ending = if report.only_refusal() {
+            Ending::Built {
+                text: format!("{}\n\n{}", attributed.text, self.searches_note()),
+                citations: attributed.citations,
+                mode,
+                finish,
+            }
+        } else if report.has_answer() {
+            Ending::Built {
+                text: attributed.text,
+                citations: attributed.citations,
+                mode,
+                finish,
+            }
+        } else if nothing_relevant {
+            report.fallback = Some("not_found".into());
+            report.note = Some(
+                "no sentence of the model's answer is supported, and retrieval found nothing relevant"
+                    .into(),
+            );
+            Ending::Built {
+                text: format!("The knowledge base does not say. {}", self.searches_note()),
+                citations: Vec::new(),
+                mode,
+                finish,
+            }
+        } else {
+            report.fallback = Some("extractive".into());
+            report.note = Some(if text.is_empty() {
+                "the model's answer held no text once protocol text was removed".into()
+            } else {
+                "no sentence of the model's answer is supported by the retrieved evidence".into()
+            });
+            let (text, citations) = extractive_answer(
+                &self.retrieval_question,
+                &self.evidence,
+                EXTRACTIVE_SENTENCES,
+                ExtractiveReason::Ungrounded,
+            );
+            Ending::Built {
+                text,
+                citations,
+                mode: AnswerMode::Extractive,
+                finish,
+            }
+        };
+        for sentence in &report.sentences {
+            metrics::counter!(
+                "sift_agent_answer_sentences_total",
+                "verdict" => verdict_label(sentence.verdict),
+                "kept" => if sentence.kept { "true" } else { "false" }
+            )
+            .increment(1);
+        }
+        if let Some(fallback) = &report.fallback {
+            metrics::counter!(
+                "sift_agent_grounding_fallbacks_total",
+                "kind" => if fallback == "not_found" { "not_found" } else { "extractive" }
+            )
+            .increment(1);
+        }
+        self.step(
+            "grounding",
+            grounding_label(policy),
+            started,
+            serde_json::to_value(&report).unwrap_or_default(),
+        );
+        self.grounding = Some(report);
+        ending
+    }
+
+    fn attribute(
+        &self,
+        answer: &str,
+        cited: &[String],
+        policy: Grounding,
+        nothing_relevant: bool,
+        semantic: &SemanticMatches,
+    ) -> attribution::Attributed {
+        attribution::attribute(&AttributionInput {
+            answer,
+            cited,
+            question: &self.retrieval_question,
+            evidence: &self.evidence,
+            policy,
+            nothing_relevant,
+            tool_outputs: &self.tool_outputs,
+            semantic,
+        })
+    }
+
+    /// Cosine similarities of borderline sentences to their candidate chunks' closest
+    /// sentences, with the embedding model of each chunk's KB (via the corpus); the pairs at
+    /// or above [`attribution::SEMANTIC_SUPPORT`]. Empty when no model is at hand, on a
+    /// timeout, or when the run is cancelled.
+    async fn semantic_matches(&mut self, borderline: &[Borderline]) -> SemanticMatches {
+        let started = Instant::now();
+        // Per KB: the texts to embed, and for each pair the positions of its two texts.
+        let mut by_kb: std::collections::BTreeMap<String, KbPairs> = Default::default();
+        for item in borderline {
+            for (chunk_id, closest) in &item.candidates {
+                let Some(kb) = self.evidence.get(chunk_id).map(|c| c.kb_id.clone()) else {
+                    continue;
+                };
+                let KbPairs(texts, pairs) = by_kb.entry(kb).or_default();
+                let sentence_at = match texts.iter().position(|t| t == &item.sentence) {
+                    Some(at) => at,
+                    None => {
+                        texts.push(item.sentence.clone());
+                        texts.len() - 1
+                    }
+                };
+                texts.push(closest.clone());
+                pairs.push((item.index, chunk_id.clone(), sentence_at, texts.len() - 1));
+            }
+        }
+        let corpus = self.deps.corpus.clone();
+        let mut matches = SemanticMatches::new();
+        let mut compared = 0usize;
+        for (kb, KbPairs(texts, pairs)) in by_kb {
+            let embedded = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => None,
+                embedded = tokio::time::timeout(SEMANTIC_TIMEOUT.min(self.remaining()), corpus.embed(&kb, texts)) => embedded.ok().flatten(),
+            };
+            let Some(vectors) = embedded else { continue };
+            for (index, chunk_id, sentence_at, closest_at) in pairs {
+                let (Some(a), Some(b)) = (vectors.get(sentence_at), vectors.get(closest_at)) else {
+                    continue;
+                };
+                compared += 1;
+                let similarity = attribution::cosine(a, b);
+                if similarity >= attribution::SEMANTIC_SUPPORT {
+                    matches
+                        .entry(index)
+                        .or_default()
+                        .push((chunk_id, similarity));
+                }
+            }
+        }
+        self.step(
+            "attribution",
+            "semantic",
+            started,
+            json!({"sentences": borderline.len(), "pairs_compared": compared, "supported": matches.len()}),
+        );
+        matches
+    }
+
+    /// The longest answer shown, in characters: what the model's window could have held.
+    fn answer_cap(&self) -> usize {
+        let window = match &self.deps.model {
+            Some(model) => self.window(model.as_ref()),
+            None => 0,
+        };
+        if window == 0 {
+            MAX_ANSWER_CHARS
+        } else {
+            window.saturating_mul(ANSWER_CHARS_PER_TOKEN)
+        }
+    }
+
+    /// The searches this run tried, as an answer states them.
+    fn searches_note(&self) -> String {
+        if self.searches.is_empty() {
+            return "No search of the knowledge bases was run.".into();
+        }
+        let quoted: Vec<String> = self
+            .searches
+            .iter()
+            .take(10)
+            .map(|q| format!("\"{}\"", truncate_chars(q, 120)))
+            .collect();
+        format!("Searches tried: {}.", quoted.join(", "))
+    }
+
     /// Renders the answer into events and the outcome. Exactly one `done`.
     fn finish(mut self, ending: Ending) -> AgentOutcome {
         let (mut text, citations, mode, finish) = match ending {
@@ -1397,6 +1807,9 @@ impl Run {
             ));
         }
         if finish != RunFinish::Stopped {
+            if let Some(report) = &self.grounding {
+                self.emit(AgentEvent::Grounding(report.clone()));
+            }
             for citation in &citations {
                 self.emit(AgentEvent::Citation(citation.clone()));
             }
@@ -1447,15 +1860,35 @@ impl Run {
             completion_tokens: self.completion_tokens,
             trace: self.trace,
             history_summary: self.history_summary,
+            grounding: if finish == RunFinish::Stopped {
+                None
+            } else {
+                self.grounding
+            },
         }
     }
 }
 
-fn parse_final_answer(raw: &str) -> Result<FinalAnswerArgs, ToolError> {
-    let value = parse_arguments(raw).map_err(|message| ToolError::BadArguments {
-        tool: FINAL_ANSWER.into(),
-        message,
-    })?;
+/// The arguments of a `final_answer` call, and whether they had to be repaired (cut off:
+/// the fields written before the cut are kept).
+fn parse_final_answer(raw: &str) -> Result<(FinalAnswerArgs, bool), ToolError> {
+    let (value, repaired) = match parse_arguments(raw) {
+        Ok(value) => (value, false),
+        Err(message) => match repair_json(raw) {
+            Some(value) => (value, true),
+            None => {
+                return Err(ToolError::BadArguments {
+                    tool: FINAL_ANSWER.into(),
+                    message,
+                });
+            }
+        },
+    };
+    // A step object passed whole as the arguments: its tool input.
+    let value = match value.get("tool_input") {
+        Some(inner) if inner.is_object() && value.get("answer").is_none() => inner.clone(),
+        _ => value,
+    };
     let args: FinalAnswerArgs = parse_args(FINAL_ANSWER, value)?;
     if args.answer.trim().is_empty() {
         return Err(ToolError::BadArguments {
@@ -1463,7 +1896,7 @@ fn parse_final_answer(raw: &str) -> Result<FinalAnswerArgs, ToolError> {
             message: "answer is empty".into(),
         });
     }
-    Ok(args)
+    Ok((args, repaired))
 }
 
 /// A call's identity for stuck-loop detection: the name and the arguments (object keys
@@ -1551,6 +1984,7 @@ pub fn parse_text_tool_calls(text: &str, toolbox: &Toolbox, step: u32) -> Vec<To
             .and_then(|n| n.as_str());
         let arguments = value
             .get("arguments")
+            .or_else(|| value.get("tool_input"))
             .or_else(|| value.get("parameters"))
             .or_else(|| value.get("args"))
             .or_else(|| value.get("input"));
@@ -1590,6 +2024,39 @@ fn split_deltas(text: &str, size: usize) -> Vec<String> {
     out
 }
 
+/// `text` cut to at most `cap` characters at the end of its last whole sentence.
+fn cut_at_sentence(text: &str, cap: usize) -> String {
+    let prefix: String = text.chars().take(cap).collect();
+    let ranges = attribution::split_sentences(&prefix);
+    match ranges.len() {
+        0 | 1 => prefix,
+        n => prefix[..ranges[n - 2].1].to_string(),
+    }
+}
+
+fn verdict_label(verdict: attribution::Verdict) -> &'static str {
+    use attribution::Verdict;
+    match verdict {
+        Verdict::Supported => "supported",
+        Verdict::SupportedYesNo => "supported_yes_no",
+        Verdict::SupportedEntity => "supported_entity",
+        Verdict::SupportedByTool => "supported_by_tool",
+        Verdict::Refusal => "refusal",
+        Verdict::Echo => "echo",
+        Verdict::Fragment => "fragment",
+        Verdict::Duplicate => "duplicate",
+        Verdict::Unsupported => "unsupported",
+    }
+}
+
+fn grounding_label(policy: Grounding) -> &'static str {
+    match policy {
+        Grounding::Strict => "strict",
+        Grounding::Flag => "flag",
+        Grounding::Off => "off",
+    }
+}
+
 fn finish_label(finish: RunFinish) -> &'static str {
     match finish {
         RunFinish::Stop => "stop",
@@ -1627,7 +2094,10 @@ mod tests {
             json!({"query": "raft"})
         );
         assert_eq!(calls[1].name, "final_answer");
-        assert_eq!(parse_final_answer(&calls[1].arguments).unwrap().answer, "x");
+        assert_eq!(
+            parse_final_answer(&calls[1].arguments).unwrap().0.answer,
+            "x"
+        );
         assert!(parse_text_tool_calls("The answer is {not json}.", &toolbox, 1).is_empty());
         assert!(parse_text_tool_calls("Set {\"name\": \"x\"} in config", &toolbox, 1).is_empty());
     }
@@ -1655,6 +2125,11 @@ mod tests {
     #[test]
     fn final_answer_needs_text() {
         assert!(parse_final_answer("{\"answer\": \" \", \"citations\": []}").is_err());
-        assert!(parse_final_answer("{\"answer\": \"yes\"").is_err());
+        assert!(parse_final_answer("{\"citations\": [\"a#1\"]}").is_err());
+        // Cut off: the answer written before the cut is kept.
+        let (args, repaired) =
+            parse_final_answer("{\"answer\": \"yes\", \"citations\": [\"a#").unwrap();
+        assert_eq!(args.answer, "yes");
+        assert!(repaired);
     }
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 /// English stopwords and question words: they say nothing about what a chunk must contain.
-const STOPWORDS: &[&str] = &[
+pub(crate) const STOPWORDS: &[&str] = &[
     "a", "about", "above", "after", "again", "all", "also", "am", "an", "and", "any", "are", "as",
     "at", "be", "because", "been", "before", "being", "between", "both", "but", "by", "can",
     "could", "did", "do", "does", "doing", "during", "each", "else", "few", "for", "from",
@@ -22,7 +22,7 @@ const STOPWORDS: &[&str] = &[
     "vs", "versus",
 ];
 
-fn is_cjk(c: char) -> bool {
+pub(crate) fn is_cjk(c: char) -> bool {
     matches!(c as u32,
         0x3400..=0x4DBF | 0x4E00..=0x9FFF | 0xF900..=0xFAFF | 0x3040..=0x30FF | 0xAC00..=0xD7AF)
 }

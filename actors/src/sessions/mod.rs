@@ -140,6 +140,9 @@ pub struct TurnView {
     pub mode: String,
     pub usage: TurnUsage,
     pub trace: Vec<TraceStep>,
+    /// The per-sentence verdicts of the answer's attribution (the trace's `grounding` step),
+    /// `null` for extractive answers and with `grounding = "off"`.
+    pub grounding: Option<serde_json::Value>,
     pub created_at_ms: u64,
 }
 
@@ -901,6 +904,23 @@ fn trace_to(step: &TraceStep) -> TurnTraceStep {
 }
 
 fn turn_view(turn: StoredTurn) -> TurnView {
+    let trace: Vec<TraceStep> = turn
+        .trace
+        .into_iter()
+        .map(|step| TraceStep {
+            detail: serde_json::from_str(&step.detail_json)
+                .unwrap_or(serde_json::Value::String(step.detail_json)),
+            kind: step.kind,
+            name: step.name,
+            started_ms: step.started_ms,
+            duration_ms: step.duration_ms,
+        })
+        .collect();
+    let grounding = trace
+        .iter()
+        .rev()
+        .find(|step| step.kind == "grounding")
+        .map(|step| step.detail.clone());
     TurnView {
         message_id: turn.message_id,
         run_id: turn.run_id,
@@ -911,18 +931,8 @@ fn turn_view(turn: StoredTurn) -> TurnView {
         finish_reason: turn.finish_reason,
         mode: turn.mode,
         usage: turn.usage,
-        trace: turn
-            .trace
-            .into_iter()
-            .map(|step| TraceStep {
-                detail: serde_json::from_str(&step.detail_json)
-                    .unwrap_or(serde_json::Value::String(step.detail_json)),
-                kind: step.kind,
-                name: step.name,
-                started_ms: step.started_ms,
-                duration_ms: step.duration_ms,
-            })
-            .collect(),
+        trace,
+        grounding,
         created_at_ms: turn.created_at_ms,
     }
 }

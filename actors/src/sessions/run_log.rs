@@ -48,6 +48,7 @@ impl RunEvent {
                 AgentEvent::Usage { .. } => "usage",
                 AgentEvent::Partial { .. } => "partial",
                 AgentEvent::Error { .. } => "error",
+                AgentEvent::Grounding(_) => "grounding",
                 AgentEvent::Done { .. } => "done",
             },
         }

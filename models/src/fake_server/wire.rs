@@ -228,13 +228,47 @@ pub fn tool_call_reply(
 /// The `final_answer` arguments citing the first `n` chunk ids the agent showed the model.
 pub fn final_answer_citing(request: &FakeRequest, n: usize) -> Value {
     let ids: Vec<String> = request.chunk_ids_shown().into_iter().take(n).collect();
+    // A well-behaved model answers with what the chunks say: each cited chunk's opening
+    // words, so the answer's sentences are supported by the chunks they cite.
     let answer = ids
         .iter()
         .enumerate()
-        .map(|(i, id)| format!("Finding {} is supported by the evidence [{id}].", i + 1))
+        .map(|(i, id)| match shown_chunk_text(request, id) {
+            Some(text) => {
+                let opening: Vec<&str> = text.split_whitespace().take(24).collect();
+                let opening = opening.join(" ");
+                format!("{} [{id}].", opening.trim_end_matches(['.', ',', ';', ':']))
+            }
+            None => format!("Finding {} is supported by the evidence [{id}].", i + 1),
+        })
         .collect::<Vec<_>>()
         .join(" ");
     json!({ "answer": answer, "citations": ids })
+}
+
+/// The text of chunk `id` as a tool result in the request showed it (the line after its
+/// `chunk_id: {id}` header).
+pub fn shown_chunk_text(request: &FakeRequest, id: &str) -> Option<String> {
+    fn strings<'a>(value: &'a Value, out: &mut Vec<&'a str>) {
+        match value {
+            Value::String(s) => out.push(s),
+            Value::Array(items) => items.iter().for_each(|item| strings(item, out)),
+            Value::Object(map) => map.values().for_each(|item| strings(item, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    strings(&request.body, &mut all);
+    let header = format!("chunk_id: {id} ");
+    all.iter().rev().find_map(|text| {
+        let at = text.find(&header)?;
+        let rest = &text[at..];
+        let body = rest.split_once('\n')?.1;
+        let line = body
+            .lines()
+            .find(|line| !line.trim().is_empty() && !line.trim_start().starts_with("[Context:"))?;
+        Some(line.trim().to_string())
+    })
 }
 
 /// A well-behaved ReAct model: with no tool result yet it calls `knowledge_search` for

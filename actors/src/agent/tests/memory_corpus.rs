@@ -241,4 +241,12 @@ impl Corpus for MemoryCorpus {
             })
         })
     }
+
+    fn embed<'a>(
+        &'a self,
+        _kb: &'a str,
+        texts: Vec<String>,
+    ) -> BoxFuture<'a, Option<Vec<Vec<f32>>>> {
+        Box::pin(async move { self.embedder.embed(texts).await.ok() })
+    }
 }

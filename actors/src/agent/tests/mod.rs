@@ -875,13 +875,16 @@ async fn natural_stop_is_nudged_once_and_empty_answers_retried_once() {
     .await;
     check_stream(&ran);
     assert_eq!(ran.outcome.mode, AnswerMode::Agent);
+    // No tool ran in the loop: the answer is attributed to a search made after the fact.
     assert_eq!(
         ran.outcome.answer,
-        "As I said, water boils at 100 degrees Celsius."
+        "As I said, water boils at 100 degrees Celsius [1]."
     );
+    assert_eq!(ran.outcome.citations[0].document_title, "water");
     assert!(
-        ran.outcome.citations.is_empty(),
-        "no tool returned anything"
+        ran.events
+            .iter()
+            .any(|e| matches!(e, AgentEvent::ToolCall { id, .. } if id == "grounding-search"))
     );
     assert!(trace_has(&ran.outcome, "retry", "empty_response"));
     assert!(trace_has(&ran.outcome, "nudge", "natural_stop"));
@@ -900,7 +903,7 @@ async fn iteration_budget_forces_an_answer_that_says_so() {
             return events(vec![call(
                 "f",
                 "final_answer",
-                "{\"answer\": \"Partial findings.\", \"citations\": []}",
+                "{\"answer\": \"Partial findings: water boils at 100 degrees Celsius at sea level.\", \"citations\": []}",
             )]);
         }
         events(vec![call(
@@ -915,7 +918,13 @@ async fn iteration_budget_forces_an_answer_that_says_so() {
     check_stream(&ran);
     assert_eq!(ran.outcome.finish_reason, RunFinish::Budget);
     assert_eq!(ran.outcome.iterations, 2);
-    assert!(ran.outcome.answer.starts_with("Partial findings."));
+    assert!(
+        ran.outcome
+            .answer
+            .starts_with("Partial findings: water boils at 100 degrees Celsius at sea level [1]."),
+        "{}",
+        ran.outcome.answer
+    );
     assert!(ran.outcome.answer.contains("budget ran out"));
 }
 
@@ -1784,4 +1793,538 @@ async fn searches_of_several_kbs_and_queries_merge_by_chunk_best_first() {
         errors.iter().all(|e| e.starts_with("no-such-kb: ")),
         "{errors:?}"
     );
+}
+
+// ---- grounding and bad input (issue 24) ----
+
+fn deps_grounding(
+    fixture: &Fixture,
+    model: Arc<ScriptedModel>,
+    grounding: attribution::Grounding,
+) -> AgentDeps {
+    let mut preset = AgentPreset::default_preset();
+    preset.grounding = grounding;
+    AgentDeps {
+        preset: Arc::new(preset),
+        ..deps(fixture, Some(model))
+    }
+}
+
+/// A model that searches first, then gives `answer` (with `citations`) as its final_answer.
+fn search_then_answer(answer: &'static str, citations: Vec<&'static str>) -> Arc<ScriptedModel> {
+    ScriptedModel::new(move |request, _| match tool_results(request).len() {
+        0 => events(vec![call(
+            "s",
+            "knowledge_search",
+            "{\"query\": \"boiling point of water\"}",
+        )]),
+        _ => events(vec![call(
+            "f",
+            "final_answer",
+            &json!({"answer": answer, "citations": citations}).to_string(),
+        )]),
+    })
+}
+
+/// No protocol text in what a reader sees: deltas, the stored answer.
+fn assert_no_protocol(ran: &Ran) {
+    let shown: String = ran
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::Delta { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    for text in [shown.as_str(), ran.outcome.answer.as_str()] {
+        for needle in [
+            "{",
+            "}",
+            "<|",
+            "|>",
+            "<tool_call>",
+            "</s>",
+            "\"tool\"",
+            "tool_input",
+        ] {
+            assert!(!text.contains(needle), "{needle:?} in {text:?}");
+        }
+        assert!(!text.trim().is_empty());
+    }
+}
+
+fn grounding_of(ran: &Ran) -> &attribution::GroundingReport {
+    ran.outcome.grounding.as_ref().expect("a grounding report")
+}
+
+#[tokio::test]
+async fn a_supported_sentence_gets_a_citation_and_strict_removes_an_unsupported_one() {
+    let fixture = default_fixture().await;
+    let answer =
+        "Water boils at 100 degrees Celsius at sea level. The moon is made of green cheese.";
+    let ran = run(
+        deps_grounding(
+            &fixture,
+            search_then_answer(answer, vec![]),
+            attribution::Grounding::Strict,
+        ),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(ran.outcome.mode, AnswerMode::Agent);
+    assert_eq!(
+        ran.outcome.answer,
+        "Water boils at 100 degrees Celsius at sea level [1]."
+    );
+    assert_eq!(ran.outcome.citations.len(), 1);
+    assert_eq!(ran.outcome.citations[0].document_title, "water");
+    let report = grounding_of(&ran);
+    assert_eq!(
+        (report.supported, report.unsupported, report.removed),
+        (1, 1, 1)
+    );
+    assert_eq!(
+        report.sentences[1].verdict,
+        attribution::Verdict::Unsupported
+    );
+    assert!(!report.sentences[1].kept);
+    // The verdicts are streamed (before the citations) and stored in the trace.
+    let grounding_event = ran
+        .events
+        .iter()
+        .position(|e| matches!(e, AgentEvent::Grounding(_)))
+        .expect("a grounding event");
+    let first_citation = ran
+        .events
+        .iter()
+        .position(|e| matches!(e, AgentEvent::Citation(_)))
+        .unwrap();
+    assert!(grounding_event < first_citation);
+    let step = ran
+        .outcome
+        .trace
+        .iter()
+        .find(|s| s.kind == "grounding")
+        .expect("grounding in the trace");
+    assert_eq!(step.name, "strict");
+    assert_eq!(step.detail["sentences"][0]["verdict"], "supported");
+    assert_eq!(step.detail["sentences"][0]["support"][0]["n"], 1);
+}
+
+#[tokio::test]
+async fn flag_keeps_an_unsupported_sentence_marked_and_off_leaves_the_answer_alone() {
+    let fixture = default_fixture().await;
+    let answer =
+        "Water boils at 100 degrees Celsius at sea level. The moon is made of green cheese.";
+    let ran = run(
+        deps_grounding(
+            &fixture,
+            search_then_answer(answer, vec![]),
+            attribution::Grounding::Flag,
+        ),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(
+        ran.outcome.answer,
+        "Water boils at 100 degrees Celsius at sea level [1]. The moon is made of green cheese [unsupported]."
+    );
+    let report = grounding_of(&ran);
+    assert_eq!(report.removed, 0);
+    assert!(report.sentences[1].kept);
+    assert_eq!(report.policy, attribution::Grounding::Flag);
+
+    let ran = run(
+        deps_grounding(
+            &fixture,
+            search_then_answer(answer, vec![]),
+            attribution::Grounding::Off,
+        ),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(ran.outcome.answer, answer);
+    assert!(ran.outcome.citations.is_empty());
+    assert!(ran.outcome.grounding.is_none());
+}
+
+#[tokio::test]
+async fn bad_input_citations_to_ids_the_run_never_retrieved_are_dropped() {
+    let fixture = default_fixture().await;
+    let model = search_then_answer(
+        "Water boils at 100 degrees Celsius at sea level [invented#1]. Tea grows on the moon [invented#2].",
+        vec!["invented#1", "invented#2"],
+    );
+    let ran = run(
+        deps(&fixture, Some(model)),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    // The supported sentence is cited to the retrieved chunk that holds it, never to an
+    // invented id; the unsupported one is gone.
+    assert_eq!(
+        ran.outcome.answer,
+        "Water boils at 100 degrees Celsius at sea level [1]."
+    );
+    assert_eq!(ran.outcome.citations[0].document_title, "water");
+    let dropped = ran
+        .outcome
+        .trace
+        .iter()
+        .find(|s| s.kind == "citations" && s.name == "dropped")
+        .expect("dropped ids traced");
+    assert_eq!(
+        dropped.detail["dropped"],
+        json!(["invented#1", "invented#2"])
+    );
+    assert_no_protocol(&ran);
+}
+
+#[tokio::test]
+async fn bad_input_a_step_truncated_mid_string_keeps_its_answer() {
+    let fixture = default_fixture().await;
+    // The step as text, cut off by the token limit inside the answer string.
+    let model = ScriptedModel::new(|request, _| match tool_results(request).len() {
+        0 => events(vec![call(
+            "s",
+            "knowledge_search",
+            "{\"query\": \"boiling water\"}",
+        )]),
+        _ => text(
+            "{\"thought\":\"\",\"tool\":\"final_answer\",\"tool_input\":{\"answer\":\"Water boils at 100 degrees Celsius at sea level (at",
+        ),
+    });
+    let ran = run(
+        deps(&fixture, Some(model.clone())),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_no_protocol(&ran);
+    assert_eq!(ran.outcome.mode, AnswerMode::Agent);
+    assert_eq!(
+        ran.outcome.answer,
+        "Water boils at 100 degrees Celsius at sea level (at [1]"
+    );
+    assert!(trace_has(&ran.outcome, "parse", "repaired_step"));
+    assert_eq!(model.loop_requests().len(), 2, "repaired, not retried");
+    // The step is protocol, not a thought: it is not streamed as one either.
+    assert!(!ran.events.iter().any(
+        |e| matches!(e, AgentEvent::Thought { delta } if delta.contains('{') || delta.contains("tool_input"))
+    ));
+
+    // The same cut in a native tool call's arguments.
+    let model = ScriptedModel::new(|request, _| match tool_results(request).len() {
+        0 => events(vec![call(
+            "s",
+            "knowledge_search",
+            "{\"query\": \"boiling water\"}",
+        )]),
+        _ => events(vec![call(
+            "f",
+            "final_answer",
+            "{\"answer\": \"Water boils at 100 degrees Celsius at sea level.\", \"citations\": [\"wat",
+        )]),
+    });
+    let ran = run(
+        deps(&fixture, Some(model)),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(
+        ran.outcome.answer,
+        "Water boils at 100 degrees Celsius at sea level [1]."
+    );
+    assert!(trace_has(&ran.outcome, "parse", "repaired_final_answer"));
+}
+
+#[tokio::test]
+async fn bad_input_a_step_with_the_wrong_schema_is_retried_once_then_extractive() {
+    let fixture = default_fixture().await;
+    let model = ScriptedModel::new(|request, _| {
+        if request.tools.is_empty() {
+            return text("unused");
+        }
+        text("{\"action\": \"respond\", \"content\": \"Water boils at 100 degrees.\"}")
+    });
+    let ran = run(
+        deps(&fixture, Some(model.clone())),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_no_protocol(&ran);
+    assert_eq!(ran.outcome.mode, AnswerMode::Extractive);
+    assert!(!ran.outcome.citations.is_empty());
+    assert!(trace_has(&ran.outcome, "retry", "unreadable_step"));
+    assert!(trace_has(&ran.outcome, "fallback", "unreadable_step"));
+    assert_eq!(model.loop_requests().len(), 2, "retried exactly once");
+
+    // A final_answer call whose arguments have the wrong fields: the error is shown once,
+    // the second failure ends the run.
+    let model = ScriptedModel::new(|_, _| {
+        events(vec![call(
+            "f",
+            "final_answer",
+            "{\"response\": \"Water boils at 100 degrees.\", \"sources\": []}",
+        )])
+    });
+    let ran = run(
+        deps(&fixture, Some(model.clone())),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_no_protocol(&ran);
+    assert_eq!(ran.outcome.mode, AnswerMode::Extractive);
+    assert!(trace_has(
+        &ran.outcome,
+        "fallback",
+        "unreadable_final_answer"
+    ));
+    assert_eq!(model.loop_requests().len(), 2);
+}
+
+#[tokio::test]
+async fn bad_input_an_answer_in_another_language_falls_back_to_extractive_with_a_note() {
+    let fixture = default_fixture().await;
+    let model = search_then_answer(
+        "Das Wasser kocht auf Meereshöhe bei hundert Grad. Im Gebirge kocht es früher.",
+        vec![],
+    );
+    let ran = run(
+        deps(&fixture, Some(model)),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(ran.outcome.mode, AnswerMode::Extractive);
+    assert!(
+        ran.outcome.answer.starts_with(
+            "Extractive answer (no sentence of the model's answer could be matched to the retrieved evidence)"
+        ),
+        "{}",
+        ran.outcome.answer
+    );
+    assert!(ran.outcome.answer.contains("100 degrees Celsius"));
+    assert!(!ran.outcome.citations.is_empty());
+    let report = grounding_of(&ran);
+    assert_eq!(report.fallback.as_deref(), Some("extractive"));
+    assert_eq!(report.supported, 0);
+    assert_eq!(report.sentences.len(), 2);
+}
+
+#[tokio::test]
+async fn bad_input_an_answer_longer_than_the_context_window_is_cut_and_attributed() {
+    let fixture = default_fixture().await;
+    static LONG: OnceLock<String> = OnceLock::new();
+    let long = LONG.get_or_init(|| {
+        let mut answer = String::from("Water boils at 100 degrees Celsius at sea level. ");
+        for i in 0..2_000 {
+            answer.push_str(&format!(
+                "Filler claim number {i} repeats nothing of use here. "
+            ));
+        }
+        answer
+    });
+    let model = ScriptedModel::with_window(4_000, |request, _| match tool_results(request).len() {
+        0 => events(vec![call(
+            "s",
+            "knowledge_search",
+            "{\"query\": \"boiling water\"}",
+        )]),
+        _ => events(vec![call(
+            "f",
+            "final_answer",
+            &json!({"answer": LONG.get().unwrap(), "citations": []}).to_string(),
+        )]),
+    });
+    assert!(long.chars().count() > 4_000 * 4);
+    let ran = run(
+        deps(&fixture, Some(model)),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(
+        ran.outcome.answer,
+        "Water boils at 100 degrees Celsius at sea level [1]."
+    );
+    let cut = ran
+        .outcome
+        .trace
+        .iter()
+        .find(|s| s.kind == "answer" && s.name == "cut")
+        .expect("the answer was cut");
+    assert_eq!(cut.detail["cap"], 16_000);
+    assert!(cut.detail["chars_after"].as_u64().unwrap() <= 16_000);
+    assert!(grounding_of(&ran).removed > 100);
+}
+
+#[tokio::test]
+async fn bad_input_a_model_that_streams_only_whitespace_gets_the_extractive_answer() {
+    let fixture = default_fixture().await;
+    let model = ScriptedModel::new(|_, _| {
+        events(vec![
+            ChatEvent::TextDelta("   ".into()),
+            ChatEvent::TextDelta("\n\t \n".into()),
+            ChatEvent::TextDelta(" ".into()),
+        ])
+    });
+    let ran = run(
+        deps(&fixture, Some(model)),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_no_protocol(&ran);
+    assert_eq!(ran.outcome.mode, AnswerMode::Extractive);
+    assert!(ran.outcome.answer.contains("100 degrees Celsius"));
+    assert!(!ran.outcome.citations.is_empty());
+    assert!(trace_has(&ran.outcome, "retry", "empty_response"));
+}
+
+#[tokio::test]
+async fn chat_template_tokens_and_tool_tags_never_reach_the_answer() {
+    let fixture = default_fixture().await;
+    let model = ScriptedModel::new(|request, n| match tool_results(request).len() {
+        0 if n == 0 => events(vec![call(
+            "s",
+            "knowledge_search",
+            "{\"query\": \"boiling water\"}",
+        )]),
+        _ => text(
+            "<|im_start|>assistant\nWater boils at 100 degrees Celsius at sea level.<|im_end|>\n[INST] <|eot_id|></s>",
+        ),
+    });
+    let ran = run(
+        deps(&fixture, Some(model)),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_no_protocol(&ran);
+    assert!(
+        ran.outcome
+            .answer
+            .starts_with("Water boils at 100 degrees Celsius at sea level [1]."),
+        "{}",
+        ran.outcome.answer
+    );
+}
+
+#[tokio::test]
+async fn an_echo_of_the_question_is_unsupported() {
+    let fixture = default_fixture().await;
+    let ran = run(
+        deps(
+            &fixture,
+            Some(search_then_answer("Boiling point of water.", vec![])),
+        ),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(ran.outcome.mode, AnswerMode::Extractive);
+    let report = grounding_of(&ran);
+    assert_eq!(report.sentences[0].verdict, attribution::Verdict::Echo);
+    assert_eq!(report.fallback.as_deref(), Some("extractive"));
+}
+
+#[tokio::test]
+async fn the_knowledge_base_does_not_say_is_stated_with_the_searches_tried() {
+    let fixture = default_fixture().await;
+    let model = ScriptedModel::new(|request, _| match tool_results(request).len() {
+        0 => events(vec![call(
+            "s",
+            "knowledge_search",
+            "{\"query\": \"chess club founder Freedonia\"}",
+        )]),
+        _ => events(vec![call(
+            "f",
+            "final_answer",
+            "{\"answer\": \"The knowledge base does not say who founded the Freedonia chess club.\"}",
+        )]),
+    });
+    let ran = run(
+        deps(&fixture, Some(model)),
+        input(&fixture, "Who founded the Freedonia chess club?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(ran.outcome.mode, AnswerMode::Agent);
+    assert!(
+        ran.outcome
+            .answer
+            .starts_with("The knowledge base does not say who founded the Freedonia chess club."),
+        "{}",
+        ran.outcome.answer
+    );
+    assert!(
+        ran.outcome
+            .answer
+            .contains("Searches tried: \"chess club founder Freedonia\""),
+        "{}",
+        ran.outcome.answer
+    );
+    assert!(ran.outcome.citations.is_empty());
+    assert_eq!(
+        grounding_of(&ran).sentences[0].verdict,
+        attribution::Verdict::Refusal
+    );
+}
+
+#[tokio::test]
+async fn a_paraphrase_the_words_alone_miss_is_supported_by_meaning() {
+    let fixture = default_fixture().await;
+    // 44% of its stems are in the water chunk (under the 50% bar); MiniLM puts it at cosine
+    // 0.78 to the chunk's sentence on altitude.
+    let answer = "Climbers at altitude see their water boil before it gets as hot, as the air is thinner. The moon is made of green cheese.";
+    let ran = run(
+        deps(&fixture, Some(search_then_answer(answer, vec![]))),
+        input(&fixture, "Why does altitude change cooking?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(
+        ran.outcome.answer,
+        "Climbers at altitude see their water boil before it gets as hot, as the air is thinner [1]."
+    );
+    assert_eq!(ran.outcome.citations[0].document_title, "water");
+    let report = grounding_of(&ran);
+    let support = &report.sentences[0].support[0];
+    assert!(support.similarity.unwrap() >= attribution::SEMANTIC_SUPPORT);
+    assert!(support.overlap < attribution::SUPPORT_SHARE);
+    assert!(trace_has(&ran.outcome, "attribution", "semantic"));
+    assert!(!report.sentences[1].kept);
+}
+
+#[tokio::test]
+async fn fast_path_answers_are_attributed_too() {
+    let fixture = default_fixture().await;
+    let model = ScriptedModel::new(|request, _| {
+        if !request.tools.is_empty() {
+            return Step::Fail(LlmError::AllFailed(Vec::new()));
+        }
+        text("Water boils at 100 degrees Celsius at sea level. Tea cures every known disease.")
+    });
+    let ran = run(
+        deps(&fixture, Some(model)),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(ran.outcome.mode, AnswerMode::FastPath);
+    assert_eq!(
+        ran.outcome.answer,
+        "Water boils at 100 degrees Celsius at sea level [1]."
+    );
+    let report = grounding_of(&ran);
+    assert_eq!(report.sentences[1].text, "Tea cures every known disease.");
+    assert!(!report.sentences[1].kept);
 }
