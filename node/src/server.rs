@@ -32,6 +32,7 @@ pub struct RunningNode {
     server: tokio::task::JoinHandle<()>,
     /// Reloads the TLS certificate on SIGHUP.
     reloader: Option<tokio::task::JoinHandle<()>>,
+    data_dir: std::path::PathBuf,
 }
 
 impl RunningNode {
@@ -77,6 +78,20 @@ impl RunningNode {
         if let Some(member) = self.cluster.take() {
             member.shutdown().await;
         }
+        // The stores close when the last handle goes; this returns once they have, so the
+        // data dir opens again at once (a restart in the same process).
+        let RunningNode {
+            node,
+            sessions,
+            data_dir,
+            ..
+        } = self;
+        drop(sessions);
+        drop(node);
+        let _ = tokio::task::spawn_blocking(move || {
+            sift_storage::sled_db::wait_released(&data_dir, Duration::from_secs(30))
+        })
+        .await;
     }
 }
 
@@ -271,6 +286,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         stop: Some(stop),
         server,
         reloader,
+        data_dir: config.data_dir.clone(),
     })
 }
 

@@ -16,17 +16,21 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// How long [`open`] waits for a released lock before it gives the error back.
-const LOCK_WAIT: Duration = Duration::from_secs(5);
+/// How long [`open`] waits for a released lock before it gives the error back. A loaded
+/// machine's disk can hold a dropped handle's last flush for seconds (a CI run met a
+/// restarted in-process node that waited out 5 s).
+const LOCK_WAIT: Duration = Duration::from_secs(30);
+/// After this long [`open`] says what it waits for.
+const LOCK_WAIT_LOGGED: Duration = Duration::from_secs(2);
 const LOCK_POLL: Duration = Duration::from_millis(20);
 
 /// Opens `config`, retrying while another handle of this process is letting go of the lock.
 /// A lock held for longer (another process on the same directory) fails after [`LOCK_WAIT`].
 /// A database refused as corrupt because of an unfinished snapshot is opened without it.
 pub fn open(config: &sled::Config) -> sled::Result<sled::Db> {
-    match open_waiting(config) {
+    match open_waiting(config, LOCK_WAIT) {
         Err(sled::Error::Corruption { .. }) if remove_unfinished_snapshots(&config.get_path()) => {
-            open_waiting(config)
+            open_waiting(config, LOCK_WAIT)
         }
         result => result,
     }
@@ -53,14 +57,72 @@ fn remove_unfinished_snapshots(dir: &Path) -> bool {
     removed
 }
 
-fn open_waiting(config: &sled::Config) -> sled::Result<sled::Db> {
-    let deadline = Instant::now() + LOCK_WAIT;
+fn open_waiting(config: &sled::Config, wait: Duration) -> sled::Result<sled::Db> {
+    let started = Instant::now();
+    let mut logged = false;
     loop {
         match config.open() {
-            Err(error) if is_lock_held(&error) && Instant::now() < deadline => {
+            Err(error) if is_lock_held(&error) && started.elapsed() < wait => {
+                if !logged && started.elapsed() >= LOCK_WAIT_LOGGED {
+                    logged = true;
+                    tracing::warn!(
+                        path = %config.get_path().display(),
+                        "waiting for the lock on a sled database (another process on this \
+                         data dir, or a handle of this one still closing)"
+                    );
+                }
                 std::thread::sleep(LOCK_POLL);
             }
             result => return result,
+        }
+    }
+}
+
+/// Waits until no handle holds a lock on any sled database under `root` (a directory with
+/// sled's `conf` and `db` files, at most a few levels down), or `timeout` has passed; whether
+/// they are all released. A node's shutdown returns only once its stores are closed, so that
+/// the same data dir opens again at once.
+pub fn wait_released(root: &Path, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    let mut databases = Vec::new();
+    find_databases(root, 4, &mut databases);
+    for db in databases {
+        let Ok(file) = std::fs::File::open(&db) else {
+            continue; // removed meanwhile: nothing holds it
+        };
+        loop {
+            // sled locks its `db` file with flock, which conflicts with another open file
+            // description of this same process too.
+            match file.try_lock() {
+                Ok(()) => {
+                    let _ = file.unlock();
+                    break;
+                }
+                Err(_) if Instant::now() < deadline => std::thread::sleep(LOCK_POLL),
+                Err(_) => {
+                    tracing::warn!(path = %db.display(), "a sled database is still locked");
+                    return false;
+                }
+            }
+        }
+    }
+    true
+}
+
+fn find_databases(dir: &Path, depth: usize, found: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    if dir.join("conf").is_file() && dir.join("db").is_file() {
+        found.push(dir.join("db"));
+        return;
+    }
+    if depth == 0 {
+        return;
+    }
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+            find_databases(&entry.path(), depth - 1, found);
         }
     }
 }
@@ -83,6 +145,20 @@ mod tests {
             db.flush().unwrap();
             assert_eq!(db.len(), round as usize + 1);
         }
+    }
+
+    #[test]
+    fn waiting_for_release_sees_an_open_database_and_its_closing() {
+        let root = tempfile::tempdir().unwrap();
+        let config = sled::Config::new().path(root.path().join("a").join("meta"));
+        let db = open(&config).unwrap();
+        db.insert(b"k", b"v").unwrap();
+        db.flush().unwrap();
+        assert!(!wait_released(root.path(), Duration::from_millis(100)));
+        drop(db);
+        assert!(wait_released(root.path(), Duration::from_secs(30)));
+        // and it opens again
+        assert_eq!(open(&config).unwrap().get(b"k").unwrap().unwrap(), b"v");
     }
 
     #[test]
@@ -113,8 +189,9 @@ mod tests {
         let config = sled::Config::new().path(dir.path());
         let _held = open(&config).unwrap();
         let started = Instant::now();
-        let error = open(&config).unwrap_err();
+        let wait = Duration::from_millis(300);
+        let error = open_waiting(&config, wait).unwrap_err();
         assert!(is_lock_held(&error), "{error}");
-        assert!(started.elapsed() >= LOCK_WAIT);
+        assert!(started.elapsed() >= wait);
     }
 }
