@@ -168,7 +168,15 @@ pub async fn run(args: QualityArgs) -> Result<()> {
         bail!("no query of {} has a judgement", args.dataset.display());
     }
 
-    let ingest_report = prepare_kb(&client, &kb, &dataset, &args).await?;
+    let plan = KbPlan {
+        shards: args.shards,
+        chunk_tokens: args.chunk_tokens,
+        batch: to_usize(args.batch),
+        reuse: args.reuse,
+        recreate: args.recreate,
+        ingest_timeout: Duration::from_secs(args.ingest_timeout),
+    };
+    let ingest_report = prepare_kb(&client, &kb, &dataset, &plan).await?;
     let info = client
         .get_kb(&kb)
         .await?
@@ -328,8 +336,8 @@ struct SliceReport {
 }
 
 /// What ingestion did, end to end.
-#[derive(Debug, Default, Serialize)]
-struct IngestReport {
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct IngestReport {
     /// True when `--reuse` found the knowledge base already loaded.
     skipped: bool,
     /// Documents in the slice.
@@ -350,7 +358,7 @@ struct IngestReport {
 }
 
 impl IngestReport {
-    fn summary(&self) -> String {
+    pub fn summary(&self) -> String {
         if self.skipped {
             return format!(
                 "ingest: skipped (--reuse): the knowledge base holds {} ready and {} failed documents",
@@ -367,12 +375,29 @@ impl IngestReport {
     }
 }
 
-/// Creates, reuses or recreates `kb`, and ingests the slice unless `--reuse` finds it loaded.
-async fn prepare_kb(
+/// How [`prepare_kb`] treats the knowledge base (from `quality`'s flags; `answers` reuses a
+/// loaded KB).
+#[derive(Clone, Debug)]
+pub struct KbPlan {
+    /// Shards of a newly created KB (the node's default when `None`).
+    pub shards: Option<u32>,
+    /// Chunk size of a newly created KB, in tokens (the node's default when `None`).
+    pub chunk_tokens: Option<u32>,
+    /// Documents per ingestion request.
+    pub batch: usize,
+    /// Use an existing KB as is when it holds at least the slice's documents, ready.
+    pub reuse: bool,
+    /// Delete an existing KB first.
+    pub recreate: bool,
+    pub ingest_timeout: Duration,
+}
+
+/// Creates, reuses or recreates `kb`, and ingests the slice unless `reuse` finds it loaded.
+pub async fn prepare_kb(
     client: &SiftClient,
     kb: &str,
     dataset: &Dataset,
-    args: &QualityArgs,
+    args: &KbPlan,
 ) -> Result<IngestReport> {
     let wanted = dataset.documents.len() as u64;
     match client.get_kb(kb).await? {
@@ -414,8 +439,8 @@ async fn prepare_kb(
         client,
         kb,
         &dataset.documents,
-        to_usize(args.batch),
-        Duration::from_secs(args.ingest_timeout),
+        args.batch,
+        args.ingest_timeout,
     )
     .await
 }
