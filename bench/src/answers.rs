@@ -299,7 +299,9 @@ pub fn answer_tokens(text: &str) -> Vec<String> {
 fn contains_run(haystack: &[String], needle: &[String]) -> bool {
     !needle.is_empty()
         && haystack.len() >= needle.len()
-        && haystack.windows(needle.len()).any(|window| window == needle)
+        && haystack
+            .windows(needle.len())
+            .any(|window| window == needle)
 }
 
 /// Whether the normalised `text` contains one of the normalised `golds`.
@@ -870,18 +872,26 @@ mod tests {
     #[test]
     fn f1_takes_the_best_gold() {
         assert_eq!(token_f1("Stephen King", &golds(&["Stephen King"])), 1.0);
-        let f1 = token_f1("the film of Stephen King", &golds(&["King", "Stephen King"]));
-        assert!((f1 - 2.0 * (2.0 / 3.0) * 1.0 / (2.0 / 3.0 + 1.0)).abs() < 1e-9);
+        let f1 = token_f1(
+            "the film of Stephen King",
+            &golds(&["King", "Stephen King"]),
+        );
+        // film, of, stephen, king against stephen, king: precision 1/2, recall 1.
+        assert!((f1 - 2.0 / 3.0).abs() < 1e-9, "{f1}");
         assert_eq!(token_f1("nothing", &golds(&["else"])), 0.0);
         assert_eq!(token_f1("踢爆", &golds(&["踢爆"])), 1.0);
     }
 
     #[test]
     fn raw_protocol_is_detected() {
-        assert!(has_raw_protocol(r#"{"thought": "search", "tool": "knowledge_search"}"#));
+        assert!(has_raw_protocol(
+            r#"{"thought": "search", "tool": "knowledge_search"}"#
+        ));
         assert!(has_raw_protocol("The answer<|im_end|>"));
         assert!(has_raw_protocol("Answer: tool_input was"));
-        assert!(!has_raw_protocol("Raft elects a leader by majority vote [1]."));
+        assert!(!has_raw_protocol(
+            "Raft elects a leader by majority vote [1]."
+        ));
     }
 
     #[test]
@@ -929,7 +939,8 @@ mod tests {
         });
         let result = score_answer(&query, &judged, &body);
         assert!(result.contains_gold);
-        assert_eq!(result.f1, 1.0);
+        // 2 of 4 answer tokens, both gold tokens: F1 = 2 x 0.5 x 1 / 1.5.
+        assert!((result.f1 - 2.0 / 3.0).abs() < 1e-9);
         assert_eq!(result.citations, 3);
         assert_eq!(result.citations_correct, 2);
         assert_eq!(result.citation_recall, 0.5);

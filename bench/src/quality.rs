@@ -339,22 +339,22 @@ struct SliceReport {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct IngestReport {
     /// True when `--reuse` found the knowledge base already loaded.
-    skipped: bool,
+    pub skipped: bool,
     /// Documents in the slice.
-    documents: usize,
+    pub documents: usize,
     /// Documents posted and accepted (202).
-    sent: u64,
+    pub sent: u64,
     /// Accepted documents the node flagged as duplicates.
-    duplicates: u64,
+    pub duplicates: u64,
     /// 429 answers waited out.
-    throttled: u64,
+    pub throttled: u64,
     /// Final counts of the knowledge base.
-    ready: u64,
-    failed: u64,
+    pub ready: u64,
+    pub failed: u64,
     /// From the first POST until nothing was in flight (to the 500 ms poll).
-    seconds: f64,
+    pub seconds: f64,
     /// Non-duplicate documents per second, end to end.
-    docs_per_second: Option<f64>,
+    pub docs_per_second: Option<f64>,
 }
 
 impl IngestReport {

@@ -73,7 +73,10 @@ async fn hotpotqa_slice_answers_extractive_and_scripted() {
     let extractive = answers(&extractive_node, Mode::Extractive, llm_listen).await;
     assert!(!extractive.ingest.skipped, "the first run ingests");
     extractive_node.shutdown().await;
-    assert_eq!(extractive.sentences_supported, None, "no verdicts on extractive answers");
+    assert_eq!(
+        extractive.sentences_supported, None,
+        "no verdicts on extractive answers"
+    );
 
     let provider = ProviderConfig::openai(format!("http://{llm_listen}/v1"), "fake-model", None);
     let scripted_node = node(&data, vec![provider]).await;
@@ -81,15 +84,21 @@ async fn hotpotqa_slice_answers_extractive_and_scripted() {
     assert!(scripted.ingest.skipped, "the loaded KB is reused");
     scripted_node.shutdown().await;
     assert!(
-        scripted.per_question.iter().all(|q| q.model_calls.unwrap_or(0) >= 2),
+        scripted
+            .per_question
+            .iter()
+            .all(|q| q.model_calls.unwrap_or(0) >= 2),
         "every scripted answer searched and answered through the model"
     );
 
-    // Measured (20 questions, 200 passages, 2 shards, debug build): FLOORS_PENDING
-    assert_floors(&extractive, 0.0, 0.0, 0.0);
-    assert_floors(&scripted, 0.0, 0.0, 0.0);
+    // Measured (20 questions, 200 passages, 2 shards, debug build): extractive containment
+    // 0.600, citation precision 0.483, recall 0.650; scripted containment 0.350, precision
+    // 0.700, recall 0.700, sentences supported 0.986; every answer cited, none with protocol
+    // text. One question is 0.05; the floors leave two.
+    assert_floors(&extractive, 0.50, 0.40, 0.55);
+    assert_floors(&scripted, 0.25, 0.60, 0.60);
     assert!(
-        scripted.sentences_supported.unwrap_or(0.0) >= 0.0,
+        scripted.sentences_supported.unwrap_or(0.0) >= 0.90,
         "scripted: sentences supported {:?}",
         scripted.sentences_supported
     );
