@@ -108,10 +108,11 @@ fn parse_rate(text: &str) -> Result<f64, String> {
 
 /// Model time spent per turn tag, written by the fake model's handler.
 #[derive(Default)]
-struct ModelLedger {
+pub(crate) struct ModelLedger {
     turns: Mutex<HashMap<String, TurnModel>>,
-    /// Calls whose question carried no bench tag (e.g. the node's own probes).
-    untagged_calls: AtomicU64,
+    /// Calls whose question carried no bench tag (e.g. the node's own probes, or every call of
+    /// `sift-bench answers`, whose questions go untagged).
+    pub(crate) untagged_calls: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -146,7 +147,7 @@ fn split_tag(text: &str) -> (Option<&str>, &str) {
 /// Requests without tools get what a well-behaved model answers: a JSON plan to the
 /// planner, the question itself to a follow-up rewrite (tag kept, so the planner's call is
 /// attributed too), a short text otherwise.
-fn scripted_model(
+pub(crate) fn scripted_model(
     ledger: Arc<ModelLedger>,
     search_tokens: usize,
     answer_tokens: usize,

@@ -271,6 +271,20 @@ impl SiftClient {
         Ok(response.documents)
     }
 
+    /// `POST /v1/chat/completions` (not streamed), waiting up to `timeout` for the answer.
+    pub async fn chat_completion(
+        &self,
+        body: &serde_json::Value,
+        timeout: Duration,
+    ) -> Result<serde_json::Value> {
+        let request = self
+            .api
+            .request_to(Method::POST, &["v1", "chat", "completions"])
+            .json(body)
+            .timeout(timeout);
+        self.api.json(request).await
+    }
+
     /// `POST /v1/kbs/{kb}/search`.
     pub async fn search(&self, kb: &str, request: &SearchRequest<'_>) -> Result<SearchResponse> {
         self.api.search(kb, &request.to_query()).await

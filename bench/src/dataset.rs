@@ -1,7 +1,10 @@
 //! Reading a BEIR-layout collection and cutting a deterministic slice of it.
 //!
-//! Layout: `corpus.jsonl` (`{"_id","title","text"}`), `queries.jsonl` (`{"_id","text"}`) and
-//! `qrels/test.tsv` (header `query-id corpus-id score`, tab separated, graded scores).
+//! Layout: `corpus.jsonl` (`{"_id","title","text"}`), `queries.jsonl` (`{"_id","text"}`, maybe
+//! `"metadata"`) and `qrels/test.tsv` (header `query-id corpus-id score`, tab separated, graded
+//! scores; `qrels.tsv` beside the JSONL files, as the test fixtures have it, is read when there
+//! is no `qrels/` folder). Gold answers, where a collection has them, are read from a query's
+//! `metadata.answer` (a string, HotpotQA) or `metadata.answers` (strings, CMRC 2018).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -25,6 +28,9 @@ pub struct Document {
 pub struct Query {
     pub id: String,
     pub text: String,
+    /// Gold answers (aliases), from `metadata.answer` / `metadata.answers`; empty when the
+    /// collection has none.
+    pub answers: Vec<String>,
 }
 
 /// How much of a collection to take; `None` means all of it.
@@ -60,7 +66,13 @@ impl Dataset {
     ///
     /// Documents are returned in corpus file order.
     pub fn load(dir: &Path, limits: SliceLimits) -> Result<Dataset> {
-        let all_qrels = read_qrels(&dir.join("qrels").join("test.tsv"))?;
+        let nested = dir.join("qrels").join("test.tsv");
+        let flat = dir.join("qrels.tsv");
+        let all_qrels = read_qrels(if !nested.exists() && flat.exists() {
+            &flat
+        } else {
+            &nested
+        })?;
 
         let mut queries = Vec::new();
         let mut unjudged_queries = 0;
@@ -72,6 +84,7 @@ impl Dataset {
                 unjudged_queries += 1;
             } else if limits.max_queries.is_none_or(|max| queries.len() < max) {
                 queries.push(Query {
+                    answers: line.metadata.gold_answers(),
                     id: line.id,
                     text: line.text,
                 });
@@ -149,6 +162,46 @@ struct QueryLine {
     #[serde(rename = "_id", deserialize_with = "string_or_number")]
     id: String,
     text: String,
+    #[serde(default)]
+    metadata: QueryMetadata,
+}
+
+/// The parts of a query's `metadata` read here; anything else is ignored.
+#[derive(Default, Deserialize)]
+struct QueryMetadata {
+    #[serde(default)]
+    answer: Option<serde_json::Value>,
+    #[serde(default)]
+    answers: Option<serde_json::Value>,
+}
+
+impl QueryMetadata {
+    /// `answer` and `answers`, as strings (a list may hold strings or `{"text": ...}`), blank
+    /// ones and repeats left out.
+    fn gold_answers(&self) -> Vec<String> {
+        fn collect(value: &serde_json::Value, out: &mut Vec<String>) {
+            match value {
+                serde_json::Value::String(text) => {
+                    let text = text.trim();
+                    if !text.is_empty() && !out.iter().any(|known| known == text) {
+                        out.push(text.to_owned());
+                    }
+                }
+                serde_json::Value::Array(items) => items.iter().for_each(|item| collect(item, out)),
+                serde_json::Value::Object(map) => {
+                    if let Some(text) = map.get("text") {
+                        collect(text, out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        for value in [&self.answer, &self.answers].into_iter().flatten() {
+            collect(value, &mut out);
+        }
+        out
+    }
 }
 
 #[derive(Deserialize)]
@@ -251,7 +304,7 @@ mod tests {
         ];
         fs::write(dir.path().join("corpus.jsonl"), corpus.join("\n")).unwrap();
         let queries = [
-            r#"{"_id": "q1", "text": "query one", "metadata": {}}"#,
+            r#"{"_id": "q1", "text": "query one", "metadata": {"answer": "one", "answers": ["one", " uno ", {"text": "eins"}]}}"#,
             r#"{"_id": "q2", "text": "query two"}"#,
             r#"{"_id": "q3", "text": "query three"}"#,
             r#"{"_id": "q4", "text": "query four"}"#,
@@ -291,6 +344,21 @@ mod tests {
         assert!(!dataset.qrels.contains_key("q4"));
         assert_eq!(dataset.documents[4].title, "");
         assert_eq!(dataset.queries[0].text, "query one");
+        assert_eq!(dataset.queries[0].answers, ["one", "uno", "eins"]);
+        assert!(dataset.queries[1].answers.is_empty());
+    }
+
+    #[test]
+    fn a_flat_qrels_file_is_read_when_there_is_no_qrels_folder() {
+        let dir = tiny_beir();
+        fs::rename(
+            dir.path().join("qrels").join("test.tsv"),
+            dir.path().join("qrels.tsv"),
+        )
+        .unwrap();
+        fs::remove_dir(dir.path().join("qrels")).unwrap();
+        let dataset = Dataset::load(dir.path(), SliceLimits::default()).unwrap();
+        assert_eq!(ids(&dataset).0, ["q1", "q3", "q5"]);
     }
 
     #[test]

@@ -8,21 +8,18 @@
 //!   sessions (SSE) against a node using it: time to first event and to `done`, and the agent
 //!   overhead per turn.
 //!
-//! `client` is a small typed client for `/v1/kbs/...`; it refuses any node that is not on a
+//! - `answers` asks a dataset's questions through the OpenAI-compatible endpoint and scores
+//!   the answers: gold-answer containment and token F1, citations against the judged
+//!   passages, grounding, protocol leaks, wall time and tokens, per answer mode.
+//!
+//! The subcommands live in the `sift_bench` library (so the integration tests run the same
+//! measurements). `client` is a small typed client for `/v1/kbs/...`; it refuses any node that is not on a
 //! loopback address, so benchmark traffic never leaves the machine.
-
-mod chat;
-mod client;
-mod dataset;
-mod error;
-mod load;
-mod metrics;
-mod progress;
-mod quality;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use sift_bench::{answers, chat, load, quality};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,6 +40,9 @@ enum Command {
     Load(load::LoadArgs),
     /// Drive concurrent agent sessions (SSE) through a fake model at a fixed token rate.
     Chat(chat::ChatArgs),
+    /// Ask a dataset's questions and score the answers against its gold answers and judged
+    /// passages, per answer mode (extractive, scripted model, a real model).
+    Answers(answers::AnswersArgs),
 }
 
 #[tokio::main]
@@ -51,6 +51,7 @@ async fn main() -> ExitCode {
         Command::Quality(args) => quality::run(args).await,
         Command::Load(args) => load::run(args).await,
         Command::Chat(args) => chat::run(args).await,
+        Command::Answers(args) => answers::run(args).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -80,7 +81,7 @@ mod tests {
         let Command::Quality(args) = cli.command else {
             panic!("expected quality");
         };
-        assert_eq!(args.node, client::DEFAULT_NODE);
+        assert_eq!(args.node, sift_bench::client::DEFAULT_NODE);
         assert_eq!(args.batch, 500);
         assert_eq!(args.top_k, 100);
         assert!(args.kb.is_none() && !args.reuse);
@@ -106,7 +107,7 @@ mod tests {
         let Command::Load(args) = cli.command else {
             panic!("expected load");
         };
-        assert_eq!(args.channels, [client::Channel::Bm25]);
+        assert_eq!(args.channels, [sift_bench::client::Channel::Bm25]);
         assert_eq!(args.duration, std::time::Duration::from_millis(1500));
         assert_eq!(args.warmup, std::time::Duration::from_secs(2));
         assert_eq!(args.top_k, 10);

@@ -12,6 +12,12 @@ pub struct ProgressLine {
     drawn: bool,
 }
 
+impl Default for ProgressLine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl ProgressLine {
     pub fn new() -> Self {
         Self {

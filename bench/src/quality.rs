@@ -168,7 +168,15 @@ pub async fn run(args: QualityArgs) -> Result<()> {
         bail!("no query of {} has a judgement", args.dataset.display());
     }
 
-    let ingest_report = prepare_kb(&client, &kb, &dataset, &args).await?;
+    let plan = KbPlan {
+        shards: args.shards,
+        chunk_tokens: args.chunk_tokens,
+        batch: to_usize(args.batch),
+        reuse: args.reuse,
+        recreate: args.recreate,
+        ingest_timeout: Duration::from_secs(args.ingest_timeout),
+    };
+    let ingest_report = prepare_kb(&client, &kb, &dataset, &plan).await?;
     let info = client
         .get_kb(&kb)
         .await?
@@ -328,29 +336,29 @@ struct SliceReport {
 }
 
 /// What ingestion did, end to end.
-#[derive(Debug, Default, Serialize)]
-struct IngestReport {
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct IngestReport {
     /// True when `--reuse` found the knowledge base already loaded.
-    skipped: bool,
+    pub skipped: bool,
     /// Documents in the slice.
-    documents: usize,
+    pub documents: usize,
     /// Documents posted and accepted (202).
-    sent: u64,
+    pub sent: u64,
     /// Accepted documents the node flagged as duplicates.
-    duplicates: u64,
+    pub duplicates: u64,
     /// 429 answers waited out.
-    throttled: u64,
+    pub throttled: u64,
     /// Final counts of the knowledge base.
-    ready: u64,
-    failed: u64,
+    pub ready: u64,
+    pub failed: u64,
     /// From the first POST until nothing was in flight (to the 500 ms poll).
-    seconds: f64,
+    pub seconds: f64,
     /// Non-duplicate documents per second, end to end.
-    docs_per_second: Option<f64>,
+    pub docs_per_second: Option<f64>,
 }
 
 impl IngestReport {
-    fn summary(&self) -> String {
+    pub fn summary(&self) -> String {
         if self.skipped {
             return format!(
                 "ingest: skipped (--reuse): the knowledge base holds {} ready and {} failed documents",
@@ -367,12 +375,29 @@ impl IngestReport {
     }
 }
 
-/// Creates, reuses or recreates `kb`, and ingests the slice unless `--reuse` finds it loaded.
-async fn prepare_kb(
+/// How [`prepare_kb`] treats the knowledge base (from `quality`'s flags; `answers` reuses a
+/// loaded KB).
+#[derive(Clone, Debug)]
+pub struct KbPlan {
+    /// Shards of a newly created KB (the node's default when `None`).
+    pub shards: Option<u32>,
+    /// Chunk size of a newly created KB, in tokens (the node's default when `None`).
+    pub chunk_tokens: Option<u32>,
+    /// Documents per ingestion request.
+    pub batch: usize,
+    /// Use an existing KB as is when it holds at least the slice's documents, ready.
+    pub reuse: bool,
+    /// Delete an existing KB first.
+    pub recreate: bool,
+    pub ingest_timeout: Duration,
+}
+
+/// Creates, reuses or recreates `kb`, and ingests the slice unless `reuse` finds it loaded.
+pub async fn prepare_kb(
     client: &SiftClient,
     kb: &str,
     dataset: &Dataset,
-    args: &QualityArgs,
+    args: &KbPlan,
 ) -> Result<IngestReport> {
     let wanted = dataset.documents.len() as u64;
     match client.get_kb(kb).await? {
@@ -414,8 +439,8 @@ async fn prepare_kb(
         client,
         kb,
         &dataset.documents,
-        to_usize(args.batch),
-        Duration::from_secs(args.ingest_timeout),
+        args.batch,
+        args.ingest_timeout,
     )
     .await
 }

@@ -3,6 +3,7 @@
 //! `cargo test -p sift-tests --test integration` runs them all; a module's name filters them,
 //! e.g. `cargo test -p sift-tests --test integration replication_process::`.
 
+mod answers;
 mod api_errors;
 mod audit;
 mod auth;
