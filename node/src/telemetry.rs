@@ -94,6 +94,10 @@ fn describe() {
     );
     describe_counter!("sift_search_leaf_total", "leaf searches by outcome");
     describe_gauge!("sift_shards", "shard replicas open on this node");
+    describe_counter!(
+        "sift_shard_open_failures_total",
+        "shard replicas that failed to open (a damaged index); the node serves without them"
+    );
     describe_histogram!(
         "sift_shard_write_seconds",
         "time to write a batch into a shard replica"

@@ -210,3 +210,65 @@ async fn documents_ingested_while_a_shard_restarts_still_end_ready() {
         failed.len()
     );
 }
+
+/// A replica whose index cannot be opened (its tantivy metadata overwritten) no longer stops
+/// the node from starting: the node serves its other KBs and the KB's other shard, says
+/// which shard is missing, refuses nothing it stored, and counts the failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_shard_does_not_stop_the_node_from_starting() {
+    use sift_tests::InProcessNode;
+    let dir = temp_dir();
+    let data = dir.path().join("data");
+    let node = InProcessNode::start(&data).await;
+    let client = node.client();
+    let damaged = client
+        .create_kb(json!({ "name": "damaged", "shards": 2 }))
+        .await;
+    client.create_kb(json!({ "name": "intact" })).await;
+    let documents = short_documents(12);
+    client
+        .bulk_add("damaged", &bulk_documents(&documents))
+        .await;
+    client.bulk_add("intact", &bulk_documents(&documents)).await;
+    client.wait_ready("damaged", 12, ingest_deadline(12)).await;
+    client.wait_ready("intact", 12, ingest_deadline(12)).await;
+    let query = documents[0].text.clone();
+    let before = client.search("damaged", search_body(&query)).await;
+    let total = sift_tests::chunk_ids(&before).len();
+    node.shutdown().await;
+
+    let kb_id = damaged["id"].as_str().expect("a KB id");
+    let meta = data
+        .join("shards")
+        .join(kb_id)
+        .join("0")
+        .join("text")
+        .join("meta.json");
+    assert!(meta.is_file(), "{} exists", meta.display());
+    std::fs::write(&meta, b"{ not tantivy metadata").unwrap();
+
+    let node = InProcessNode::start(&data).await;
+    let client = node.client();
+    let intact = client.search("intact", search_body(&query)).await;
+    assert!(!sift_tests::chunk_ids(&intact).is_empty(), "{intact}");
+    let partial = client.search("damaged", search_body(&query)).await;
+    let failed = partial["failed_shards"].as_array().expect("failed shards");
+    assert_eq!(failed.len(), 1, "{partial}");
+    assert_eq!(failed[0]["shard"], 0, "{partial}");
+    let results = sift_tests::chunk_ids(&partial);
+    assert!(results.len() < total, "shard 1 answers alone: {partial}");
+    // The metadata of every document is still there.
+    assert_eq!(
+        sift_tests::count(&client.counts("damaged").await, "ready"),
+        12
+    );
+    assert!(
+        client
+            .metrics_text()
+            .await
+            .lines()
+            .any(|line| line.starts_with("sift_shard_open_failures_total ")),
+        "the failure is counted"
+    );
+    node.shutdown().await;
+}

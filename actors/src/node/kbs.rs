@@ -205,7 +205,11 @@ impl SiftNode {
                 self.find_kb(scope, kb, need)?
             }
         };
-        self.open_shards(&record).await?;
+        if let Err(error) = self.open_shards(&record).await {
+            // A damaged replica here: its searches report the shard as failed, its writes
+            // are refused as unavailable; the KB's other shards serve.
+            tracing::debug!(kb_id = %record.id, %error, "a replica of this node is not open");
+        }
         Ok(record)
     }
 

@@ -232,7 +232,12 @@ impl SiftNode {
         let kbs = store.list_kbs()?;
         self.drop_orphan_shards(&kbs).await;
         for kb in kbs {
-            self.open_shards(&kb).await?;
+            // A replica that cannot be opened (a damaged index) is logged and counted by the
+            // shard supervisor; the node starts and serves everything else (searches of its
+            // KB report the shard as failed).
+            if let Err(error) = self.open_shards(&kb).await {
+                tracing::warn!(kb_id = %kb.id, %error, "starting without a shard replica");
+            }
             let local = self.context.access.local_shards(&kb);
             for tombstone in store.tombstones(&kb.id)? {
                 if local.contains(&tombstone.shard) {

@@ -22,6 +22,9 @@ const RESTART_WINDOW: Duration = Duration::from_secs(60);
 /// After this many failures in the window the replica is not restarted again: its shard is
 /// reported in `failed_shards` until the node restarts.
 const MAX_RESTARTS_IN_WINDOW: usize = 5;
+/// A replica that failed to open (a damaged index) is tried again no sooner than this: every
+/// request to its KB would otherwise reopen it.
+const REOPEN_AFTER: Duration = Duration::from_secs(30);
 
 pub enum ShardsMessage {
     /// Opens (creating if needed) this node's replicas of the listed shards of a KB.
@@ -60,6 +63,8 @@ pub struct ShardsState {
     debug_faults: bool,
     children: HashMap<ActorId, ShardKey>,
     failures: HashMap<ShardKey, Vec<Instant>>,
+    /// Replicas that failed to open: when, and why.
+    open_failures: HashMap<ShardKey, (Instant, String)>,
 }
 
 impl ShardsState {
@@ -107,6 +112,7 @@ impl Actor for ShardsSupervisor {
             debug_faults: args.debug_faults,
             children: HashMap::new(),
             failures: HashMap::new(),
+            open_failures: HashMap::new(),
         })
     }
 
@@ -123,6 +129,8 @@ impl Actor for ShardsSupervisor {
                 dimension,
                 reply,
             } => {
+                // Every listed replica is tried: one that fails to open (a damaged index)
+                // leaves the others serving, and the first failure is the answer.
                 let mut outcome = Ok(());
                 for shard in shards {
                     let key = ShardKey {
@@ -130,6 +138,19 @@ impl Actor for ShardsSupervisor {
                         shard,
                     };
                     if state.registry.get(&key).is_some() {
+                        continue;
+                    }
+                    let unavailable = |reason: &str| SiftError::ShardUnavailable {
+                        kb_id: kb_id.clone(),
+                        shard,
+                        reason: format!("this node's replica could not be opened: {reason}"),
+                    };
+                    if let Some((at, reason)) = state.open_failures.get(&key)
+                        && at.elapsed() < REOPEN_AFTER
+                    {
+                        if outcome.is_ok() {
+                            outcome = Err(unavailable(reason));
+                        }
                         continue;
                     }
                     let dir = state.shard_dir(&key);
@@ -141,14 +162,21 @@ impl Actor for ShardsSupervisor {
                     let index = match opened {
                         Ok(Ok(index)) => Arc::new(index),
                         Ok(Err(error)) => {
-                            outcome = Err(SiftError::from(error));
-                            break;
+                            let reason = error.to_string();
+                            error!(kb_id = %key.kb_id, shard, %reason, "a shard replica could not be opened; the node serves without it");
+                            metrics::counter!("sift_shard_open_failures_total").increment(1);
+                            if outcome.is_ok() {
+                                outcome = Err(unavailable(&reason));
+                            }
+                            state.open_failures.insert(key, (Instant::now(), reason));
+                            continue;
                         }
                         Err(error) => {
                             outcome = Err(SiftError::Internal(error.to_string()));
                             break;
                         }
                     };
+                    state.open_failures.remove(&key);
                     info!(kb_id = %key.kb_id, shard, seconds = started.elapsed().as_secs_f64(), "shard opened");
                     if let Err(error) = state.spawn_replica(&myself, key, index).await {
                         outcome = Err(error);
@@ -165,6 +193,7 @@ impl Actor for ShardsSupervisor {
                     }
                     state.failures.remove(&key);
                 }
+                state.open_failures.retain(|key, _| key.kb_id != kb_id);
                 metrics::gauge!("sift_shards").set(state.registry.len() as f64);
                 let dir = state.data_dir.join(&kb_id);
                 let _ = reply.send(remove_dir(dir).await);
@@ -182,6 +211,7 @@ impl Actor for ShardsSupervisor {
                         .stop(Some("replica moved to another node".into()));
                 }
                 state.failures.remove(&key);
+                state.open_failures.remove(&key);
                 metrics::gauge!("sift_shards").set(state.registry.len() as f64);
                 let dir = state.shard_dir(&key);
                 let _ = reply.send(remove_dir(dir).await);
