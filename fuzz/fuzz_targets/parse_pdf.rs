@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
     let limits = PdfLimits {
         max_pages: 64,
         time_budget: Duration::from_secs(5),
-        worker: None,
+        ..PdfLimits::default()
     };
     let deadline = Instant::now() + limits.time_budget;
     let Ok(document) = extract_pdf(data.to_vec(), &limits, deadline) else {

@@ -84,6 +84,9 @@ pub struct FileConfig {
     /// Longest parsing one PDF may take before it fails with `pdf_too_large` (ms, default
     /// 120000).
     pub pdf_parse_timeout_ms: Option<u64>,
+    /// Memory one PDF parse worker may take (MiB, default 1024, at least 128); a PDF that
+    /// needs more fails with `pdf_too_large`.
+    pub pdf_worker_memory_mb: Option<u64>,
     /// Knowledge bases the cluster may hold.
     pub max_kbs: Option<usize>,
     /// Shard replicas one node may hold.
@@ -366,6 +369,9 @@ impl Config {
         if let Some(v) = parse("SIFT_PDF_PARSE_TIMEOUT_MS")? {
             file.pdf_parse_timeout_ms = Some(v);
         }
+        if let Some(v) = parse("SIFT_PDF_WORKER_MEMORY_MB")? {
+            file.pdf_worker_memory_mb = Some(v);
+        }
         if let Some(v) = get("SIFT_DEBUG_FAULTS") {
             file.debug_faults = Some(matches!(v.as_str(), "1" | "true" | "yes"));
         }
@@ -480,6 +486,10 @@ impl Config {
                     .unwrap_or(defaults.pdf_limits.time_budget),
                 // Set by `sift serve` to its own binary (`cli::serve_config`).
                 worker: None,
+                worker_memory_bytes: match file.pdf_worker_memory_mb {
+                    Some(mib) => worker_memory_bytes(mib)?,
+                    None => defaults.pdf_limits.worker_memory_bytes,
+                },
             },
             max_kbs: file.max_kbs.unwrap_or(defaults.max_kbs),
             max_shards_per_node: file
@@ -692,6 +702,17 @@ impl Config {
         file.embedding.model_dir = std::env::var_os("SIFT_MODEL_DIR").map(PathBuf::from);
         Config::check(file).expect("the test config is valid")
     }
+}
+
+/// `pdf_worker_memory_mb` in bytes: at least what the parser thread's stack reserves, at most
+/// 1 TiB.
+fn worker_memory_bytes(mib: u64) -> anyhow::Result<u64> {
+    let min_mib = sift_actors::ingest::pdf::MIN_WORKER_MEMORY_BYTES >> 20;
+    const MAX_MIB: u64 = 1 << 20;
+    if !(min_mib..=MAX_MIB).contains(&mib) {
+        bail!("pdf_worker_memory_mb must be between {min_mib} and {MAX_MIB}, not {mib}");
+    }
+    Ok(mib << 20)
 }
 
 /// The longest duration any `*_ms` key may set: a week. Longer ones would overflow deadline
@@ -1011,6 +1032,18 @@ mod tests {
             let text = text.replace(&(max / 2).to_string(), "5");
             Config::check(toml::from_str(&text).expect(&text)).expect(&text);
         }
+        // The PDF worker's memory has a floor too: the parser thread's stack.
+        for mib in [u64::MAX / 2, 5] {
+            let text = format!("pdf_worker_memory_mb = {mib}\n");
+            let error = Config::check(toml::from_str(&text).unwrap()).expect_err(&text);
+            assert!(
+                format!("{error:#}").contains("pdf_worker_memory_mb"),
+                "{error:#}"
+            );
+        }
+        let config =
+            Config::check(toml::from_str("pdf_worker_memory_mb = 512\n").unwrap()).unwrap();
+        assert_eq!(config.options.pdf_limits.worker_memory_bytes, 512 << 20);
         // The durations of presets and providers, which a run adds to its clock.
         let huge = u64::MAX / 2;
         for (key, text) in [

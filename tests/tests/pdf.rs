@@ -1,6 +1,7 @@
 //! PDF ingestion (issue 17, first increment): uploads, pages on chunks, hits and citations,
 //! bad PDFs refused with their codes, `sift ingest` of a folder with PDFs in it, and the parse
-//! worker process of a node run from the `sift` binary, killed when a PDF makes it spin.
+//! worker process of a node run from the `sift` binary, killed when a PDF makes it spin, and
+//! held to its memory budget when a PDF inflates.
 //!
 //! The fixtures are `tests/fixtures/pdf/` (made by its `make.py`; see its README).
 
@@ -361,5 +362,87 @@ async fn a_node_process_parses_pdfs_in_workers_and_kills_one_that_spins() {
     assert_eq!(answer["hits"][0]["pages"], pages(2, 2), "{answer:#}");
     assert_eq!(answer["hits"][0]["heading_path"], json!(["Optics"]));
     assert!(child_processes(node.pid()).is_empty());
+    node.stop();
+}
+
+/// A PDF of `pages` pages that all draw the same content stream of about `kib` KiB of text:
+/// a small file whose text is `pages` times larger (a bomb that needs no compression, so
+/// the parser's decompression limits do not stop it).
+fn inflating_pdf(pages: usize, kib: usize) -> Vec<u8> {
+    let line = format!("({}) Tj T*\n", "The keeper logs the tide. ".repeat(40));
+    let mut content = String::from("BT /F1 11 Tf 14 TL 72 720 Td\n");
+    while content.len() < kib * 1024 {
+        content.push_str(&line);
+    }
+    content.push_str("ET");
+    let kids: Vec<String> = (0..pages).map(|page| format!("{} 0 R", 5 + page)).collect();
+    let mut objects = vec![
+        "<< /Type /Catalog /Pages 2 0 R >>".to_string(),
+        format!(
+            "<< /Type /Pages /Kids [{}] /Count {pages} >>",
+            kids.join(" ")
+        ),
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_string(),
+        format!(
+            "<< /Length {} >>\nstream\n{content}\nendstream",
+            content.len()
+        ),
+    ];
+    objects.extend((0..pages).map(|_| {
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] \
+         /Resources << /Font << /F1 3 0 R >> >> /Contents 4 0 R >>"
+            .to_string()
+    }));
+    let mut pdf = String::from("%PDF-1.7\n");
+    let mut offsets = Vec::new();
+    for (number, body) in objects.iter().enumerate() {
+        offsets.push(pdf.len());
+        pdf.push_str(&format!("{} 0 obj\n{body}\nendobj\n", number + 1));
+    }
+    let xref = pdf.len();
+    pdf.push_str(&format!(
+        "xref\n0 {}\n0000000000 65535 f \n",
+        objects.len() + 1
+    ));
+    for offset in offsets {
+        pdf.push_str(&format!("{offset:010} 00000 n \n"));
+    }
+    pdf.push_str(&format!(
+        "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+        objects.len() + 1
+    ));
+    pdf.into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pdf_that_inflates_past_the_worker_memory_is_refused_and_the_node_serves_on() {
+    let dir = sift_tests::temp_dir();
+    let mut node = NodeProcess::start(
+        &dir.path().join("node"),
+        &[("SIFT_PDF_WORKER_MEMORY_MB", "128")],
+    );
+    node.require_embedded_model().await;
+    let client = node.client();
+    client.create_kb(json!({ "name": KB })).await;
+
+    // 1 MiB of file, 200 MiB of text: the worker's allocations fail at its 128 MiB.
+    let bomb = inflating_pdf(200, 1024);
+    assert!(bomb.len() < 2 << 20, "{}", bomb.len());
+    let message = client
+        .upload(KB, "inflates.pdf", bomb)
+        .await
+        .expect_error(422, "pdf_too_large");
+    assert!(message.contains("pdf_worker_memory_mb"), "{message}");
+    assert!(child_processes(node.pid()).is_empty());
+
+    // The same shape at a size that fits goes through, and nothing of the bomb was stored.
+    let added = client.upload_ok(KB, "fits.pdf", inflating_pdf(3, 2)).await;
+    let record = client
+        .wait_document(KB, added["id"].as_str().unwrap(), WAIT)
+        .await;
+    assert_eq!(record["status"], "ready", "{record}");
+    let listed = client.list_all_documents(KB, 10).await;
+    assert_eq!(listed.len(), 1, "{listed:#?}");
+    assert_eq!(listed[0]["id"], added["id"]);
     node.stop();
 }

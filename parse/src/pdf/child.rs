@@ -7,7 +7,11 @@
 //! worker parses them on the same guarded thread and writes one JSON [`Reply`] on stdout. The
 //! parent waits until the budget (plus a grace period) and kills the worker past it, so a
 //! hang costs one budget of one core, and an abort, a stack overflow or an allocation failure
-//! inside the parser ends the worker, not the node.
+//! inside the parser ends the worker, not the node. The worker caps its own address space at
+//! what it holds when it starts plus [`PdfLimits::worker_memory_bytes`] (`RLIMIT_AS`), so a
+//! PDF that inflates to gigabytes (a decompression bomb) fails its allocation there: the
+//! worker aborts with Rust's "memory allocation of N bytes failed" on stderr, which the
+//! parent reads to answer `pdf_too_large`.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -27,6 +31,16 @@ const MAX_REPLY_BYTES: u64 = 1 << 30;
 
 /// How often the parent looks whether the worker has ended.
 const POLL: Duration = Duration::from_millis(5);
+
+/// Most of a worker's stderr kept: enough for the allocation failure's one line.
+const MAX_STDERR_BYTES: u64 = 64 * 1024;
+
+/// What Rust's default allocation-error handler writes before it aborts.
+const ALLOCATION_FAILED: &str = "memory allocation of";
+
+/// The smallest memory budget a worker accepts: the parser thread's stack alone reserves
+/// 64 MiB of address space.
+pub const MIN_WORKER_MEMORY_BYTES: u64 = 128 << 20;
 
 /// What a worker writes on stdout.
 #[derive(Debug, Serialize, Deserialize)]
@@ -61,9 +75,10 @@ pub(super) fn parse_in_child(
         .arg(WORKER_COMMAND)
         .arg(limits.max_pages.to_string())
         .arg(limits.time_budget.as_millis().to_string())
+        .arg(limits.worker_memory_bytes.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(|error| {
             ParseError::InvalidPdf(format!(
@@ -80,14 +95,8 @@ pub(super) fn parse_in_child(
             let _ = stdin.write_all(&input);
         }
     });
-    let stdout = child.stdout.take();
-    let reader = std::thread::spawn(move || {
-        let mut reply = Vec::new();
-        if let Some(stdout) = stdout {
-            let _ = stdout.take(MAX_REPLY_BYTES).read_to_end(&mut reply);
-        }
-        reply
-    });
+    let reader = read_on_thread(child.stdout.take(), MAX_REPLY_BYTES);
+    let errors = read_on_thread(child.stderr.take(), MAX_STDERR_BYTES);
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
@@ -97,19 +106,42 @@ pub(super) fn parse_in_child(
                 let _ = child.wait();
                 let _ = writer.join();
                 let _ = reader.join();
+                let _ = errors.join();
                 return Err(over_budget(limits));
             }
         }
     };
     let _ = writer.join();
     let reply = reader.join().unwrap_or_default();
+    let errors = errors.join().unwrap_or_default();
     match serde_json::from_slice::<Reply>(&reply) {
         Ok(reply) => from_reply(reply),
+        Err(_) if String::from_utf8_lossy(&errors).contains(ALLOCATION_FAILED) => {
+            Err(ParseError::PdfTooLarge(format!(
+                "parsing it needs more than the {} MiB a parse worker may take \
+                 (pdf_worker_memory_mb)",
+                limits.worker_memory_bytes >> 20
+            )))
+        }
         Err(_) => Err(ParseError::InvalidPdf(reason(&format!(
             "the parser stopped without an answer ({})",
             describe(status)
         )))),
     }
+}
+
+/// Reads at most `limit` bytes of a child's pipe on a thread of its own.
+fn read_on_thread(
+    pipe: Option<impl Read + Send + 'static>,
+    limit: u64,
+) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(pipe) = pipe {
+            let _ = pipe.take(limit).read_to_end(&mut bytes);
+        }
+        bytes
+    })
 }
 
 fn from_reply(reply: Reply) -> Result<ParsedDocument, ParseError> {
@@ -163,25 +195,44 @@ fn describe(status: ExitStatus) -> String {
 }
 
 /// The worker's side: `args` are the arguments after [`WORKER_COMMAND`] (page cap, budget in
-/// ms); reads the PDF from `input`, parses it on the guarded thread, writes the reply to
-/// `output`. Returns the process's exit status.
-pub fn serve_worker(args: &[String], input: impl Read, mut output: impl Write) -> u8 {
-    let limits = match args {
-        [pages, budget_ms] => match (pages.parse(), budget_ms.parse()) {
-            (Ok(max_pages), Ok(ms)) => PdfLimits {
-                max_pages,
-                time_budget: Duration::from_millis(ms),
-                worker: None,
-            },
-            _ => return 2,
-        },
-        _ => return 2,
+/// ms, memory in bytes); caps this process's address space (see the module docs), reads the
+/// PDF from `input`, parses it on the guarded thread, writes the reply to `output`. Returns
+/// the process's exit status: 2 for bad arguments, 3 when the cap could not be set.
+pub fn serve_worker(args: &[String], input: impl Read, output: impl Write) -> u8 {
+    let Some(limits) = worker_limits(args) else {
+        return 2;
     };
+    if cap_address_space(limits.worker_memory_bytes).is_err() {
+        return 3;
+    }
+    answer(&limits, input, output)
+}
+
+/// The limits a worker's arguments give, `None` when they are not three numbers or the
+/// memory budget is below [`MIN_WORKER_MEMORY_BYTES`].
+fn worker_limits(args: &[String]) -> Option<PdfLimits> {
+    let [pages, budget_ms, memory] = args else {
+        return None;
+    };
+    let memory: u64 = memory.parse().ok()?;
+    if memory < MIN_WORKER_MEMORY_BYTES {
+        return None;
+    }
+    Some(PdfLimits {
+        max_pages: pages.parse().ok()?,
+        time_budget: Duration::from_millis(budget_ms.parse().ok()?),
+        worker: None,
+        worker_memory_bytes: memory,
+    })
+}
+
+/// Parses the PDF read from `input` under `limits` and writes the [`Reply`] to `output`.
+fn answer(limits: &PdfLimits, input: impl Read, mut output: impl Write) -> u8 {
     let mut bytes = Vec::new();
     if input.take(u64::MAX).read_to_end(&mut bytes).is_err() {
         return 1;
     }
-    let reply = match parse_on_thread(&bytes, &limits) {
+    let reply = match parse_on_thread(&bytes, limits) {
         Ok(parsed) => Reply::Parsed {
             title: parsed.title,
             text: parsed.text,
@@ -211,6 +262,36 @@ pub fn serve_worker(args: &[String], input: impl Read, mut output: impl Write) -
         Ok(()) => 0,
         Err(_) => 1,
     }
+}
+
+/// Caps this process's address space at its present size plus `budget` bytes (never above
+/// a hard limit already set).
+fn cap_address_space(budget: u64) -> std::io::Result<()> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let held = address_space_now()?;
+    let cap = held.saturating_add(budget);
+    let present = getrlimit(Resource::As);
+    let cap = present.maximum.map_or(cap, |maximum| cap.min(maximum));
+    setrlimit(
+        Resource::As,
+        Rlimit {
+            current: Some(cap),
+            maximum: Some(cap),
+        },
+    )
+    .map_err(std::io::Error::from)
+}
+
+/// This process's address space in bytes (`VmSize` of `/proc/self/status`).
+fn address_space_now() -> std::io::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmSize:"))
+        .and_then(|rest| rest.trim().strip_suffix("kB"))
+        .and_then(|kib| kib.trim().parse::<u64>().ok())
+        .map(|kib| kib * 1024)
+        .ok_or_else(|| std::io::Error::other("no VmSize in /proc/self/status"))
 }
 
 #[cfg(test)]
@@ -280,19 +361,26 @@ mod tests {
 
     #[test]
     fn the_worker_answers_bad_arguments_and_non_pdf_input_clearly() {
+        let args = |list: &[&str]| list.iter().map(|arg| arg.to_string()).collect::<Vec<_>>();
         let mut out = Vec::new();
-        assert_eq!(serve_worker(&["x".into()], &b""[..], &mut out), 2);
+        assert_eq!(serve_worker(&args(&["x"]), &b""[..], &mut out), 2);
+        assert!(worker_limits(&args(&["10", "5000"])).is_none());
+        assert!(worker_limits(&args(&["10", "x", "1073741824"])).is_none());
+        // A memory budget below what the parser thread's stack reserves.
+        let small = (MIN_WORKER_MEMORY_BYTES - 1).to_string();
+        assert!(worker_limits(&args(&["10", "5000", &small])).is_none());
         assert!(out.is_empty());
-        let status = serve_worker(
-            &["10".into(), "5000".into()],
-            &b"not a pdf at all"[..],
-            &mut out,
-        );
+        // (serve_worker would cap this test process's memory: `answer` is what it runs next.)
+        let limits = worker_limits(&args(&["10", "5000", "1073741824"])).unwrap();
+        assert_eq!(limits.worker_memory_bytes, 1 << 30);
+        assert_eq!(limits.time_budget, Duration::from_millis(5000));
+        let status = answer(&limits, &b"not a pdf at all"[..], &mut out);
         assert_eq!(status, 0);
         let Reply::Failed { code, .. } = serde_json::from_slice(&out).unwrap() else {
             panic!("a reply of failure: {}", String::from_utf8_lossy(&out));
         };
         assert_eq!(code, "invalid_pdf");
+        assert!(address_space_now().unwrap() > 0);
     }
 
     #[test]

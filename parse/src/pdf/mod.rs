@@ -11,7 +11,9 @@
 //! before any page is read and a time budget checked between pages and enforced by the caller's
 //! wait. A page that never finishes cannot be stopped from inside the process, so a node run
 //! from the `sift` binary parses each PDF in a child process that is killed at the budget
-//! ([`child`], [`PdfLimits::worker`]); without one (a node inside a test binary) the caller
+//! ([`child`], [`PdfLimits::worker`]), with its address space capped
+//! ([`PdfLimits::worker_memory_bytes`]) so that a decompression bomb ends the worker, not the
+//! node's memory; without one (a node inside a test binary) the caller
 //! gives up on the thread at the budget and leaves it to end on its own.
 //!
 //! Failures are [`ParseError`]s with their own codes: `encrypted_pdf` (a password is needed;
@@ -28,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use crate::parse::{ParseError, ParsedDocument};
 
-pub use self::child::{WORKER_COMMAND, serve_worker};
+pub use self::child::{MIN_WORKER_MEMORY_BYTES, WORKER_COMMAND, serve_worker};
 pub use self::extract::extract_pdf;
 
 /// Bounds on the work one PDF may cost.
@@ -41,6 +43,10 @@ pub struct PdfLimits {
     /// The program to parse in (the `sift` binary, run as `sift __parse-pdf`): each PDF is
     /// parsed in a child process killed at the budget. `None`: on a guarded thread here.
     pub worker: Option<PathBuf>,
+    /// Memory a worker may take beyond what it holds when it starts (its address space is
+    /// capped there, `RLIMIT_AS`); a PDF that needs more fails with `pdf_too_large`. Only a
+    /// worker is held to it: a thread of the node cannot be.
+    pub worker_memory_bytes: u64,
 }
 
 impl Default for PdfLimits {
@@ -49,9 +55,14 @@ impl Default for PdfLimits {
             max_pages: 2_000,
             time_budget: Duration::from_secs(120),
             worker: None,
+            worker_memory_bytes: DEFAULT_WORKER_MEMORY_BYTES,
         }
     }
 }
+
+/// Default of [`PdfLimits::worker_memory_bytes`]: 1 GiB, several times what the largest PDFs
+/// of the comparison in ADR 0024 needed.
+pub const DEFAULT_WORKER_MEMORY_BYTES: u64 = 1 << 30;
 
 /// Stack of the parsing thread. `pdf_oxide` recurses over nested objects and content streams
 /// with depth limits of its own; this leaves them room on any input (the threads of a runtime
