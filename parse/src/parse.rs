@@ -1093,7 +1093,7 @@ mod tests {
             SourceFormat::from_file_name("report.pdf"),
             Some(SourceFormat::Pdf)
         );
-        assert_eq!(SourceFormat::from_file_name("slides.pptx"), None);
+        assert_eq!(SourceFormat::from_file_name("slides.ppt"), None);
         assert_eq!(SourceFormat::from_file_name("Makefile"), None);
         assert_eq!(
             serde_json::to_string(&SourceFormat::Jsonl).unwrap(),

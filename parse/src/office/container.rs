@@ -61,8 +61,7 @@ impl<'a> Container<'a> {
             Err(_) => {
                 // XML parts may be UTF-16 (with a BOM); anything else is broken.
                 let (text, _, malformed) = encoding_rs::UTF_16LE.decode(bytes);
-                if malformed || !bytes.starts_with(b"\xff\xfe") && !bytes.starts_with(b"\xfe\xff")
-                {
+                if malformed || !bytes.starts_with(b"\xff\xfe") && !bytes.starts_with(b"\xfe\xff") {
                     return Err(ParseError::InvalidDocument(format!(
                         "the part {name} is not UTF-8 text"
                     )));
@@ -82,8 +81,8 @@ impl<'a> Container<'a> {
             let allowed = self.budget.get();
             let copied = std::io::copy(&mut (&mut entry).take(allowed + 1), &mut std::io::sink())
                 .map_err(|error| {
-                    ParseError::InvalidDocument(format!("unreadable zip entry: {error}"))
-                })?;
+                ParseError::InvalidDocument(format!("unreadable zip entry: {error}"))
+            })?;
             drop(entry);
             self.charge(copied)?;
         }

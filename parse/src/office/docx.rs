@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use super::container::{Container, parent_dir, resolve};
 use super::markdown::MarkdownOut;
-use super::xml::{Node, XmlWalker, collapse, texts_of};
+use super::xml::{Node, XmlWalker, collapse, root_name, texts_of};
 use super::{OfficeLimits, zip_kind_mismatch};
 use crate::parse::{ParseError, SourceFormat};
 
@@ -36,12 +36,25 @@ pub(crate) fn docx_to_markdown(
         Some(xml) => Styles::parse(&xml)?,
         None => Styles::default(),
     };
+    let numbering = match container.read_text(&format!("{dir}/numbering.xml"))? {
+        Some(xml) => Numbering::parse(&xml)?,
+        None => Numbering::default(),
+    };
     let comments = read_comments(&mut container, &main)?;
     let core_title = core_title(&mut container)?;
     let xml = container
         .read_text(&main)?
         .ok_or_else(|| ParseError::InvalidDocument(format!("no {main}")))?;
-    let (first_title, markdown) = body_to_markdown(&xml, &main, &styles, &comments)?;
+    // The package's main part may be a workbook's or a presentation's.
+    if root_name(&xml, &main)?.is_some_and(|root| root != "document") {
+        return Err(zip_kind_mismatch(&container, SourceFormat::Docx));
+    }
+    let context = Context {
+        styles: &styles,
+        numbering: &numbering,
+        comments: &comments,
+    };
+    let (first_title, markdown) = body_to_markdown(&xml, &main, &context)?;
     Ok((core_title.or(first_title), markdown))
 }
 
@@ -116,7 +129,9 @@ pub(crate) fn core_title(container: &mut Container<'_>) -> Result<Option<String>
     let Some(xml) = container.read_text("docProps/core.xml")? else {
         return Ok(None);
     };
-    Ok(texts_of(&xml, "docProps/core.xml", "title")?.into_iter().next())
+    Ok(texts_of(&xml, "docProps/core.xml", "title")?
+        .into_iter()
+        .next())
 }
 
 /// Comment id -> `"Comment (author): text"`.
@@ -193,6 +208,8 @@ struct StyleInfo {
     based_on: Option<String>,
     outline_level: Option<usize>,
     numbered: bool,
+    num_id: Option<String>,
+    list_level: Option<usize>,
 }
 
 #[derive(Debug, Default)]
@@ -232,9 +249,42 @@ impl Styles {
                 info.outline_level = node.attribute("val").and_then(|v| v.parse().ok());
             } else if node.is_open("numPr") {
                 info.numbered = true;
+            } else if node.is_open("numId") {
+                info.num_id = node.attribute("val").map(str::to_string);
+            } else if node.is_open("ilvl") {
+                info.list_level = node.attribute("val").and_then(|v| v.parse().ok());
             }
         }
         Ok(Styles { by_id })
+    }
+
+    /// The numbering of style `id` (`numId`, level), following `basedOn`. A style named
+    /// `List Bullet 2` is at level 1 even where its numbering says 0 (Word indents those
+    /// styles rather than giving them a level).
+    fn numbering(&self, id: &str) -> (Option<String>, Option<usize>) {
+        let mut num_id = None;
+        let mut level = None;
+        let mut current = id;
+        for _ in 0..MAX_STYLE_CHAIN {
+            let Some(info) = self.by_id.get(current) else {
+                break;
+            };
+            if level.is_none() {
+                level = info
+                    .name
+                    .as_deref()
+                    .and_then(level_by_name)
+                    .or(info.list_level);
+            }
+            if num_id.is_none() {
+                num_id = info.num_id.clone();
+            }
+            match info.based_on.as_deref() {
+                Some(parent) if parent != current => current = parent,
+                _ => break,
+            }
+        }
+        (num_id, level)
     }
 
     /// The role of style `id`, following `basedOn` (at most [`MAX_STYLE_CHAIN`] steps).
@@ -267,6 +317,85 @@ impl Styles {
     }
 }
 
+/// The level of a `List Bullet 3` / `List Number 2` style name (0-based).
+fn level_by_name(name: &str) -> Option<usize> {
+    let lower = name.to_ascii_lowercase();
+    let rest = lower.strip_prefix("list ")?;
+    let digits = rest.rsplit(' ').next()?;
+    digits
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (2..=9).contains(n))
+        .map(|n| n - 1)
+}
+
+/// Whether each numbering definition (`numId`, level) counts (`decimal`, `lowerLetter`, ...)
+/// or shows a bullet.
+#[derive(Debug, Default)]
+struct Numbering {
+    /// abstractNumId -> level -> counts.
+    abstract_formats: HashMap<String, HashMap<usize, bool>>,
+    /// numId -> abstractNumId.
+    instances: HashMap<String, String>,
+}
+
+impl Numbering {
+    fn parse(xml: &str) -> Result<Numbering, ParseError> {
+        let mut walker = XmlWalker::new(xml, "numbering.xml");
+        let mut numbering = Numbering::default();
+        let mut abstract_id: Option<String> = None;
+        let mut level: Option<usize> = None;
+        let mut num_id: Option<String> = None;
+        while let Some(node) = walker.next_node()? {
+            match &node {
+                node if node.is_open("abstractNum") => {
+                    abstract_id = node.attribute("abstractNumId").map(str::to_string);
+                }
+                node if node.is_close("abstractNum") => abstract_id = None,
+                node if node.is_open("lvl") => {
+                    level = node.attribute("ilvl").and_then(|v| v.parse().ok());
+                }
+                node if node.is_open("numFmt") => {
+                    if let (Some(id), Some(level), Some(format)) =
+                        (abstract_id.as_ref(), level, node.attribute("val"))
+                    {
+                        numbering
+                            .abstract_formats
+                            .entry(id.clone())
+                            .or_default()
+                            .insert(level, !matches!(format, "bullet" | "none"));
+                    }
+                }
+                node if node.is_open("num") => {
+                    num_id = node.attribute("numId").map(str::to_string);
+                }
+                node if node.is_open("abstractNumId") => {
+                    if let (Some(num), Some(abstract_num)) =
+                        (num_id.as_ref(), node.attribute("val"))
+                    {
+                        numbering
+                            .instances
+                            .insert(num.clone(), abstract_num.to_string());
+                    }
+                }
+                node if node.is_close("num") => num_id = None,
+                _ => {}
+            }
+        }
+        Ok(numbering)
+    }
+
+    /// Whether items of `num_id` at `level` are numbered (bullets when unknown).
+    fn counts(&self, num_id: &str, level: usize) -> bool {
+        self.instances
+            .get(num_id)
+            .and_then(|abstract_id| self.abstract_formats.get(abstract_id))
+            .and_then(|levels| levels.get(&level).or_else(|| levels.get(&0)))
+            .copied()
+            .unwrap_or(false)
+    }
+}
+
 /// `"title"`, `"heading 2"` (or an id such as `"Heading2"`), `"list bullet"`.
 fn role_by_name(name: &str) -> Option<StyleRole> {
     let compact: String = name.chars().filter(|c| !c.is_whitespace()).collect();
@@ -285,11 +414,19 @@ fn role_by_name(name: &str) -> Option<StyleRole> {
     None
 }
 
+/// What the walk over the main part looks things up in.
+struct Context<'a> {
+    styles: &'a Styles,
+    numbering: &'a Numbering,
+    comments: &'a HashMap<String, String>,
+}
+
 #[derive(Debug, Default)]
 struct Paragraph {
     style: Option<String>,
     outline_level: Option<usize>,
     list_level: Option<usize>,
+    num_id: Option<String>,
     text: String,
     comments: Vec<String>,
 }
@@ -305,9 +442,12 @@ struct Table {
 fn body_to_markdown(
     xml: &str,
     part: &str,
-    styles: &Styles,
-    comments: &HashMap<String, String>,
+    context: &Context<'_>,
 ) -> Result<(Option<String>, String), ParseError> {
+    let styles = context.styles;
+    let comments = context.comments;
+    // The next number of each numbered list, by (numId, level).
+    let mut counters: HashMap<(String, usize), usize> = HashMap::new();
     let mut walker = XmlWalker::new(xml, part);
     let mut out = MarkdownOut::default();
     let mut title = None;
@@ -362,6 +502,11 @@ fn body_to_markdown(
                         paragraph.list_level = node.attribute("val").and_then(|v| v.parse().ok());
                     }
                 }
+                "numId" => {
+                    if let Some(paragraph) = paragraphs.last_mut() {
+                        paragraph.num_id = node.attribute("val").map(str::to_string);
+                    }
+                }
                 "commentReference" => {
                     if let (Some(paragraph), Some(comment)) = (
                         paragraphs.last_mut(),
@@ -400,7 +545,23 @@ fn body_to_markdown(
                         }
                         StyleRole::Heading(level) => out.heading(level, &paragraph.text),
                         StyleRole::List => {
-                            out.list_item(paragraph.list_level.unwrap_or(0), &paragraph.text)
+                            let (style_num_id, style_level) = paragraph
+                                .style
+                                .as_deref()
+                                .map_or((None, None), |style| styles.numbering(style));
+                            let level = paragraph.list_level.or(style_level).unwrap_or(0);
+                            let num_id = paragraph.num_id.clone().or(style_num_id);
+                            let number = num_id
+                                .filter(|id| id != "0" && context.numbering.counts(id, level))
+                                .map(|id| {
+                                    counters.retain(|(other, deeper), _| {
+                                        *other != id || *deeper <= level
+                                    });
+                                    let next = counters.entry((id, level)).or_insert(0);
+                                    *next += 1;
+                                    *next
+                                });
+                            out.numbered_item(level, number, &paragraph.text)
                         }
                         StyleRole::Body => out.paragraph(&paragraph.text),
                     }

@@ -34,9 +34,9 @@ pub(crate) fn epub_to_markdown(
     }
     let package_path = package_path
         .ok_or_else(|| ParseError::InvalidDocument("the EPUB names no package document".into()))?;
-    let package_xml = container.read_text(&package_path)?.ok_or_else(|| {
-        ParseError::InvalidDocument(format!("the EPUB has no {package_path}"))
-    })?;
+    let package_xml = container
+        .read_text(&package_path)?
+        .ok_or_else(|| ParseError::InvalidDocument(format!("the EPUB has no {package_path}")))?;
     let package = Package::parse(&package_xml, &package_path)?;
     let toc = table_of_contents(&mut container, &package)?;
 

@@ -28,8 +28,13 @@ impl MarkdownOut {
         self.block(&escape_line_start(&text));
     }
 
-    /// A list item at nesting `level` (0 = outermost).
+    /// A bulleted list item at nesting `level` (0 = outermost).
     pub(crate) fn list_item(&mut self, level: usize, text: &str) {
+        self.numbered_item(level, None, text);
+    }
+
+    /// A list item at nesting `level`: `1. text` with a number, else `- text`.
+    pub(crate) fn numbered_item(&mut self, level: usize, number: Option<usize>, text: &str) {
         let text = collapse(text);
         if text.is_empty() {
             return;
@@ -40,7 +45,10 @@ impl MarkdownOut {
             self.separate();
         }
         self.text.push_str(&"  ".repeat(level.min(8)));
-        self.text.push_str("- ");
+        match number {
+            Some(number) => self.text.push_str(&format!("{number}. ")),
+            None => self.text.push_str("- "),
+        }
         self.text.push_str(&text);
         self.in_list = true;
     }

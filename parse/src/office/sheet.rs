@@ -112,7 +112,7 @@ fn invalid(error: impl std::fmt::Display) -> ParseError {
 /// `table:number-columns-repeated`) would make calamine expand more non-empty cells than the
 /// cell cap allows. Empty repeated cells and rows (LibreOffice pads every sheet with them)
 /// cost nothing there and are not counted.
-fn check_ods_repeats(content: &str, limits: &OfficeLimits) -> Result<(), ParseError> {
+pub(crate) fn check_ods_repeats(content: &str, limits: &OfficeLimits) -> Result<(), ParseError> {
     let mut walker = XmlWalker::new(content, "content.xml");
     let mut total: u128 = 0;
     let mut row_repeats: u128 = 1;
@@ -178,11 +178,7 @@ pub(crate) fn csv_to_markdown(
             ParseError::InvalidDocument(format!("unreadable CSV at row {}: {error}", row + 1))
         })?;
         for (column, value) in record.iter().enumerate() {
-            records.cell(
-                row as u32,
-                column as u32,
-                &Data::String(value.to_string()),
-            )?;
+            records.cell(row as u32, column as u32, &Data::String(value.to_string()))?;
         }
     }
     records.end_sheet();
@@ -191,7 +187,10 @@ pub(crate) fn csv_to_markdown(
 
 /// The delimiter of the first line: the most frequent of `,`, `;` and tab outside quotes.
 fn sniff_delimiter(text: &str) -> u8 {
-    let first_line = text.lines().find(|line| !line.trim().is_empty()).unwrap_or("");
+    let first_line = text
+        .lines()
+        .find(|line| !line.trim().is_empty())
+        .unwrap_or("");
     let mut counts = [(b',', 0usize), (b';', 0), (b'\t', 0)];
     let mut quoted = false;
     for byte in first_line.bytes() {
@@ -247,7 +246,11 @@ impl<'a> Records<'a> {
         if text.is_empty() {
             return Ok(());
         }
-        if self.row.as_ref().is_some_and(|(current, _)| *current != row) {
+        if self
+            .row
+            .as_ref()
+            .is_some_and(|(current, _)| *current != row)
+        {
             self.flush_row();
         }
         let current = self.row.get_or_insert_with(|| (row, Vec::new()));

@@ -132,6 +132,17 @@ fn open_node(start: &BytesStart<'_>) -> Node {
     }
 }
 
+/// The local name of the root element of `xml` (`None` when it has none).
+pub(crate) fn root_name(xml: &str, part: &str) -> Result<Option<String>, ParseError> {
+    let mut walker = XmlWalker::new(xml, part);
+    while let Some(node) = walker.next_node()? {
+        if let Node::Open { name, .. } = node {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
+}
+
 /// Every text of `xml` under elements named `local` (e.g. all `t` of a comments part),
 /// one string per element, whitespace collapsed.
 pub(crate) fn texts_of(xml: &str, part: &str, local: &str) -> Result<Vec<String>, ParseError> {
