@@ -42,6 +42,12 @@ pub enum SourceFormat {
     Epub,
 }
 
+/// The extensions [`SourceFormat::from_file_name`] knows, for messages and folder walks.
+pub const SUPPORTED_EXTENSIONS: &[&str] = &[
+    "txt", "text", "md", "markdown", "html", "htm", "json", "jsonl", "ndjson", "pdf", "docx",
+    "pptx", "xlsx", "xlsm", "xls", "ods", "csv", "tsv", "epub",
+];
+
 impl SourceFormat {
     /// The format implied by a file name's extension (case-insensitive), if we support it.
     pub fn from_file_name(name: &str) -> Option<SourceFormat> {
@@ -1094,6 +1100,12 @@ mod tests {
             Some(SourceFormat::Pdf)
         );
         assert_eq!(SourceFormat::from_file_name("slides.ppt"), None);
+        for extension in SUPPORTED_EXTENSIONS {
+            assert!(
+                SourceFormat::from_file_name(&format!("a.{extension}")).is_some(),
+                "{extension}"
+            );
+        }
         assert_eq!(SourceFormat::from_file_name("Makefile"), None);
         assert_eq!(
             serde_json::to_string(&SourceFormat::Jsonl).unwrap(),
