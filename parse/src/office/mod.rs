@@ -108,7 +108,41 @@ pub(crate) fn parse_office(
     limits: &OfficeLimits,
 ) -> Result<ParsedDocument, ParseError> {
     check_content(bytes, format)?;
-    let (title, markdown, encoding) = match format {
+    // The walks here are ours, but calamine and zip are large parsers of hostile input: a panic
+    // in one fails this document, not the caller's thread.
+    let (title, markdown, encoding) =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            convert(bytes, format, limits)
+        }))
+        .map_err(|_| {
+            ParseError::InvalidDocument(format!(
+                "the {} parser failed on this file",
+                format_label(format)
+            ))
+        })??;
+    let text = trim_blank_lines(&clean_extracted(&markdown));
+    if text.trim().is_empty() {
+        return Err(ParseError::Empty);
+    }
+    let title = title
+        .map(|title| clean_extracted(&title).trim().to_string())
+        .filter(|title| !title.is_empty());
+    Ok(ParsedDocument {
+        title,
+        text,
+        markdown: true,
+        encoding,
+        pages: Vec::new(),
+    })
+}
+
+/// The title, Markdown and encoding label of a file whose content matched its format.
+fn convert(
+    bytes: &[u8],
+    format: SourceFormat,
+    limits: &OfficeLimits,
+) -> Result<(Option<String>, String, &'static str), ParseError> {
+    Ok(match format {
         SourceFormat::Docx => {
             let (title, text) = docx::docx_to_markdown(bytes, limits)?;
             (title, text, "DOCX")
@@ -135,20 +169,6 @@ pub(crate) fn parse_office(
                 other.as_str()
             )));
         }
-    };
-    let text = trim_blank_lines(&clean_extracted(&markdown));
-    if text.trim().is_empty() {
-        return Err(ParseError::Empty);
-    }
-    let title = title
-        .map(|title| clean_extracted(&title).trim().to_string())
-        .filter(|title| !title.is_empty());
-    Ok(ParsedDocument {
-        title,
-        text,
-        markdown: true,
-        encoding,
-        pages: Vec::new(),
     })
 }
 

@@ -687,3 +687,49 @@ fn zip_paths_resolve_relative_absolute_and_escaped_targets() {
     );
     assert_eq!(resolve("", "../../etc/passwd"), "etc/passwd");
 }
+
+#[test]
+fn damaged_fixtures_fail_with_clean_codes() {
+    for name in [
+        "report.docx",
+        "deck.pptx",
+        "inventory.xlsx",
+        "inventory.xls",
+        "inventory.ods",
+        "book.epub",
+    ] {
+        let bytes = fixture(name);
+        let format = SourceFormat::from_file_name(name).unwrap();
+        let mut damaged: Vec<Vec<u8>> = (1..16)
+            .map(|sixteenth| bytes[..bytes.len() * sixteenth / 16].to_vec())
+            .collect();
+        for step in [7usize, 31, 101, 499] {
+            let mut flipped = bytes.clone();
+            for index in (8..flipped.len()).step_by(step) {
+                flipped[index] ^= 0x5a;
+            }
+            damaged.push(flipped);
+        }
+        for (case, bytes) in damaged.iter().enumerate() {
+            if let Err(error) = parse_as(bytes, format) {
+                assert!(
+                    matches!(
+                        error.code(),
+                        "invalid_document" | "content_mismatch" | "empty_document"
+                    ),
+                    "{name} case {case}: {error}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_panic_inside_calamine_fails_the_document_not_the_thread() {
+    // calamine 0.38 slices past the end of a truncated OLE file (cfb.rs) and panics.
+    let bytes = fixture("inventory.xls");
+    let truncated = &bytes[..bytes.len() * 12 / 16];
+    let error = parse_as(truncated, SourceFormat::Xls).unwrap_err();
+    assert_eq!(error.code(), "invalid_document");
+    assert!(error.to_string().contains("XLS parser failed"), "{error}");
+}
