@@ -215,7 +215,18 @@ fn workbook_with_rows(rows: usize) -> Vec<u8> {
         xmlns=\"http://schemas.openxmlformats.org/package/2006/relationships\">\
         <Relationship Id=\"rId1\" Type=\"http://schemas.openxmlformats.org/officeDocument/2006/\
         relationships/worksheet\" Target=\"worksheets/sheet1.xml\"/></Relationships>";
+    let package = "<?xml version=\"1.0\"?><Relationships \
+        xmlns=\"http://schemas.openxmlformats.org/package/2006/relationships\">\
+        <Relationship Id=\"rId1\" Type=\"http://schemas.openxmlformats.org/officeDocument/2006/\
+        relationships/officeDocument\" Target=\"xl/workbook.xml\"/></Relationships>";
+    let content_types = "<?xml version=\"1.0\"?><Types \
+        xmlns=\"http://schemas.openxmlformats.org/package/2006/content-types\">\
+        <Default Extension=\"xml\" ContentType=\"application/xml\"/>\
+        <Default Extension=\"rels\" \
+        ContentType=\"application/vnd.openxmlformats-package.relationships+xml\"/></Types>";
     zip_of(&[
+        ("[Content_Types].xml", content_types.as_bytes()),
+        ("_rels/.rels", package.as_bytes()),
         ("xl/workbook.xml", workbook.as_bytes()),
         ("xl/_rels/workbook.xml.rels", relationships.as_bytes()),
         ("xl/worksheets/sheet1.xml", sheet.as_bytes()),

@@ -50,25 +50,22 @@ impl<'a> Container<'a> {
         self.read_index(index).map(Some)
     }
 
-    /// The entry `name` as UTF-8 text (a BOM dropped), `None` when there is no such entry.
+    /// The entry `name` as text (UTF-8, or UTF-16 by its BOM), `None` when there is no such
+    /// entry.
     pub(crate) fn read_text(&mut self, name: &str) -> Result<Option<String>, ParseError> {
         let Some(bytes) = self.read(name)? else {
             return Ok(None);
         };
-        let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&bytes);
-        match std::str::from_utf8(bytes) {
-            Ok(text) => Ok(Some(text.to_string())),
-            Err(_) => {
-                // XML parts may be UTF-16 (with a BOM); anything else is broken.
-                let (text, _, malformed) = encoding_rs::UTF_16LE.decode(bytes);
-                if malformed || !bytes.starts_with(b"\xff\xfe") && !bytes.starts_with(b"\xfe\xff") {
-                    return Err(ParseError::InvalidDocument(format!(
-                        "the part {name} is not UTF-8 text"
-                    )));
-                }
-                Ok(Some(text.into_owned()))
-            }
-        }
+        // XML parts are UTF-8, or UTF-16 with a BOM; anything else is broken.
+        let decoded = match encoding_rs::Encoding::for_bom(&bytes) {
+            Some((encoding, bom_length)) => encoding
+                .decode_without_bom_handling_and_without_replacement(&bytes[bom_length..])
+                .map(|text| text.into_owned()),
+            None => String::from_utf8(bytes).ok(),
+        };
+        decoded.map(Some).ok_or_else(|| {
+            ParseError::InvalidDocument(format!("the part {name} is not UTF-8 or UTF-16 text"))
+        })
     }
 
     /// Inflates every entry once, charging the budget, without keeping anything: the check

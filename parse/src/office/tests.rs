@@ -733,3 +733,23 @@ fn a_panic_inside_calamine_fails_the_document_not_the_thread() {
     assert_eq!(error.code(), "invalid_document");
     assert!(error.to_string().contains("XLS parser failed"), "{error}");
 }
+
+#[test]
+fn a_utf16_part_with_its_byte_order_mark_reads() {
+    let xml = "<?xml version=\"1.0\" encoding=\"UTF-16\"?><w:document xmlns:w=\"w\"><w:body>\
+               <w:p><w:r><w:t>Sixteen-bit café</w:t></w:r></w:p></w:body></w:document>";
+    let mut utf16 = vec![0xff, 0xfe];
+    for unit in xml.encode_utf16() {
+        utf16.extend(unit.to_le_bytes());
+    }
+    let docx = zip_of(&[("word/document.xml", &utf16)]);
+    assert_eq!(
+        parse_as(&docx, SourceFormat::Docx).unwrap().text,
+        "Sixteen-bit café"
+    );
+    let latin1 = zip_of(&[("word/document.xml", b"<w:document>caf\xe9</w:document>")]);
+    assert_eq!(
+        parse_as(&latin1, SourceFormat::Docx).unwrap_err().code(),
+        "invalid_document"
+    );
+}
