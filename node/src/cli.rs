@@ -622,10 +622,8 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
     Ok(())
 }
 
-/// File extensions `ingest` picks up when walking a folder.
-const INGESTED_EXTENSIONS: [&str; 10] = [
-    "txt", "text", "md", "markdown", "html", "htm", "json", "jsonl", "ndjson", "pdf",
-];
+/// File extensions `ingest` picks up when walking a folder: every type the node parses.
+const INGESTED_EXTENSIONS: &[&str] = sift_actors::ingest::parse::SUPPORTED_EXTENSIONS;
 
 /// The files to upload: named files as they are, folders walked for files with an
 /// [`INGESTED_EXTENSIONS`] extension. Each other file met in a folder is named on stderr as
@@ -654,11 +652,23 @@ fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
                         .and_then(|name| name.to_str())
                         .is_some_and(|name| name.starts_with('.'))
                     {
-                        eprintln!(
-                            "{}: skipped: not a supported type ({})",
-                            entry.display(),
-                            INGESTED_EXTENSIONS.map(|e| format!(".{e}")).join(", ")
-                        );
+                        let name = entry.to_string_lossy();
+                        match sift_actors::ingest::office::legacy_office_format(&name) {
+                            Some(format) => eprintln!(
+                                "{}: skipped: {format} is an old binary format that is not \
+                                 supported (save it as the newer format)",
+                                entry.display()
+                            ),
+                            None => eprintln!(
+                                "{}: skipped: not a supported type ({})",
+                                entry.display(),
+                                INGESTED_EXTENSIONS
+                                    .iter()
+                                    .map(|e| format!(".{e}"))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                        }
                     }
                 }
             }

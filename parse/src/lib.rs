@@ -1,7 +1,8 @@
 //! Uploaded bytes -> text -> chunks, with no runtime, index or model behind it.
 //!
 //! [`parse`] detects the encoding of an upload and extracts its text (plain text, Markdown,
-//! HTML, JSON, JSON Lines; PDF through [`pdf`]); [`chunk`] cuts that text into token-sized
+//! HTML, JSON, JSON Lines; PDF through [`pdf`]; Word, PowerPoint, spreadsheets, CSV and EPUB
+//! through [`office`], as Markdown); [`chunk`] cuts that text into token-sized
 //! children and parents (page by page for a PDF, so that every chunk knows its pages).
 //! This crate is the home of every format parser: it is small on purpose so that the fuzz
 //! targets (`fuzz/`, built with sanitizer coverage) compile it in minutes, not the whole
@@ -9,5 +10,6 @@
 //! chunk}`.
 
 pub mod chunk;
+pub mod office;
 pub mod parse;
 pub mod pdf;

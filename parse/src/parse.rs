@@ -14,6 +14,7 @@ use html5ever::tendril::{StrTendril, TendrilSink};
 use scraper::{ElementRef, Html, HtmlTreeSink, Node, Selector};
 use serde_json::Value;
 
+use crate::office::OfficeLimits;
 use crate::pdf::PdfLimits;
 
 /// The kinds of uploaded files we can turn into text.
@@ -26,7 +27,26 @@ pub enum SourceFormat {
     Json,
     Jsonl,
     Pdf,
+    /// Word (Office Open XML).
+    Docx,
+    /// PowerPoint (Office Open XML).
+    Pptx,
+    /// Excel (Office Open XML).
+    Xlsx,
+    /// Excel 97-2003 (BIFF in an OLE compound file).
+    Xls,
+    /// OpenDocument spreadsheet.
+    Ods,
+    /// Comma-, semicolon- or tab-separated values.
+    Csv,
+    Epub,
 }
+
+/// The extensions [`SourceFormat::from_file_name`] knows, for messages and folder walks.
+pub const SUPPORTED_EXTENSIONS: &[&str] = &[
+    "txt", "text", "md", "markdown", "html", "htm", "json", "jsonl", "ndjson", "pdf", "docx",
+    "pptx", "xlsx", "xlsm", "xls", "ods", "csv", "tsv", "epub",
+];
 
 impl SourceFormat {
     /// The format implied by a file name's extension (case-insensitive), if we support it.
@@ -39,6 +59,13 @@ impl SourceFormat {
             "json" => Some(SourceFormat::Json),
             "jsonl" | "ndjson" => Some(SourceFormat::Jsonl),
             "pdf" => Some(SourceFormat::Pdf),
+            "docx" => Some(SourceFormat::Docx),
+            "pptx" => Some(SourceFormat::Pptx),
+            "xlsx" | "xlsm" => Some(SourceFormat::Xlsx),
+            "xls" => Some(SourceFormat::Xls),
+            "ods" => Some(SourceFormat::Ods),
+            "csv" | "tsv" => Some(SourceFormat::Csv),
+            "epub" => Some(SourceFormat::Epub),
             _ => None,
         }
     }
@@ -53,6 +80,18 @@ impl SourceFormat {
             "application/json" => Some(SourceFormat::Json),
             "application/jsonl" | "application/x-ndjson" => Some(SourceFormat::Jsonl),
             "application/pdf" => Some(SourceFormat::Pdf),
+            "application/vnd.openxmlformats-officedocument.wordprocessingml.document" => {
+                Some(SourceFormat::Docx)
+            }
+            "application/vnd.openxmlformats-officedocument.presentationml.presentation" => {
+                Some(SourceFormat::Pptx)
+            }
+            "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+            | "application/vnd.ms-excel.sheet.macroenabled.12" => Some(SourceFormat::Xlsx),
+            "application/vnd.ms-excel" => Some(SourceFormat::Xls),
+            "application/vnd.oasis.opendocument.spreadsheet" => Some(SourceFormat::Ods),
+            "text/csv" | "text/tab-separated-values" => Some(SourceFormat::Csv),
+            "application/epub+zip" => Some(SourceFormat::Epub),
             _ => None,
         }
     }
@@ -66,6 +105,13 @@ impl SourceFormat {
             SourceFormat::Json,
             SourceFormat::Jsonl,
             SourceFormat::Pdf,
+            SourceFormat::Docx,
+            SourceFormat::Pptx,
+            SourceFormat::Xlsx,
+            SourceFormat::Xls,
+            SourceFormat::Ods,
+            SourceFormat::Csv,
+            SourceFormat::Epub,
         ]
         .into_iter()
         .find(|format| format.as_str() == name)
@@ -80,6 +126,13 @@ impl SourceFormat {
             SourceFormat::Json => "json",
             SourceFormat::Jsonl => "jsonl",
             SourceFormat::Pdf => "pdf",
+            SourceFormat::Docx => "docx",
+            SourceFormat::Pptx => "pptx",
+            SourceFormat::Xlsx => "xlsx",
+            SourceFormat::Xls => "xls",
+            SourceFormat::Ods => "ods",
+            SourceFormat::Csv => "csv",
+            SourceFormat::Epub => "epub",
         }
     }
 }
@@ -93,6 +146,8 @@ pub struct ParseOptions {
     pub json_title_field: String,
     /// Page cap and time budget of a PDF.
     pub pdf: PdfLimits,
+    /// Unpacked-size, entry, row and cell caps of Office, spreadsheet and EPUB files.
+    pub office: OfficeLimits,
 }
 
 impl Default for ParseOptions {
@@ -101,6 +156,7 @@ impl Default for ParseOptions {
             json_text_field: "text".to_string(),
             json_title_field: "title".to_string(),
             pdf: PdfLimits::default(),
+            office: OfficeLimits::default(),
         }
     }
 }
@@ -162,6 +218,15 @@ pub enum ParseError {
         "the PDF has no text layer (scanned pages?); text recognition (OCR) is not supported yet"
     )]
     NoTextLayer,
+    /// A damaged Office, spreadsheet or EPUB file (a bad zip, malformed XML, a missing part).
+    #[error("the file is not a readable document: {0}")]
+    InvalidDocument(String),
+    /// Past a cap of [`OfficeLimits`] (a zip bomb, a million-row sheet).
+    #[error("the document is too large: {0}")]
+    DocumentTooLarge(String),
+    /// The content is not what the file name or media type says (a `.docx` that is a PDF).
+    #[error("the file is named as {named} but its content is {actual}")]
+    ContentMismatch { named: String, actual: String },
 }
 
 impl ParseError {
@@ -179,6 +244,9 @@ impl ParseError {
             ParseError::InvalidPdf(_) => "invalid_pdf",
             ParseError::PdfTooLarge(_) => "pdf_too_large",
             ParseError::NoTextLayer => "no_text_layer",
+            ParseError::InvalidDocument(_) => "invalid_document",
+            ParseError::DocumentTooLarge(_) => "document_too_large",
+            ParseError::ContentMismatch { .. } => "content_mismatch",
         }
     }
 
@@ -195,7 +263,10 @@ impl ParseError {
             | ParseError::EncryptedPdf
             | ParseError::InvalidPdf(_)
             | ParseError::PdfTooLarge(_)
-            | ParseError::NoTextLayer => false,
+            | ParseError::NoTextLayer
+            | ParseError::InvalidDocument(_)
+            | ParseError::DocumentTooLarge(_)
+            | ParseError::ContentMismatch { .. } => false,
         }
     }
 }
@@ -366,8 +437,22 @@ pub fn parse_document(
     format: SourceFormat,
     options: &ParseOptions,
 ) -> Result<ParsedDocument, ParseError> {
-    if format == SourceFormat::Pdf {
-        return crate::pdf::parse_pdf(bytes, &options.pdf);
+    match format {
+        SourceFormat::Pdf => return crate::pdf::parse_pdf(bytes, &options.pdf),
+        SourceFormat::Docx
+        | SourceFormat::Pptx
+        | SourceFormat::Xlsx
+        | SourceFormat::Xls
+        | SourceFormat::Ods
+        | SourceFormat::Csv
+        | SourceFormat::Epub => {
+            return crate::office::parse_office(bytes, format, &options.office);
+        }
+        SourceFormat::Text
+        | SourceFormat::Markdown
+        | SourceFormat::Html
+        | SourceFormat::Json
+        | SourceFormat::Jsonl => {}
     }
     let (decoded, encoding) = decode_text(bytes)?;
     let decoded = normalize_newlines(&decoded);
@@ -401,9 +486,19 @@ pub fn parse_document(
             let (title, text) = json_records_text(&records, options)?;
             (title, text, false)
         }
-        // Parsed above, from its bytes: never decoded as text.
-        SourceFormat::Pdf => {
-            return Err(ParseError::UnsupportedType("a PDF is not text".into()));
+        // Parsed above, from their bytes: never decoded as text here.
+        SourceFormat::Pdf
+        | SourceFormat::Docx
+        | SourceFormat::Pptx
+        | SourceFormat::Xlsx
+        | SourceFormat::Xls
+        | SourceFormat::Ods
+        | SourceFormat::Csv
+        | SourceFormat::Epub => {
+            return Err(ParseError::UnsupportedType(format!(
+                "{} is not parsed as text",
+                format.as_str()
+            )));
         }
         SourceFormat::Jsonl => {
             let mut records = Vec::new();
@@ -439,7 +534,7 @@ pub fn parse_document(
 }
 
 /// Drops leading and trailing blank lines and trailing whitespace, keeping inner structure.
-fn trim_blank_lines(text: &str) -> String {
+pub(crate) fn trim_blank_lines(text: &str) -> String {
     let start = text
         .char_indices()
         .find(|&(_, c)| !c.is_whitespace())
@@ -573,7 +668,7 @@ fn parse_html(html: &str) -> Result<Html, ParseError> {
 }
 
 /// HTML -> (title, Markdown of the main content).
-fn html_to_markdown(html: &str) -> Result<(Option<String>, String), ParseError> {
+pub(crate) fn html_to_markdown(html: &str) -> Result<(Option<String>, String), ParseError> {
     let document = parse_html(html)?;
     let selector = |css: &str| Selector::parse(css).expect("static selector is valid");
     let title = document
@@ -1004,7 +1099,13 @@ mod tests {
             SourceFormat::from_file_name("report.pdf"),
             Some(SourceFormat::Pdf)
         );
-        assert_eq!(SourceFormat::from_file_name("slides.pptx"), None);
+        assert_eq!(SourceFormat::from_file_name("slides.ppt"), None);
+        for extension in SUPPORTED_EXTENSIONS {
+            assert!(
+                SourceFormat::from_file_name(&format!("a.{extension}")).is_some(),
+                "{extension}"
+            );
+        }
         assert_eq!(SourceFormat::from_file_name("Makefile"), None);
         assert_eq!(
             serde_json::to_string(&SourceFormat::Jsonl).unwrap(),

@@ -232,11 +232,20 @@ async fn bad_requests_get_clear_errors_and_leave_the_kb_intact() {
         "invalid_pdf",
     )
     .await;
+    let mut ole = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1".to_vec();
+    ole.resize(1024, 0);
     base.check(
-        "a .docx (not yet supported)",
-        c.upload(KB, "memo.docx", b"PK\x03\x04".to_vec()).await,
+        "an old binary .doc",
+        c.upload(KB, "memo.doc", ole).await,
         415,
         "unsupported_type",
+    )
+    .await;
+    base.check(
+        "a .docx that is not a zip",
+        c.upload(KB, "memo.docx", b"PK\x03\x04".to_vec()).await,
+        422,
+        "invalid_document",
     )
     .await;
     base.check(

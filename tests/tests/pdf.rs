@@ -258,7 +258,7 @@ async fn sift_ingest_of_a_folder_uploads_pdfs_and_exits_1_naming_the_refused_fil
         "locked.pdf",
         &fixture("encrypted.pdf"),
     );
-    write(&folder, "slides.pptx", b"PK not supported yet");
+    write(&folder, "slides.ppt", b"\xd0\xcf\x11\xe0 old PowerPoint");
     let output = tokio::process::Command::new(sift_tests::node_binary())
         .env("SIFT_API_KEY", TEST_ADMIN_KEY)
         .args(["--node", &node.url, "ingest", KB])
@@ -274,9 +274,9 @@ async fn sift_ingest_of_a_folder_uploads_pdfs_and_exits_1_naming_the_refused_fil
         .unwrap_or_else(|| panic!("the refused file is named: {stderr}"));
     assert!(refusal.contains("refused: encrypted_pdf"), "{refusal}");
     assert!(
-        stderr
-            .lines()
-            .any(|line| line.contains("slides.pptx") && line.contains("skipped")),
+        stderr.lines().any(|line| line.contains("slides.ppt")
+            && line.contains("skipped")
+            && line.contains("PowerPoint 97-2003")),
         "{stderr}"
     );
     assert!(stderr.contains("2 ready, 0 failed, 1 refused"), "{stderr}");

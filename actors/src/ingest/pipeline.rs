@@ -84,6 +84,7 @@ pub fn parse_options(kb: &KbRecord, pdf: &PdfLimits) -> ParseOptions {
         json_text_field: kb.settings.json_text_field.clone(),
         json_title_field: kb.settings.json_title_field.clone(),
         pdf: pdf.clone(),
+        ..ParseOptions::default()
     }
 }
 

@@ -137,12 +137,7 @@ impl SiftNode {
                     .as_deref()
                     .and_then(SourceFormat::from_media_type)
             })
-            .ok_or_else(|| {
-                crate::ingest::parse::ParseError::UnsupportedType(format!(
-                    "{:?}: supported types are .txt, .md, .html, .json, .jsonl, .pdf",
-                    upload.file_name
-                ))
-            })?;
+            .ok_or_else(|| unsupported_upload(&upload))?;
         validate_external_id(upload.external_id.as_deref())?;
         let groups = check_groups(&upload.groups)?;
         let mut metadata = upload.metadata.clone();
@@ -395,6 +390,54 @@ impl SiftNode {
             }),
         }
     }
+}
+
+/// The `unsupported_type` refusal of an upload whose name and media type name no format we
+/// parse: an old binary Word or PowerPoint file is named as such, anything else gets the list
+/// of supported extensions.
+fn unsupported_upload(upload: &Upload) -> SiftError {
+    use crate::ingest::office::{legacy_office_format, legacy_office_message};
+    use crate::ingest::parse::{ParseError, SUPPORTED_EXTENSIONS};
+    let legacy = legacy_office_format(&upload.file_name).or_else(|| {
+        match upload.media_type.as_deref().map(|media| {
+            media
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        }) {
+            Some(media) if media == "application/msword" => Some("a Word 97-2003 document (.doc)"),
+            Some(media) if media == "application/vnd.ms-powerpoint" => {
+                Some("a PowerPoint 97-2003 presentation (.ppt)")
+            }
+            _ => None,
+        }
+    });
+    let message = match legacy {
+        Some(name) => {
+            let save_as = if name.contains("Word") {
+                ".docx"
+            } else {
+                ".pptx"
+            };
+            format!(
+                "{:?}: {}",
+                upload.file_name,
+                legacy_office_message(name, save_as)
+            )
+        }
+        None => format!(
+            "{:?}: supported types are {}",
+            upload.file_name,
+            SUPPORTED_EXTENSIONS
+                .iter()
+                .map(|extension| format!(".{extension}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    SiftError::Parse(ParseError::UnsupportedType(message))
 }
 
 /// What places a document on a shard: its external id when it has one (so the same corpus

@@ -1,0 +1,260 @@
+//! Word, PowerPoint, spreadsheets (Excel, OpenDocument, CSV) and EPUB -> Markdown.
+//!
+//! Every format here becomes Markdown text ([`ParsedDocument::markdown`]) so that the chunker's
+//! structure awareness does the rest, as it does for HTML (ADR 0026): headings become the
+//! heading path, a Markdown table is never split, list items stay together.
+//!
+//! | format | headings | also kept |
+//! |---|---|---|
+//! | `.docx` ([`docx`]) | paragraph styles `Title`, `Heading 1`-`9` (or an outline level) | lists, tables, comments after the paragraph they mark |
+//! | `.pptx` ([`pptx`]) | `# Slide N: title` per slide | bullets, tables, speaker notes and comments under their slide |
+//! | `.xlsx` `.xls` `.ods` `.csv` ([`sheet`]) | `# sheet name` | one record per row: `Row N: Header: value; ...` |
+//! | `.epub` ([`epub`]) | the chapters' own HTML headings | lists, tables (through the HTML converter) |
+//!
+//! Zip containers are untrusted: [`container::Container`] refuses more than
+//! [`OfficeLimits::max_entries`] entries and stops inflating at
+//! [`OfficeLimits::max_unpacked_bytes`] in total, measured while reading (never from the sizes
+//! the archive declares), so a zip bomb fails with `document_too_large`. Spreadsheets stop at
+//! [`OfficeLimits::max_rows`] rows and [`OfficeLimits::max_cells`] cells.
+//!
+//! The content must be what the name says ([`sniff`]): an old binary `.doc`/`.ppt` (an OLE
+//! compound file) is `unsupported_type` naming the format; a `.docx` that is really a PDF, plain
+//! text or a spreadsheet is refused with `content_mismatch` naming what it is, rather than
+//! parsed as something else (the document's recorded format and its file name would disagree).
+
+mod container;
+mod docx;
+mod epub;
+mod markdown;
+mod pptx;
+mod sheet;
+mod xml;
+
+#[cfg(test)]
+mod tests;
+
+use crate::parse::{ParseError, ParsedDocument, SourceFormat, clean_extracted, trim_blank_lines};
+
+/// Bounds on the work one Office or EPUB file may cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OfficeLimits {
+    /// Bytes inflated from a zip container, all entries together (`document_too_large` past it).
+    pub max_unpacked_bytes: u64,
+    /// Entries a zip container may list (`document_too_large` past it).
+    pub max_entries: usize,
+    /// Spreadsheet rows, all sheets together (`document_too_large` past it).
+    pub max_rows: usize,
+    /// Spreadsheet cells with a value, all sheets together (`document_too_large` past it).
+    pub max_cells: usize,
+}
+
+impl Default for OfficeLimits {
+    fn default() -> Self {
+        OfficeLimits {
+            max_unpacked_bytes: 256 * 1024 * 1024,
+            max_entries: 10_000,
+            max_rows: 200_000,
+            max_cells: 2_000_000,
+        }
+    }
+}
+
+/// What the first bytes of a file say it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sniffed {
+    /// A zip archive (docx, pptx, xlsx, ods, epub, or any other zip).
+    Zip,
+    /// An OLE compound file (doc, ppt, xls, msg).
+    Ole,
+    Pdf,
+    /// Anything else: text, or a binary format we do not name.
+    Other,
+}
+
+const OLE_MAGIC: &[u8] = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1";
+
+pub(crate) fn sniff(bytes: &[u8]) -> Sniffed {
+    if bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06") {
+        Sniffed::Zip
+    } else if bytes.starts_with(OLE_MAGIC) {
+        Sniffed::Ole
+    } else if bytes.starts_with(b"%PDF-") {
+        Sniffed::Pdf
+    } else {
+        Sniffed::Other
+    }
+}
+
+/// The name of an old binary Office format for a file name, e.g. `"x.doc"` ->
+/// `"a Word 97-2003 document (.doc)"`: formats we know and refuse with `unsupported_type`.
+pub fn legacy_office_format(file_name: &str) -> Option<&'static str> {
+    let (_, extension) = file_name.rsplit_once('.')?;
+    match extension.to_ascii_lowercase().as_str() {
+        "doc" | "dot" => Some("a Word 97-2003 document (.doc)"),
+        "ppt" | "pps" | "pot" => Some("a PowerPoint 97-2003 presentation (.ppt)"),
+        _ => None,
+    }
+}
+
+/// The `unsupported_type` message for an old binary Office format.
+pub fn legacy_office_message(format_name: &str, save_as: &str) -> String {
+    format!("{format_name} is an old binary format that is not supported: save it as {save_as}")
+}
+
+/// Parses an Office, spreadsheet or EPUB file of `format` under `limits`.
+pub(crate) fn parse_office(
+    bytes: &[u8],
+    format: SourceFormat,
+    limits: &OfficeLimits,
+) -> Result<ParsedDocument, ParseError> {
+    check_content(bytes, format)?;
+    // The walks here are ours, but calamine and zip are large parsers of hostile input: a panic
+    // in one fails this document, not the caller's thread.
+    let (title, markdown, encoding) =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            convert(bytes, format, limits)
+        }))
+        .map_err(|_| {
+            ParseError::InvalidDocument(format!(
+                "the {} parser failed on this file",
+                format_label(format)
+            ))
+        })??;
+    let text = trim_blank_lines(&clean_extracted(&markdown));
+    if text.trim().is_empty() {
+        return Err(ParseError::Empty);
+    }
+    let title = title
+        .map(|title| clean_extracted(&title).trim().to_string())
+        .filter(|title| !title.is_empty());
+    Ok(ParsedDocument {
+        title,
+        text,
+        markdown: true,
+        encoding,
+        pages: Vec::new(),
+    })
+}
+
+/// The title, Markdown and encoding label of a file whose content matched its format.
+fn convert(
+    bytes: &[u8],
+    format: SourceFormat,
+    limits: &OfficeLimits,
+) -> Result<(Option<String>, String, &'static str), ParseError> {
+    Ok(match format {
+        SourceFormat::Docx => {
+            let (title, text) = docx::docx_to_markdown(bytes, limits)?;
+            (title, text, "DOCX")
+        }
+        SourceFormat::Pptx => {
+            let (title, text) = pptx::pptx_to_markdown(bytes, limits)?;
+            (title, text, "PPTX")
+        }
+        SourceFormat::Xlsx | SourceFormat::Xls | SourceFormat::Ods => {
+            let (title, text) = sheet::workbook_to_markdown(bytes, format, limits)?;
+            (title, text, format_label(format))
+        }
+        SourceFormat::Csv => {
+            let (text, encoding) = sheet::csv_to_markdown(bytes, limits)?;
+            (None, text, encoding)
+        }
+        SourceFormat::Epub => {
+            let (title, text) = epub::epub_to_markdown(bytes, limits)?;
+            (title, text, "EPUB")
+        }
+        other => {
+            return Err(ParseError::UnsupportedType(format!(
+                "{} is not an Office or EPUB format",
+                other.as_str()
+            )));
+        }
+    })
+}
+
+fn format_label(format: SourceFormat) -> &'static str {
+    match format {
+        SourceFormat::Docx => "DOCX",
+        SourceFormat::Pptx => "PPTX",
+        SourceFormat::Xlsx => "XLSX",
+        SourceFormat::Xls => "XLS",
+        SourceFormat::Ods => "ODS",
+        SourceFormat::Csv => "CSV",
+        SourceFormat::Epub => "EPUB",
+        SourceFormat::Text => "text",
+        SourceFormat::Markdown => "Markdown",
+        SourceFormat::Html => "HTML",
+        SourceFormat::Json => "JSON",
+        SourceFormat::Jsonl => "JSON Lines",
+        SourceFormat::Pdf => "PDF",
+    }
+}
+
+/// Refuses content that is not what `format` names (see the module docs).
+fn check_content(bytes: &[u8], format: SourceFormat) -> Result<(), ParseError> {
+    let sniffed = sniff(bytes);
+    let expected = match format {
+        SourceFormat::Docx
+        | SourceFormat::Pptx
+        | SourceFormat::Xlsx
+        | SourceFormat::Ods
+        | SourceFormat::Epub => Sniffed::Zip,
+        SourceFormat::Xls => Sniffed::Ole,
+        // Text: decoded by the CSV reader, which refuses binary content itself.
+        _ => return Ok(()),
+    };
+    if sniffed == expected {
+        return Ok(());
+    }
+    if sniffed == Sniffed::Ole {
+        // An old binary Word or PowerPoint file renamed to the new extension.
+        let legacy = match format {
+            SourceFormat::Docx => Some(("a Word 97-2003 document (.doc)", ".docx")),
+            SourceFormat::Pptx => Some(("a PowerPoint 97-2003 presentation (.ppt)", ".pptx")),
+            _ => None,
+        };
+        if let Some((name, save_as)) = legacy {
+            return Err(ParseError::UnsupportedType(legacy_office_message(
+                name, save_as,
+            )));
+        }
+    }
+    let actual = match sniffed {
+        Sniffed::Zip => "a zip archive (an Office Open XML, OpenDocument or EPUB file?)",
+        Sniffed::Ole => "an old binary Office file (OLE compound document)",
+        Sniffed::Pdf => "a PDF",
+        Sniffed::Other if crate::parse::decode_text(bytes).is_ok() => "plain text",
+        Sniffed::Other => "not a file of this type",
+    };
+    Err(ParseError::ContentMismatch {
+        named: format_label(format).to_string(),
+        actual: actual.to_string(),
+    })
+}
+
+/// A zip container holds the parts of another format than the one named: say which.
+pub(crate) fn zip_kind_mismatch(
+    container: &container::Container<'_>,
+    named: SourceFormat,
+) -> ParseError {
+    let actual = if container.has("word/document.xml") {
+        "a Word document (.docx)"
+    } else if container.has("ppt/presentation.xml") {
+        "a PowerPoint presentation (.pptx)"
+    } else if container.has("xl/workbook.xml") {
+        "an Excel workbook (.xlsx)"
+    } else if container.has("META-INF/container.xml") {
+        "an EPUB book or OpenDocument file"
+    } else if container.has("content.xml") {
+        "an OpenDocument file"
+    } else {
+        return ParseError::InvalidDocument(format!(
+            "the zip archive holds no {} parts",
+            format_label(named)
+        ));
+    };
+    ParseError::ContentMismatch {
+        named: format_label(named).to_string(),
+        actual: actual.to_string(),
+    }
+}

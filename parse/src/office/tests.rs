@@ -1,0 +1,755 @@
+//! Unit tests of the Office and EPUB converters, against the fixtures of
+//! `tests/fixtures/office/` (made by its `make.py`) and archives built here.
+
+use std::io::Write;
+use std::time::Instant;
+
+use zip::write::SimpleFileOptions;
+
+use super::*;
+use crate::chunk::{ChunkerConfig, chunk_document};
+use crate::parse::{ParseOptions, parse_document};
+
+/// A fixture of `tests/fixtures/office/`.
+fn fixture(name: &str) -> Vec<u8> {
+    let path = format!(
+        "{}/../tests/fixtures/office/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read(&path).unwrap_or_else(|error| panic!("{path}: {error}"))
+}
+
+fn parse(name: &str) -> Result<ParsedDocument, ParseError> {
+    let format = SourceFormat::from_file_name(name).expect("a supported extension");
+    parse_document(&fixture(name), format, &ParseOptions::default())
+}
+
+fn parse_as(bytes: &[u8], format: SourceFormat) -> Result<ParsedDocument, ParseError> {
+    parse_document(bytes, format, &ParseOptions::default())
+}
+
+fn parse_limited(
+    bytes: &[u8],
+    format: SourceFormat,
+    limits: OfficeLimits,
+) -> Result<ParsedDocument, ParseError> {
+    let options = ParseOptions {
+        office: limits,
+        ..ParseOptions::default()
+    };
+    parse_document(bytes, format, &options)
+}
+
+/// A zip of `entries`, deflated.
+fn zip_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options = SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+    for (name, content) in entries {
+        writer.start_file(*name, options).unwrap();
+        writer.write_all(content).unwrap();
+    }
+    writer.finish().unwrap().into_inner()
+}
+
+/// A zip of `entries` plus `big_name`: `big_size` bytes of `fill` (a zip bomb when large).
+fn zip_with_big_entry(
+    entries: &[(&str, &[u8])],
+    big_name: &str,
+    big_size: usize,
+    fill: u8,
+) -> Vec<u8> {
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options = SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .compression_level(Some(9))
+        .large_file(big_size >= u32::MAX as usize);
+    for (name, content) in entries {
+        writer.start_file(*name, options).unwrap();
+        writer.write_all(content).unwrap();
+    }
+    writer.start_file(big_name, options).unwrap();
+    let block = vec![fill; 1024 * 1024];
+    let mut left = big_size;
+    while left > 0 {
+        let step = left.min(block.len());
+        writer.write_all(&block[..step]).unwrap();
+        left -= step;
+    }
+    writer.finish().unwrap().into_inner()
+}
+
+fn child_with<'a>(
+    chunked: &'a crate::chunk::Chunked,
+    needle: &str,
+) -> &'a crate::chunk::ChildDraft {
+    chunked
+        .children
+        .iter()
+        .find(|child| child.body.contains(needle))
+        .unwrap_or_else(|| panic!("no chunk holds {needle:?}: {chunked:#?}"))
+}
+
+const REPORT_MARKDOWN: &str = "\
+# Orchard Cooperative Report
+
+# Harvest
+
+The cooperative picked 412 tonnes of Bramley apples this autumn.
+
+Comment (Mira): Check the tonnage against the weighbridge log.
+
+## Varieties
+
+- Bramley for baking
+- Cox's Orange Pippin for eating
+  - Egremont Russet, a late keeper
+1. Prune the old trees in February
+2. Spray against scab in April
+
+| Variety | Tonnes | Orchard |
+| --- | --- | --- |
+| Bramley | 250 | North Field |
+| Cox | 162 | River Meadow |
+
+# Finances
+
+Cider sales paid for the new cold store by the mill pond.";
+
+#[test]
+fn docx_keeps_heading_styles_lists_tables_and_comments() {
+    let document = parse("report.docx").unwrap();
+    assert_eq!(document.text, REPORT_MARKDOWN);
+    assert!(document.markdown);
+    assert_eq!(document.encoding, "DOCX");
+    assert_eq!(
+        document.title.as_deref(),
+        Some("Orchard Cooperative Report")
+    );
+    assert!(document.pages.is_empty());
+}
+
+#[test]
+fn docx_headings_become_the_heading_path_and_its_table_stays_whole() {
+    let document = parse("report.docx").unwrap();
+    let chunked = chunk_document(&document.text, true, &ChunkerConfig::default());
+    assert_eq!(child_with(&chunked, "412 tonnes").heading_path, ["Harvest"]);
+    // The comment is indexed under the heading of the paragraph it marks.
+    assert_eq!(
+        child_with(&chunked, "weighbridge").heading_path,
+        ["Harvest"]
+    );
+    let table = child_with(&chunked, "| Variety |");
+    assert_eq!(table.heading_path, ["Harvest", "Varieties"]);
+    assert!(
+        table.body.contains("| Cox | 162 | River Meadow |"),
+        "{}",
+        table.body
+    );
+    assert_eq!(
+        child_with(&chunked, "cold store").heading_path,
+        ["Finances"]
+    );
+}
+
+const DECK_MARKDOWN: &str = "\
+# Slide 1: Sift Roadmap
+
+Planning meeting in the spring
+
+# Slide 2: Storage Engine
+
+- Replace sled with a log-structured store
+  - Compaction runs off the hot path
+
+Speaker notes: Mention the raft snapshot format.
+
+Comment: Ask Dana for the compaction benchmarks.
+
+# Slide 3: Latency Budget
+
+| Stage | Milliseconds |
+| --- | --- |
+| Retrieval | 40 |
+| Rerank | 25 |
+
+Speaker notes: The rerank budget is the hardest to keep.";
+
+#[test]
+fn pptx_gives_each_slide_a_heading_with_its_notes_comments_and_tables() {
+    let document = parse("deck.pptx").unwrap();
+    assert_eq!(document.text, DECK_MARKDOWN);
+    assert_eq!(document.title.as_deref(), Some("Sift Roadmap"));
+    assert_eq!(document.encoding, "PPTX");
+    let chunked = chunk_document(&document.text, true, &ChunkerConfig::default());
+    assert_eq!(
+        child_with(&chunked, "raft snapshot").heading_path,
+        ["Slide 2: Storage Engine"]
+    );
+    assert_eq!(
+        child_with(&chunked, "compaction benchmarks").heading_path,
+        ["Slide 2: Storage Engine"]
+    );
+    assert_eq!(
+        child_with(&chunked, "| Rerank | 25 |").heading_path,
+        ["Slide 3: Latency Budget"]
+    );
+}
+
+const INVENTORY_MARKDOWN: &str = "\
+# Inventory
+
+Row 2: Item: Anchor chain; Quantity: 12; Warehouse: Dock 4; Received: 2026-03-14
+
+Row 3: Item: Lantern glass; Quantity: 40; Warehouse: Loft B; Received: 2026-04-02
+
+# Suppliers
+
+Row 2: Name: Tidewater Forge; Country: Norway";
+
+#[test]
+fn spreadsheet_rows_become_records_under_their_sheet_in_every_format() {
+    for name in ["inventory.xlsx", "inventory.xls", "inventory.ods"] {
+        let document = parse(name).unwrap_or_else(|error| panic!("{name}: {error}"));
+        assert_eq!(document.text, INVENTORY_MARKDOWN, "{name}");
+        assert!(document.markdown, "{name}");
+    }
+    let document = parse("inventory.xlsx").unwrap();
+    let chunked = chunk_document(&document.text, true, &ChunkerConfig::default());
+    assert_eq!(
+        child_with(&chunked, "Tidewater Forge").heading_path,
+        ["Suppliers"]
+    );
+    assert_eq!(
+        child_with(&chunked, "Lantern glass").heading_path,
+        ["Inventory"]
+    );
+}
+
+#[test]
+fn csv_rows_become_records_with_quoted_fields_and_any_common_delimiter() {
+    let document = parse("people.csv").unwrap();
+    assert_eq!(
+        document.text,
+        "Row 2: name: Ada Lovelace; role: Analyst; city: London\n\n\
+         Row 3: name: Hopper, Grace; role: Rear admiral; city: Arlington\n\n\
+         Row 4: name: Katherine Johnson; role: Mathematician; city: Hampton"
+    );
+    assert_eq!(document.encoding, "UTF-8");
+    let semicolons = parse_as(b"a;b\n1,5;2\n", SourceFormat::Csv).unwrap();
+    assert_eq!(semicolons.text, "Row 2: a: 1,5; b: 2");
+    let tabs = parse_as(b"a\tb\n1\t\n\t3\n", SourceFormat::Csv).unwrap();
+    assert_eq!(tabs.text, "Row 2: a: 1\n\nRow 3: b: 3");
+    // A column without a header is named by its letter; a header alone says what it holds.
+    let extra = parse_as(b"a,,c\n1,2,3,4\n", SourceFormat::Csv).unwrap();
+    assert_eq!(extra.text, "Row 2: a: 1; Column B: 2; c: 3; Column D: 4");
+    let header_only = parse_as(b"name,role\n", SourceFormat::Csv).unwrap();
+    assert_eq!(header_only.text, "Columns: name, role");
+    assert!(matches!(
+        parse_as(b"\x00\x01\x02binary\x00", SourceFormat::Csv),
+        Err(ParseError::Binary)
+    ));
+}
+
+#[test]
+fn epub_chapters_come_in_spine_order_with_toc_labels_for_headless_chapters() {
+    let document = parse("book.epub").unwrap();
+    assert_eq!(document.title.as_deref(), Some("Keepers of the Light"));
+    assert_eq!(
+        document.text,
+        "# The Keeper\n\n\
+         Elspeth trimmed the wick of the great lamp at dusk & again at midnight.\n\n\
+         - Polish the lens\n- Wind the clockwork\n\n\
+         # Chapter Two: Ledger of Storms\n\n\
+         The ledger recorded every gale that struck the skerry.\n\n\
+         | Year | Gales |\n| --- | --- |\n| 1881 | 17 |\n| 1882 | 9 |"
+    );
+    let chunked = chunk_document(&document.text, true, &ChunkerConfig::default());
+    assert_eq!(
+        child_with(&chunked, "| 1881 | 17 |").heading_path,
+        ["Chapter Two: Ledger of Storms"]
+    );
+}
+
+#[test]
+fn names_and_media_types_map_to_the_new_formats() {
+    for (name, format) in [
+        ("a.DOCX", SourceFormat::Docx),
+        ("a.pptx", SourceFormat::Pptx),
+        ("a.xlsx", SourceFormat::Xlsx),
+        ("a.xlsm", SourceFormat::Xlsx),
+        ("a.xls", SourceFormat::Xls),
+        ("a.ods", SourceFormat::Ods),
+        ("a.csv", SourceFormat::Csv),
+        ("a.tsv", SourceFormat::Csv),
+        ("a.epub", SourceFormat::Epub),
+    ] {
+        assert_eq!(SourceFormat::from_file_name(name), Some(format), "{name}");
+        assert_eq!(SourceFormat::from_name(format.as_str()), Some(format));
+    }
+    for (media_type, format) in [
+        (
+            "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+            SourceFormat::Docx,
+        ),
+        (
+            "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+            SourceFormat::Pptx,
+        ),
+        (
+            "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+            SourceFormat::Xlsx,
+        ),
+        ("application/vnd.ms-excel", SourceFormat::Xls),
+        (
+            "application/vnd.oasis.opendocument.spreadsheet",
+            SourceFormat::Ods,
+        ),
+        ("text/csv; charset=utf-8", SourceFormat::Csv),
+        ("application/epub+zip", SourceFormat::Epub),
+    ] {
+        assert_eq!(SourceFormat::from_media_type(media_type), Some(format));
+    }
+    assert_eq!(SourceFormat::from_file_name("old.doc"), None);
+    assert_eq!(SourceFormat::from_file_name("old.ppt"), None);
+}
+
+#[test]
+fn old_binary_word_and_powerpoint_are_unsupported_by_name() {
+    assert_eq!(
+        legacy_office_format("Minutes.DOC"),
+        Some("a Word 97-2003 document (.doc)")
+    );
+    assert_eq!(
+        legacy_office_format("deck.ppt"),
+        Some("a PowerPoint 97-2003 presentation (.ppt)")
+    );
+    assert_eq!(legacy_office_format("sheet.xls"), None);
+    // An OLE compound file renamed to .docx or .pptx.
+    let mut ole = OLE_MAGIC.to_vec();
+    ole.resize(4096, 0);
+    let error = parse_as(&ole, SourceFormat::Docx).unwrap_err();
+    assert_eq!(error.code(), "unsupported_type");
+    assert!(error.to_string().contains("Word 97-2003"), "{error}");
+    let error = parse_as(&ole, SourceFormat::Pptx).unwrap_err();
+    assert_eq!(error.code(), "unsupported_type");
+    assert!(error.to_string().contains("PowerPoint 97-2003"), "{error}");
+}
+
+#[test]
+fn content_that_contradicts_the_extension_is_refused_naming_what_it_is() {
+    let pdf = b"%PDF-1.7\n1 0 obj << >> endobj\n";
+    let error = parse_as(pdf, SourceFormat::Docx).unwrap_err();
+    assert_eq!(error.code(), "content_mismatch");
+    assert_eq!(
+        error.to_string(),
+        "the file is named as DOCX but its content is a PDF"
+    );
+    let error = parse_as(b"just some notes\n", SourceFormat::Xlsx).unwrap_err();
+    assert_eq!(error.code(), "content_mismatch");
+    assert!(error.to_string().contains("plain text"), "{error}");
+    // A real workbook named .docx, a real document named .pptx or .xls.
+    let error = parse_as(&fixture("inventory.xlsx"), SourceFormat::Docx).unwrap_err();
+    assert_eq!(error.code(), "content_mismatch");
+    assert!(error.to_string().contains("Excel workbook"), "{error}");
+    let error = parse_as(&fixture("report.docx"), SourceFormat::Pptx).unwrap_err();
+    assert_eq!(error.code(), "content_mismatch");
+    assert!(error.to_string().contains("Word document"), "{error}");
+    let error = parse_as(&fixture("report.docx"), SourceFormat::Xls).unwrap_err();
+    assert_eq!(error.code(), "content_mismatch");
+    let error = parse_as(&fixture("inventory.xls"), SourceFormat::Xlsx).unwrap_err();
+    assert_eq!(error.code(), "content_mismatch");
+    assert!(!error.is_transient());
+}
+
+#[test]
+fn broken_containers_are_invalid_documents() {
+    let error = parse_as(b"PK\x03\x04 not really a zip", SourceFormat::Docx).unwrap_err();
+    assert_eq!(error.code(), "invalid_document");
+    let broken = zip_of(&[("word/document.xml", b"<w:document><w:body><w:p></w:r>")]);
+    let error = parse_as(&broken, SourceFormat::Docx).unwrap_err();
+    assert_eq!(error.code(), "invalid_document", "{error}");
+    let stranger = zip_of(&[("notes.txt", b"hello")]);
+    let error = parse_as(&stranger, SourceFormat::Epub).unwrap_err();
+    assert_eq!(error.code(), "invalid_document", "{error}");
+    let empty = zip_of(&[(
+        "word/document.xml",
+        b"<w:document xmlns:w=\"w\"><w:body><w:p/></w:body></w:document>",
+    )]);
+    assert!(matches!(
+        parse_as(&empty, SourceFormat::Docx),
+        Err(ParseError::Empty)
+    ));
+}
+
+const SMALL: OfficeLimits = OfficeLimits {
+    max_unpacked_bytes: 1024 * 1024,
+    max_entries: 16,
+    max_rows: 100,
+    max_cells: 1_000,
+};
+
+#[test]
+fn a_zip_bomb_stops_at_the_unpacked_size_cap() {
+    // 8 MiB that deflate to a few KiB, read under a 1 MiB cap.
+    let docx = zip_with_big_entry(&[], "word/document.xml", 8 * 1024 * 1024, b' ');
+    assert!(docx.len() < 64 * 1024, "{}", docx.len());
+    let error = parse_limited(&docx, SourceFormat::Docx, SMALL).unwrap_err();
+    assert_eq!(error.code(), "document_too_large");
+    assert!(error.to_string().contains("1 MiB"), "{error}");
+    // In a workbook the bomb is a part calamine would read itself (or a media file): every
+    // entry is inflated under the cap before calamine sees the archive.
+    let xlsx = zip_with_big_entry(
+        &[("xl/workbook.xml", b"<workbook/>")],
+        "xl/media/image1.png",
+        8 * 1024 * 1024,
+        0,
+    );
+    let error = parse_limited(&xlsx, SourceFormat::Xlsx, SMALL).unwrap_err();
+    assert_eq!(error.code(), "document_too_large");
+    let pptx = zip_with_big_entry(&[], "ppt/presentation.xml", 8 * 1024 * 1024, b' ');
+    let error = parse_limited(&pptx, SourceFormat::Pptx, SMALL).unwrap_err();
+    assert_eq!(error.code(), "document_too_large");
+}
+
+#[test]
+fn a_zip_bomb_past_the_default_cap_is_refused() {
+    // 300 MiB of spaces in 1.9 MiB, past the default 256 MiB cap; as a workbook part too.
+    let size = 300 * 1024 * 1024;
+    let docx = hand_made_bomb(&[], "word/document.xml", size);
+    assert!(docx.len() < 2 * 1024 * 1024, "{}", docx.len());
+    let started = Instant::now();
+    let error = parse_as(&docx, SourceFormat::Docx).unwrap_err();
+    assert_eq!(error.code(), "document_too_large", "{error}");
+    assert!(error.to_string().contains("256 MiB"), "{error}");
+    eprintln!("bomb refused in {:?}", started.elapsed());
+    let xlsx = hand_made_bomb(
+        &[("xl/workbook.xml", b"<workbook/>")],
+        "xl/worksheets/sheet1.xml",
+        size,
+    );
+    let error = parse_as(&xlsx, SourceFormat::Xlsx).unwrap_err();
+    assert_eq!(error.code(), "document_too_large", "{error}");
+}
+
+/// A zip whose `big_name` entry inflates to about `size` spaces, written without compressing
+/// them (the zip crate would take many seconds in a debug build): one fixed-Huffman deflate
+/// block of a literal space and 258-byte matches at distance 1, 13 bits each. The other
+/// entries are stored. The big entry's CRC is left zero: a reader under a cap never gets to it.
+fn hand_made_bomb(entries: &[(&str, &[u8])], big_name: &str, size: usize) -> Vec<u8> {
+    struct Bits {
+        bytes: Vec<u8>,
+        used: u32,
+    }
+    impl Bits {
+        fn push(&mut self, value: u32, count: u32, msb_first: bool) {
+            for i in 0..count {
+                let bit = if msb_first {
+                    (value >> (count - 1 - i)) & 1
+                } else {
+                    (value >> i) & 1
+                };
+                if self.used.is_multiple_of(8) {
+                    self.bytes.push(0);
+                }
+                if bit == 1 {
+                    *self.bytes.last_mut().unwrap() |= 1 << (self.used % 8);
+                }
+                self.used += 1;
+            }
+        }
+    }
+    let matches = (size - 1) / 258;
+    let mut bits = Bits {
+        bytes: Vec::with_capacity(matches * 13 / 8 + 16),
+        used: 0,
+    };
+    bits.push(1, 1, false); // BFINAL
+    bits.push(1, 2, false); // BTYPE 01: fixed Huffman codes
+    bits.push(0x30 + u32::from(b' '), 8, true); // the literal
+    for _ in 0..matches {
+        bits.push(0xC5, 8, true); // length 258 (symbol 285)
+        bits.push(0, 5, true); // distance 1
+    }
+    bits.push(0, 7, true); // end of block
+    let inflated = (1 + matches * 258) as u32;
+
+    let mut out = Vec::new();
+    let mut central = Vec::new();
+    let mut add = |out: &mut Vec<u8>, name: &str, method: u16, crc: u32, data: &[u8], size: u32| {
+        let offset = out.len() as u32;
+        let header = |signature: u32, central: bool| {
+            let mut header = Vec::new();
+            header.extend(signature.to_le_bytes());
+            if central {
+                header.extend(20u16.to_le_bytes()); // made by
+            }
+            header.extend(20u16.to_le_bytes()); // needed
+            header.extend(0u16.to_le_bytes()); // flags
+            header.extend(method.to_le_bytes());
+            header.extend(0u16.to_le_bytes()); // time
+            header.extend(0x21u16.to_le_bytes()); // date: 1980-01-01
+            header.extend(crc.to_le_bytes());
+            header.extend((data.len() as u32).to_le_bytes());
+            header.extend(size.to_le_bytes());
+            header.extend((name.len() as u16).to_le_bytes());
+            header.extend(0u16.to_le_bytes()); // extra
+            if central {
+                header.extend([0u8; 8]); // comment, disk, internal and external attributes
+                header.extend([0u8; 2]);
+                header.extend(offset.to_le_bytes());
+            }
+            header.extend(name.as_bytes());
+            header
+        };
+        out.extend(header(0x0403_4b50, false));
+        out.extend(data);
+        central.extend(header(0x0201_4b50, true));
+    };
+    for (name, data) in entries {
+        add(&mut out, name, 0, crc32(data), data, data.len() as u32);
+    }
+    add(&mut out, big_name, 8, 0, &bits.bytes, inflated);
+    let central_offset = out.len() as u32;
+    let count = (entries.len() + 1) as u16;
+    out.extend(&central);
+    out.extend(0x0605_4b50u32.to_le_bytes());
+    out.extend([0u8; 4]); // disk numbers
+    out.extend(count.to_le_bytes());
+    out.extend(count.to_le_bytes());
+    out.extend((central.len() as u32).to_le_bytes());
+    out.extend(central_offset.to_le_bytes());
+    out.extend(0u16.to_le_bytes());
+    out
+}
+
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in data {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+#[test]
+fn a_hand_made_zip_reads_as_the_bytes_it_stands_for() {
+    let small = hand_made_bomb(&[("a.txt", b"hello")], "b.txt", 1 + 258 * 4);
+    let mut container = container::Container::open(&small, &OfficeLimits::default()).unwrap();
+    assert_eq!(container.read("a.txt").unwrap().unwrap(), b"hello");
+    // The big entry's missing CRC is only noticed at its end.
+    assert!(container.read("b.txt").is_err());
+    let mut capped = container::Container::open(&small, &SMALL_1K).unwrap();
+    assert_eq!(
+        capped.read("b.txt").unwrap_err().code(),
+        "document_too_large"
+    );
+}
+
+const SMALL_1K: OfficeLimits = OfficeLimits {
+    max_unpacked_bytes: 1024,
+    max_entries: 16,
+    max_rows: 100,
+    max_cells: 1_000,
+};
+
+#[test]
+fn too_many_zip_entries_are_refused() {
+    let names: Vec<String> = (0..20).map(|i| format!("word/media/{i}.bin")).collect();
+    let entries: Vec<(&str, &[u8])> = names
+        .iter()
+        .map(|name| (name.as_str(), &b"x"[..]))
+        .collect();
+    let docx = zip_of(&entries);
+    let error = parse_limited(&docx, SourceFormat::Docx, SMALL).unwrap_err();
+    assert_eq!(error.code(), "document_too_large");
+    assert!(error.to_string().contains("20 entries"), "{error}");
+}
+
+/// A minimal workbook with one sheet of `rows` rows, each a number and a string.
+fn workbook_with_rows(rows: usize) -> Vec<u8> {
+    let mut sheet = String::with_capacity(rows * 64);
+    sheet.push_str(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><worksheet \
+         xmlns=\"http://schemas.openxmlformats.org/spreadsheetml/2006/main\"><sheetData>",
+    );
+    sheet.push_str("<row r=\"1\"><c r=\"A1\" t=\"inlineStr\"><is><t>n</t></is></c></row>");
+    for row in 2..=rows {
+        sheet.push_str(&format!(
+            "<row r=\"{row}\"><c r=\"A{row}\"><v>{row}</v></c></row>"
+        ));
+    }
+    sheet.push_str("</sheetData></worksheet>");
+    zip_of(&[
+        (
+            "[Content_Types].xml",
+            b"<?xml version=\"1.0\"?><Types xmlns=\"http://schemas.openxmlformats.org/package/2006/content-types\">\
+<Default Extension=\"xml\" ContentType=\"application/xml\"/>\
+<Default Extension=\"rels\" ContentType=\"application/vnd.openxmlformats-package.relationships+xml\"/>\
+<Override PartName=\"/xl/workbook.xml\" ContentType=\"application/vnd.openxmlformats-officedocument.spreadsheetml.sheet.main+xml\"/>\
+<Override PartName=\"/xl/worksheets/sheet1.xml\" ContentType=\"application/vnd.openxmlformats-officedocument.spreadsheetml.worksheet+xml\"/>\
+</Types>",
+        ),
+        (
+            "_rels/.rels",
+            b"<?xml version=\"1.0\"?><Relationships xmlns=\"http://schemas.openxmlformats.org/package/2006/relationships\">\
+<Relationship Id=\"rId1\" Type=\"http://schemas.openxmlformats.org/officeDocument/2006/relationships/officeDocument\" Target=\"xl/workbook.xml\"/>\
+</Relationships>",
+        ),
+        (
+            "xl/workbook.xml",
+            b"<?xml version=\"1.0\"?><workbook xmlns=\"http://schemas.openxmlformats.org/spreadsheetml/2006/main\" \
+xmlns:r=\"http://schemas.openxmlformats.org/officeDocument/2006/relationships\">\
+<sheets><sheet name=\"Big\" sheetId=\"1\" r:id=\"rId1\"/></sheets></workbook>",
+        ),
+        (
+            "xl/_rels/workbook.xml.rels",
+            b"<?xml version=\"1.0\"?><Relationships xmlns=\"http://schemas.openxmlformats.org/package/2006/relationships\">\
+<Relationship Id=\"rId1\" Type=\"http://schemas.openxmlformats.org/officeDocument/2006/relationships/worksheet\" Target=\"worksheets/sheet1.xml\"/>\
+</Relationships>",
+        ),
+        ("xl/worksheets/sheet1.xml", sheet.as_bytes()),
+    ])
+}
+
+#[test]
+fn a_small_generated_workbook_reads() {
+    let document = parse_as(&workbook_with_rows(3), SourceFormat::Xlsx).unwrap();
+    assert_eq!(document.text, "# Big\n\nRow 2: n: 2\n\nRow 3: n: 3");
+}
+
+#[test]
+fn a_million_row_workbook_stops_at_the_row_cap() {
+    let xlsx = workbook_with_rows(1_000_000);
+    let started = Instant::now();
+    let error = parse_as(&xlsx, SourceFormat::Xlsx).unwrap_err();
+    assert_eq!(error.code(), "document_too_large", "{error}");
+    assert!(error.to_string().contains("200000 rows"), "{error}");
+    eprintln!("million rows refused in {:?}", started.elapsed());
+    let error = parse_limited(&workbook_with_rows(500), SourceFormat::Xlsx, SMALL).unwrap_err();
+    assert!(error.to_string().contains("100 rows"), "{error}");
+    let csv: String = (0..500).map(|row| format!("{row}\n")).collect();
+    let error = parse_limited(csv.as_bytes(), SourceFormat::Csv, SMALL).unwrap_err();
+    assert_eq!(error.code(), "document_too_large");
+}
+
+#[test]
+fn ods_repeat_counts_that_would_expand_past_the_cell_cap_are_refused() {
+    let content = "<?xml version=\"1.0\"?><office:document-content \
+        xmlns:office=\"urn:oasis:names:tc:opendocument:xmlns:office:1.0\" \
+        xmlns:table=\"urn:oasis:names:tc:opendocument:xmlns:table:1.0\"><office:body>\
+        <office:spreadsheet><table:table table:name=\"Bomb\">\
+        <table:table-row table:number-rows-repeated=\"1000000\">\
+        <table:table-cell table:number-columns-repeated=\"16000\" office:value-type=\"float\" \
+        office:value=\"1\"/></table:table-row>\
+        <table:table-row table:number-rows-repeated=\"1048000\"><table:table-cell/></table:table-row>\
+        </table:table></office:spreadsheet></office:body></office:document-content>";
+    let ods = zip_of(&[
+        (
+            "mimetype",
+            b"application/vnd.oasis.opendocument.spreadsheet",
+        ),
+        ("content.xml", content.as_bytes()),
+    ]);
+    let error = parse_as(&ods, SourceFormat::Ods).unwrap_err();
+    assert_eq!(error.code(), "document_too_large", "{error}");
+    // Empty padding rows, as LibreOffice writes them, cost nothing.
+    let padded = content.replace("16000", "1").replace("1000000", "1");
+    let ods = zip_of(&[
+        (
+            "mimetype",
+            b"application/vnd.oasis.opendocument.spreadsheet",
+        ),
+        ("META-INF/manifest.xml", b"<manifest/>"),
+        ("content.xml", padded.as_bytes()),
+    ]);
+    assert!(sheet::check_ods_repeats(&padded, &OfficeLimits::default()).is_ok());
+    let document = parse_as(&ods, SourceFormat::Ods).unwrap();
+    assert_eq!(document.text, "# Bomb\n\nColumns: 1");
+}
+
+#[test]
+fn zip_paths_resolve_relative_absolute_and_escaped_targets() {
+    use container::resolve;
+    assert_eq!(
+        resolve("ppt/slides", "../notesSlides/n1.xml"),
+        "ppt/notesSlides/n1.xml"
+    );
+    assert_eq!(resolve("word", "/word/media/a.png"), "word/media/a.png");
+    assert_eq!(
+        resolve("OEBPS", "text/chapter%202.xhtml#x"),
+        "OEBPS/text/chapter 2.xhtml"
+    );
+    assert_eq!(resolve("", "../../etc/passwd"), "etc/passwd");
+}
+
+#[test]
+fn damaged_fixtures_fail_with_clean_codes() {
+    for name in [
+        "report.docx",
+        "deck.pptx",
+        "inventory.xlsx",
+        "inventory.xls",
+        "inventory.ods",
+        "book.epub",
+    ] {
+        let bytes = fixture(name);
+        let format = SourceFormat::from_file_name(name).unwrap();
+        let mut damaged: Vec<Vec<u8>> = (1..16)
+            .map(|sixteenth| bytes[..bytes.len() * sixteenth / 16].to_vec())
+            .collect();
+        for step in [7usize, 31, 101, 499] {
+            let mut flipped = bytes.clone();
+            for index in (8..flipped.len()).step_by(step) {
+                flipped[index] ^= 0x5a;
+            }
+            damaged.push(flipped);
+        }
+        for (case, bytes) in damaged.iter().enumerate() {
+            if let Err(error) = parse_as(bytes, format) {
+                assert!(
+                    matches!(
+                        error.code(),
+                        "invalid_document" | "content_mismatch" | "empty_document"
+                    ),
+                    "{name} case {case}: {error}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_panic_inside_calamine_fails_the_document_not_the_thread() {
+    // calamine 0.38 slices past the end of a truncated OLE file (cfb.rs) and panics.
+    let bytes = fixture("inventory.xls");
+    let truncated = &bytes[..bytes.len() * 12 / 16];
+    let error = parse_as(truncated, SourceFormat::Xls).unwrap_err();
+    assert_eq!(error.code(), "invalid_document");
+    assert!(error.to_string().contains("XLS parser failed"), "{error}");
+}
+
+#[test]
+fn a_utf16_part_with_its_byte_order_mark_reads() {
+    let xml = "<?xml version=\"1.0\" encoding=\"UTF-16\"?><w:document xmlns:w=\"w\"><w:body>\
+               <w:p><w:r><w:t>Sixteen-bit café</w:t></w:r></w:p></w:body></w:document>";
+    let mut utf16 = vec![0xff, 0xfe];
+    for unit in xml.encode_utf16() {
+        utf16.extend(unit.to_le_bytes());
+    }
+    let docx = zip_of(&[("word/document.xml", &utf16)]);
+    assert_eq!(
+        parse_as(&docx, SourceFormat::Docx).unwrap().text,
+        "Sixteen-bit café"
+    );
+    let latin1 = zip_of(&[("word/document.xml", b"<w:document>caf\xe9</w:document>")]);
+    assert_eq!(
+        parse_as(&latin1, SourceFormat::Docx).unwrap_err().code(),
+        "invalid_document"
+    );
+}
