@@ -12,6 +12,7 @@ mod crash_loop;
 mod document_access;
 mod durability;
 mod ingestion;
+mod metrics;
 mod pdf;
 mod quality;
 mod quotas;
