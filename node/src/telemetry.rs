@@ -389,6 +389,31 @@ impl KbGauges {
     }
 }
 
+/// One per-KB gauge: its name, its help text and what it reads of a [`KbUsage`].
+struct KbFamily {
+    name: &'static str,
+    help: &'static str,
+    value: fn(&KbUsage) -> u64,
+}
+
+const KB_FAMILIES: [KbFamily; 3] = [
+    KbFamily {
+        name: "sift_knowledge_base_documents",
+        help: "documents per KB (any status); KBs past metrics_max_kbs are summed under kb=\"_other\"",
+        value: |usage| usage.documents,
+    },
+    KbFamily {
+        name: "sift_knowledge_base_chunks",
+        help: "chunks of the documents per KB; KBs past metrics_max_kbs are summed under kb=\"_other\"",
+        value: |usage| usage.chunks,
+    },
+    KbFamily {
+        name: "sift_knowledge_base_bytes",
+        help: "raw bytes of the documents per KB; KBs past metrics_max_kbs are summed under kb=\"_other\"",
+        value: |usage| usage.bytes,
+    },
+];
+
 fn kb_gauges_text(store: &SledMetaStore, max_kbs: usize) -> sift_storage::Result<String> {
     let mut kbs = Vec::new();
     for kb in store.list_kbs()? {
@@ -415,24 +440,7 @@ fn kb_gauges_text(store: &SledMetaStore, max_kbs: usize) -> sift_storage::Result
     if rows.is_empty() {
         return Ok(text);
     }
-    let families: [(&str, &str, fn(&KbUsage) -> u64); 3] = [
-        (
-            "sift_knowledge_base_documents",
-            "documents per KB (any status); KBs past metrics_max_kbs are summed under kb=\"_other\"",
-            |usage| usage.documents,
-        ),
-        (
-            "sift_knowledge_base_chunks",
-            "chunks of the documents per KB; KBs past metrics_max_kbs are summed under kb=\"_other\"",
-            |usage| usage.chunks,
-        ),
-        (
-            "sift_knowledge_base_bytes",
-            "raw bytes of the documents per KB; KBs past metrics_max_kbs are summed under kb=\"_other\"",
-            |usage| usage.bytes,
-        ),
-    ];
-    for (name, help, value) in families {
+    for KbFamily { name, help, value } in KB_FAMILIES {
         let _ = writeln!(text, "# HELP {name} {help}");
         let _ = writeln!(text, "# TYPE {name} gauge");
         for (tenant, kb, usage) in &rows {
