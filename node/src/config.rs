@@ -999,6 +999,17 @@ mod tests {
         let mut env = BTreeMap::new();
         env.insert("SIFT_INGEST_WORKERS".to_string(), "many".to_string());
         assert!(Config::load(None, &env).is_err());
+        // The per-KB gauges' cap: from the environment, bounded.
+        let mut env = BTreeMap::new();
+        env.insert("SIFT_METRICS_MAX_KBS".to_string(), "7".to_string());
+        let config = Config::check(Config::load(None, &env).unwrap()).unwrap();
+        assert_eq!(config.metrics_max_kbs, 7);
+        let file: FileConfig = toml::from_str("metrics_max_kbs = 10001\n").unwrap();
+        let error = Config::check(file).unwrap_err();
+        assert!(
+            format!("{error:#}").contains("metrics_max_kbs"),
+            "{error:#}"
+        );
     }
 
     #[test]
