@@ -38,6 +38,8 @@ use crate::views::{KbList, KbView};
 pub struct AppState {
     pub node: Arc<SiftNode>,
     pub prometheus: PrometheusHandle,
+    /// The per-KB gauges of `/metrics`, capped at `metrics_max_kbs` KBs.
+    pub kb_gauges: Arc<crate::telemetry::KbGauges>,
     pub max_upload_bytes: u64,
     pub max_json_bytes: u64,
     pub max_bulk_documents: usize,
@@ -106,12 +108,16 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(authenticated)
+        // route templates for the request metrics (only on matched routes, so inside routing)
+        .route_layer(axum::middleware::from_fn(crate::telemetry::tag_route))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(
             sift_cluster::http_server::refuse_oversized_heads,
         ))
-        .layer(axum::middleware::from_fn(count_requests))
+        .layer(axum::middleware::from_fn(
+            crate::telemetry::observe_requests,
+        ))
         .with_state(state)
 }
 
@@ -252,18 +258,6 @@ async fn method_not_allowed() -> ApiError {
         "method_not_allowed",
         "method not allowed on this route",
     )
-}
-
-async fn count_requests(request: Request, next: axum::middleware::Next) -> Response {
-    let response = next.run(request).await;
-    let class = match response.status().as_u16() {
-        200..=299 => "2xx",
-        400..=499 => "4xx",
-        500..=599 => "5xx",
-        _ => "other",
-    };
-    metrics::counter!("sift_http_requests_total", "status" => class).increment(1);
-    response
 }
 
 // ---- operations ----
@@ -446,10 +440,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.prometheus.render(),
-    )
+    let store = state.node.context().meta.store().clone();
+    let mut text = crate::telemetry::render(&state.prometheus);
+    text.push_str(&state.kb_gauges.render(store).await);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
 async fn create_kb(

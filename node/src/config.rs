@@ -53,6 +53,9 @@ pub struct FileConfig {
     pub max_json_bytes: Option<u64>,
     /// Most documents in one bulk JSON request.
     pub max_bulk_documents: Option<usize>,
+    /// KBs with their own series in the per-KB gauges of `/metrics`; the rest are summed
+    /// under `kb="_other"` (default 100).
+    pub metrics_max_kbs: Option<usize>,
     /// Open connections to the public port, all clients together.
     pub max_connections: Option<usize>,
     /// Open connections to the public port from one IP address.
@@ -193,6 +196,8 @@ pub struct Config {
     pub max_upload_bytes: u64,
     pub max_json_bytes: u64,
     pub max_bulk_documents: usize,
+    /// KBs with their own series in the per-KB gauges (`metrics_max_kbs`).
+    pub metrics_max_kbs: usize,
     /// Caps and timeouts of the public server's connections.
     pub connections: sift_cluster::http_server::ConnectionLimits,
     pub options: NodeOptions,
@@ -319,6 +324,9 @@ impl Config {
         }
         if let Some(v) = parse_count("SIFT_MAX_BULK_DOCUMENTS")? {
             file.max_bulk_documents = Some(v);
+        }
+        if let Some(v) = parse_count("SIFT_METRICS_MAX_KBS")? {
+            file.metrics_max_kbs = Some(v);
         }
         if let Some(v) = parse("SIFT_SHARD_DEADLINE_MS")? {
             file.shard_deadline_ms = Some(v);
@@ -577,6 +585,11 @@ impl Config {
             );
         }
         let max_bulk_documents = file.max_bulk_documents.unwrap_or(10_000);
+        // Each KB with its own series adds three; a cap keeps a scrape's size bounded.
+        let metrics_max_kbs = file.metrics_max_kbs.unwrap_or(100);
+        if metrics_max_kbs > 10_000 {
+            bail!("metrics_max_kbs must be at most 10000, not {metrics_max_kbs}");
+        }
         if max_bulk_documents == 0 {
             bail!("max_bulk_documents must be at least 1");
         }
@@ -674,6 +687,7 @@ impl Config {
             max_upload_bytes: file.max_upload_bytes.unwrap_or(64 * 1024 * 1024),
             max_json_bytes: file.max_json_bytes.unwrap_or(256 * 1024 * 1024),
             max_bulk_documents,
+            metrics_max_kbs,
             connections,
             options,
             embedding: file.embedding,
@@ -985,6 +999,17 @@ mod tests {
         let mut env = BTreeMap::new();
         env.insert("SIFT_INGEST_WORKERS".to_string(), "many".to_string());
         assert!(Config::load(None, &env).is_err());
+        // The per-KB gauges' cap: from the environment, bounded.
+        let mut env = BTreeMap::new();
+        env.insert("SIFT_METRICS_MAX_KBS".to_string(), "7".to_string());
+        let config = Config::check(Config::load(None, &env).unwrap()).unwrap();
+        assert_eq!(config.metrics_max_kbs, 7);
+        let file: FileConfig = toml::from_str("metrics_max_kbs = 10001\n").unwrap();
+        let error = Config::check(file).unwrap_err();
+        assert!(
+            format!("{error:#}").contains("metrics_max_kbs"),
+            "{error:#}"
+        );
     }
 
     #[test]

@@ -253,6 +253,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         sessions: sessions.clone(),
         node: node.clone(),
         prometheus,
+        kb_gauges: Arc::new(telemetry::KbGauges::new(config.metrics_max_kbs)),
         max_upload_bytes: config.max_upload_bytes,
         max_json_bytes: config.max_json_bytes,
         max_bulk_documents: config.max_bulk_documents,

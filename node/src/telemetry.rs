@@ -1,9 +1,17 @@
-//! Logs and Prometheus metrics.
+//! Logs and Prometheus metrics: the recorder, the description of every metric, the HTTP
+//! request metrics (layers of the public router), the process metrics and the per-KB gauges.
 
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
+use axum::extract::{MatchedPath, Request};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use sift_storage::meta::{KbUsage, SledMetaStore};
+use tracing::warn;
 
 static PROMETHEUS: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -39,6 +47,12 @@ pub fn prometheus() -> PrometheusHandle {
                 })
                 .expect("spawning the metrics upkeep thread");
             describe();
+            metrics::gauge!(
+                "sift_build_info",
+                "version" => env!("CARGO_PKG_VERSION"),
+                "commit" => env!("SIFT_BUILD_COMMIT")
+            )
+            .set(1.0);
             handle
         })
         .clone()
@@ -46,6 +60,27 @@ pub fn prometheus() -> PrometheusHandle {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        "sift_build_info",
+        "always 1; the labels name the running build (version, commit)"
+    );
+    describe_histogram!(
+        "sift_http_request_duration_seconds",
+        "public API requests from arrival to the response head, by route template (unmatched for no route), method and status class"
+    );
+    describe_counter!("sift_http_requests_total", "HTTP requests by status class");
+    describe_counter!(
+        "sift_http_connections_refused_total",
+        "connections closed at once because a connection cap was reached, by server and cap"
+    );
+    describe_counter!(
+        "sift_http_connections_timed_out_total",
+        "connections closed because nothing was sent before the header-read timeout, by server"
+    );
+    describe_counter!(
+        "sift_rate_limited_total",
+        "requests refused by a rate limit, by scope (key, tenant)"
+    );
     describe_counter!(
         "sift_ingest_documents_total",
         "documents ingested, by final status"
@@ -75,6 +110,14 @@ fn describe() {
         "sift_ingest_rejected_total",
         "ingestion requests refused because the queue was full"
     );
+    describe_counter!(
+        "sift_ingest_panics_total",
+        "ingestion stages (parse, chunk) that panicked; the document fails, the worker goes on"
+    );
+    describe_counter!(
+        "sift_ingest_reassigned_total",
+        "unfinished documents the leader handed from an unresponsive worker to another replica"
+    );
     describe_gauge!(
         "sift_ingest_queue_depth",
         "ingestion jobs waiting in the queue"
@@ -84,6 +127,18 @@ fn describe() {
         "time per ingestion stage, by stage"
     );
     describe_histogram!("sift_ingest_job_seconds", "time per ingestion job");
+    describe_counter!(
+        "sift_raw_store_quorum_failures_total",
+        "uploads refused because too few replicas stored their raw bytes"
+    );
+    describe_counter!(
+        "sift_raw_transfer_bytes_total",
+        "raw document bytes sent to other members' replicas"
+    );
+    describe_counter!(
+        "sift_raw_collected_total",
+        "raw document files removed once no replica needs them"
+    );
     describe_histogram!(
         "sift_search_seconds",
         "search latency at the node, embedding included"
@@ -93,6 +148,26 @@ fn describe() {
         "slowest shard's time per retrieval channel"
     );
     describe_counter!("sift_search_leaf_total", "leaf searches by outcome");
+    describe_counter!(
+        "sift_search_leaf_retries_total",
+        "leaf searches retried once on another replica after an error"
+    );
+    describe_counter!(
+        "sift_search_leaf_hedged_total",
+        "leaf searches also sent to a second replica because the first was slow"
+    );
+    describe_counter!(
+        "sift_search_failed_shards_total",
+        "shards a search reported as failed (the answer is partial)"
+    );
+    describe_counter!(
+        "sift_search_links_followed_total",
+        "hits moved up the ranking by following document links"
+    );
+    describe_counter!(
+        "sift_rerank_total",
+        "searches that asked for reranking, by outcome (applied, skipped)"
+    );
     describe_gauge!("sift_shards", "shard replicas open on this node");
     describe_counter!(
         "sift_shard_open_failures_total",
@@ -101,6 +176,46 @@ fn describe() {
     describe_histogram!(
         "sift_shard_write_seconds",
         "time to write a batch into a shard replica"
+    );
+    describe_counter!(
+        "sift_shard_write_quorum_failures_total",
+        "shard writes that no replica stored"
+    );
+    describe_histogram!(
+        "sift_shard_rpc_seconds",
+        "shard calls to another member, by kind and outcome"
+    );
+    describe_counter!(
+        "sift_peer_suspected_total",
+        "times a member stopped answering shard calls and was suspected"
+    );
+    describe_gauge!(
+        "sift_replicas",
+        "shard replicas this node holds, by state (initializing, active, recovering, dead)"
+    );
+    describe_counter!(
+        "sift_replica_marked_dead_total",
+        "replicas marked dead after a failed or slow write"
+    );
+    describe_counter!(
+        "sift_replica_repairs_total",
+        "repairs of a dead or new replica, by outcome"
+    );
+    describe_histogram!(
+        "sift_replica_repair_seconds",
+        "time to copy a replica back into service"
+    );
+    describe_counter!(
+        "sift_replica_copied_documents_total",
+        "documents copied into replicas under repair"
+    );
+    describe_counter!(
+        "sift_replica_transfer_bytes_total",
+        "chunk text and vector bytes copied into replicas under repair"
+    );
+    describe_counter!(
+        "sift_rebalance_moves_total",
+        "replica moves the leader planned to even out load"
     );
     describe_counter!(
         "sift_actor_restarts_total",
@@ -116,14 +231,238 @@ fn describe() {
         "time to commit and apply a metadata op"
     );
     describe_counter!(
+        "sift_raft_transport_rejected_total",
+        "internal transport requests refused, by reason"
+    );
+    describe_counter!(
         "sift_embedding_cache_hits_total",
         "embeddings served from the cache"
     );
-    describe_counter!("sift_http_requests_total", "HTTP requests by status class");
+    describe_counter!("sift_snapshots_total", "snapshots written");
+    describe_counter!(
+        "sift_snapshot_bytes_total",
+        "bytes of the snapshots written"
+    );
     sift_models::embedding::describe_metrics();
     sift_actors::sessions::describe_metrics();
     sift_models::llm::describe_metrics();
     sift_actors::agent::describe_metrics();
+    sift_cluster::raft::driver::describe_metrics();
+    process_collector().describe();
+}
+
+/// The `process_*` metrics (CPU seconds, resident and virtual memory, open and maximum file
+/// descriptors, threads, start time), read from /proc at each scrape.
+fn process_collector() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
+}
+
+/// The text of `/metrics`: the process metrics read now, then every recorded metric.
+pub fn render(handle: &PrometheusHandle) -> String {
+    process_collector().collect();
+    handle.render()
+}
+
+// ---- HTTP request metrics ----
+
+/// The `route` label of a request that matched no route (a 404 from the fallback): one
+/// fixed value, so that scanners cannot grow the label set.
+const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// The route template a request matched, handed from [`tag_route`] (inside routing) to
+/// [`observe_requests`] (outside it) in the response's extensions.
+#[derive(Clone)]
+struct MatchedRoute(MatchedPath);
+
+/// Route layer: copies the matched route template (`/v1/kbs/{kb}/search`, never the path
+/// itself) to the response, where [`observe_requests`] reads it.
+pub async fn tag_route(request: Request, next: Next) -> Response {
+    let matched = request.extensions().get::<MatchedPath>().cloned();
+    let mut response = next.run(request).await;
+    if let Some(matched) = matched {
+        response.extensions_mut().insert(MatchedRoute(matched));
+    }
+    response
+}
+
+/// Outer layer: `sift_http_request_duration_seconds{route,method,status_class}` and
+/// `sift_http_requests_total{status}` for every request, matched or not. Every label comes
+/// from a fixed set: route templates, [`method_label`] and [`status_class`]. A streamed body
+/// (SSE) is timed to its response head, not to its end.
+pub async fn observe_requests(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = method_label(request.method());
+    let response = next.run(request).await;
+    let route = response
+        .extensions()
+        .get::<MatchedRoute>()
+        .map(|route| route.0.as_str().to_string())
+        .unwrap_or_else(|| UNMATCHED_ROUTE.to_string());
+    let class = status_class(response.status());
+    metrics::histogram!(
+        "sift_http_request_duration_seconds",
+        "route" => route,
+        "method" => method,
+        "status_class" => class
+    )
+    .record(started.elapsed().as_secs_f64());
+    metrics::counter!("sift_http_requests_total", "status" => class).increment(1);
+    response
+}
+
+/// The `method` label: the standard methods by name, any other as `other`.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
+fn status_class(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "other",
+    }
+}
+
+// ---- per-KB gauges ----
+
+/// Label value of the KBs past the cap, summed together.
+pub const OTHER_KBS: &str = "_other";
+
+/// How long a computed set of per-KB gauges is served before it is computed again: the
+/// computation reads every document record, so frequent scrapes must not repeat it.
+const KB_GAUGES_TTL: Duration = Duration::from_secs(10);
+
+/// `sift_knowledge_base_documents`, `sift_knowledge_base_chunks` and `sift_knowledge_base_bytes` by `{tenant, kb}`. At most
+/// `max_kbs` KBs (the first by tenant, then name) get their own series; the rest are summed
+/// under `tenant="_other", kb="_other"`, so the series stay bounded however many KBs there
+/// are. Rendered as text at scrape time rather than recorded as gauges: the recorder cannot
+/// forget a series, and a deleted KB's would stay forever.
+pub struct KbGauges {
+    max_kbs: usize,
+    cached: Mutex<Option<(Instant, Arc<str>)>>,
+}
+
+impl KbGauges {
+    pub fn new(max_kbs: usize) -> KbGauges {
+        KbGauges {
+            max_kbs,
+            cached: Mutex::new(None),
+        }
+    }
+
+    /// The gauges' exposition text (empty when there is no KB), at most [`KB_GAUGES_TTL`] old.
+    pub async fn render(&self, store: Arc<SledMetaStore>) -> Arc<str> {
+        if let Some((at, text)) = &*self.cached.lock().unwrap_or_else(|p| p.into_inner())
+            && at.elapsed() < KB_GAUGES_TTL
+        {
+            return text.clone();
+        }
+        let max_kbs = self.max_kbs;
+        let computed = tokio::task::spawn_blocking(move || kb_gauges_text(&store, max_kbs)).await;
+        let text: Arc<str> = match computed {
+            Ok(Ok(text)) => text.into(),
+            Ok(Err(error)) => {
+                warn!(%error, "per-KB gauges could not be read");
+                return "".into();
+            }
+            Err(error) => {
+                warn!(%error, "per-KB gauges could not be read");
+                return "".into();
+            }
+        };
+        *self.cached.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((Instant::now(), text.clone()));
+        text
+    }
+}
+
+/// One per-KB gauge: its name, its help text and what it reads of a [`KbUsage`].
+struct KbFamily {
+    name: &'static str,
+    help: &'static str,
+    value: fn(&KbUsage) -> u64,
+}
+
+const KB_FAMILIES: [KbFamily; 3] = [
+    KbFamily {
+        name: "sift_knowledge_base_documents",
+        help: "documents per KB (any status); KBs past metrics_max_kbs are summed under kb=\"_other\"",
+        value: |usage| usage.documents,
+    },
+    KbFamily {
+        name: "sift_knowledge_base_chunks",
+        help: "chunks of the documents per KB; KBs past metrics_max_kbs are summed under kb=\"_other\"",
+        value: |usage| usage.chunks,
+    },
+    KbFamily {
+        name: "sift_knowledge_base_bytes",
+        help: "raw bytes of the documents per KB; KBs past metrics_max_kbs are summed under kb=\"_other\"",
+        value: |usage| usage.bytes,
+    },
+];
+
+fn kb_gauges_text(store: &SledMetaStore, max_kbs: usize) -> sift_storage::Result<String> {
+    let mut kbs = Vec::new();
+    for kb in store.list_kbs()? {
+        kbs.push((store.kb_tenant(&kb.id)?, kb.name, kb.id));
+    }
+    kbs.sort();
+    let mut rows: Vec<(String, String, KbUsage)> = Vec::new();
+    let mut other: Option<KbUsage> = None;
+    for (index, (tenant, name, id)) in kbs.into_iter().enumerate() {
+        let usage = store.kb_usage(&id)?;
+        if index < max_kbs {
+            rows.push((tenant, name, usage));
+        } else {
+            let sum = other.get_or_insert_with(KbUsage::default);
+            sum.documents += usage.documents;
+            sum.chunks += usage.chunks;
+            sum.bytes += usage.bytes;
+        }
+    }
+    if let Some(sum) = other {
+        rows.push((OTHER_KBS.to_string(), OTHER_KBS.to_string(), sum));
+    }
+    let mut text = String::new();
+    if rows.is_empty() {
+        return Ok(text);
+    }
+    for KbFamily { name, help, value } in KB_FAMILIES {
+        let _ = writeln!(text, "# HELP {name} {help}");
+        let _ = writeln!(text, "# TYPE {name} gauge");
+        for (tenant, kb, usage) in &rows {
+            let _ = writeln!(
+                text,
+                "{name}{{tenant=\"{}\",kb=\"{}\"}} {}",
+                label_value(tenant),
+                label_value(kb),
+                value(usage)
+            );
+        }
+        text.push('\n');
+    }
+    Ok(text)
+}
+
+/// A label value escaped for the text exposition format.
+fn label_value(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Logs to stderr; `RUST_LOG` (or `SIFT_LOG`) overrides the default `info` level.
@@ -136,4 +475,26 @@ pub fn init_logging() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_labels_come_from_fixed_sets() {
+        assert_eq!(method_label(&Method::POST), "POST");
+        let odd = Method::from_bytes(b"PROPFIND").unwrap();
+        assert_eq!(method_label(&odd), "other");
+        assert_eq!(status_class(StatusCode::OK), "2xx");
+        assert_eq!(status_class(StatusCode::NOT_FOUND), "4xx");
+        assert_eq!(status_class(StatusCode::SERVICE_UNAVAILABLE), "5xx");
+        assert_eq!(status_class(StatusCode::SWITCHING_PROTOCOLS), "1xx");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(label_value("papers"), "papers");
+        assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
 }

@@ -12,6 +12,7 @@ mod crash_loop;
 mod document_access;
 mod durability;
 mod ingestion;
+mod metrics;
 mod office;
 mod pdf;
 mod quality;

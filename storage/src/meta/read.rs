@@ -21,6 +21,15 @@ pub struct DocumentCounts {
     pub by_status: BTreeMap<DocStatus, u64>,
 }
 
+/// What a KB holds, for the per-KB gauges of `/metrics`: its document records (any status),
+/// their chunks and their raw bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KbUsage {
+    pub documents: u64,
+    pub chunks: u64,
+    pub bytes: u64,
+}
+
 /// One entry of the pending-work index.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingDocument {
@@ -210,6 +219,19 @@ impl SledMetaStore {
             *counts.by_status.entry(doc.status).or_default() += 1;
         }
         Ok(counts)
+    }
+
+    /// The documents, chunks and raw bytes of a KB: one pass over its document records.
+    pub fn kb_usage(&self, kb_id: &str) -> Result<KbUsage> {
+        let mut usage = KbUsage::default();
+        for item in self.tree.scan_prefix(doc_prefix(kb_id)) {
+            let (_, value) = item?;
+            let doc: DocumentRecord = decode(&value)?;
+            usage.documents += 1;
+            usage.chunks += u64::from(doc.chunk_count);
+            usage.bytes += doc.size_bytes;
+        }
+        Ok(usage)
     }
 
     pub fn is_tombstoned(&self, kb_id: &str, doc_id: &str) -> Result<bool> {

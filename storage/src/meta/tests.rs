@@ -1501,3 +1501,41 @@ fn the_audit_log_pages_in_time_order_and_forgets_past_its_retention() {
         [4, 5, 6, 7]
     );
 }
+
+#[test]
+fn kb_usage_sums_the_documents_of_one_kb() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledMetaStore::open(dir.path()).unwrap();
+    let mut log = Log {
+        store: &store,
+        index: 0,
+    };
+    log.apply(MetaOp::CreateKb(kb("k1", "alpha"))).unwrap();
+    log.apply(MetaOp::CreateKb(kb("k2", "beta"))).unwrap();
+    assert_eq!(store.kb_usage("k1").unwrap(), KbUsage::default());
+    let mut first = doc("d1", "k1", "h1", None);
+    first.chunk_count = 3;
+    first.size_bytes = 100;
+    let mut second = doc("d2", "k1", "h2", None);
+    second.chunk_count = 4;
+    second.size_bytes = 23;
+    log.apply(MetaOp::RegisterDocuments {
+        kb_id: "k1".into(),
+        documents: vec![first, second],
+    })
+    .unwrap();
+    log.apply(MetaOp::RegisterDocuments {
+        kb_id: "k2".into(),
+        documents: vec![doc("d3", "k2", "h3", None)],
+    })
+    .unwrap();
+    assert_eq!(
+        store.kb_usage("k1").unwrap(),
+        KbUsage {
+            documents: 2,
+            chunks: 7,
+            bytes: 123,
+        }
+    );
+    assert_eq!(store.kb_usage("k2").unwrap().documents, 1);
+}
