@@ -16,11 +16,11 @@ use sift_parse::parse::{ParseOptions, SourceFormat, parse_document};
 #[path = "common.rs"]
 mod common;
 
-const FORMATS: [SourceFormat; 7] = [
+// `.xls` is refused before parsing (calamine's OLE reader loops on crafted input).
+const FORMATS: [SourceFormat; 6] = [
     SourceFormat::Docx,
     SourceFormat::Pptx,
     SourceFormat::Xlsx,
-    SourceFormat::Xls,
     SourceFormat::Ods,
     SourceFormat::Csv,
     SourceFormat::Epub,

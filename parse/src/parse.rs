@@ -45,7 +45,7 @@ pub enum SourceFormat {
 /// The extensions [`SourceFormat::from_file_name`] knows, for messages and folder walks.
 pub const SUPPORTED_EXTENSIONS: &[&str] = &[
     "txt", "text", "md", "markdown", "html", "htm", "json", "jsonl", "ndjson", "pdf", "docx",
-    "pptx", "xlsx", "xlsm", "xls", "ods", "csv", "tsv", "epub",
+    "pptx", "xlsx", "xlsm", "ods", "csv", "tsv", "epub",
 ];
 
 impl SourceFormat {

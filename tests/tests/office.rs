@@ -54,7 +54,6 @@ async fn each_office_format_is_searchable_under_its_heading_path() {
         ("report.docx", "docx"),
         ("deck.pptx", "pptx"),
         ("inventory.xlsx", "xlsx"),
-        ("inventory.xls", "xls"),
         ("inventory.ods", "ods"),
         ("people.csv", "csv"),
         ("book.epub", "epub"),
@@ -398,6 +397,13 @@ async fn bad_office_files_are_refused_with_their_codes_and_nothing_is_stored() {
             415,
             "unsupported_type",
             "PowerPoint 97-2003",
+        ),
+        (
+            "inventory.xls",
+            fixture("inventory.xls"),
+            415,
+            "unsupported_type",
+            "Excel 97-2003",
         ),
         ("renamed.docx", ole, 415, "unsupported_type", "Word 97-2003"),
     ];

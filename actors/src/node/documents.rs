@@ -396,7 +396,7 @@ impl SiftNode {
 /// parse: an old binary Word or PowerPoint file is named as such, anything else gets the list
 /// of supported extensions.
 fn unsupported_upload(upload: &Upload) -> SiftError {
-    use crate::ingest::office::{legacy_office_format, legacy_office_message};
+    use crate::ingest::office::{legacy_office_format, legacy_office_message, legacy_save_as};
     use crate::ingest::parse::{ParseError, SUPPORTED_EXTENSIONS};
     let legacy = legacy_office_format(&upload.file_name).or_else(|| {
         match upload.media_type.as_deref().map(|media| {
@@ -415,18 +415,11 @@ fn unsupported_upload(upload: &Upload) -> SiftError {
         }
     });
     let message = match legacy {
-        Some(name) => {
-            let save_as = if name.contains("Word") {
-                ".docx"
-            } else {
-                ".pptx"
-            };
-            format!(
-                "{:?}: {}",
-                upload.file_name,
-                legacy_office_message(name, save_as)
-            )
-        }
+        Some(name) => format!(
+            "{:?}: {}",
+            upload.file_name,
+            legacy_office_message(name, legacy_save_as(name))
+        ),
         None => format!(
             "{:?}: supported types are {}",
             upload.file_name,

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `.docx` ([`docx`]) | paragraph styles `Title`, `Heading 1`-`9` (or an outline level) | lists, tables, comments after the paragraph they mark |
 //! | `.pptx` ([`pptx`]) | `# Slide N: title` per slide | bullets, tables, speaker notes and comments under their slide |
-//! | `.xlsx` `.xls` `.ods` `.csv` ([`sheet`]) | `# sheet name` | one record per row: `Row N: Header: value; ...` |
+//! | `.xlsx` `.ods` `.csv` ([`sheet`]) | `# sheet name` | one record per row: `Row N: Header: value; ...` |
 //! | `.epub` ([`epub`]) | the chapters' own HTML headings | lists, tables (through the HTML converter) |
 //!
 //! Zip containers are untrusted: [`container::Container`] refuses more than
@@ -17,8 +17,8 @@
 //! the archive declares), so a zip bomb fails with `document_too_large`. Spreadsheets stop at
 //! [`OfficeLimits::max_rows`] rows and [`OfficeLimits::max_cells`] cells.
 //!
-//! The content must be what the name says ([`sniff`]): an old binary `.doc`/`.ppt` (an OLE
-//! compound file) is `unsupported_type` naming the format; a `.docx` that is really a PDF, plain
+//! The content must be what the name says ([`sniff`]): an old binary `.doc`/`.ppt`/`.xls` (an
+//! OLE compound file) is `unsupported_type` naming the format; a `.docx` that is really a PDF, plain
 //! text or a spreadsheet is refused with `content_mismatch` naming what it is, rather than
 //! parsed as something else (the document's recorded format and its file name would disagree).
 
@@ -92,7 +92,22 @@ pub fn legacy_office_format(file_name: &str) -> Option<&'static str> {
     match extension.to_ascii_lowercase().as_str() {
         "doc" | "dot" => Some("a Word 97-2003 document (.doc)"),
         "ppt" | "pps" | "pot" => Some("a PowerPoint 97-2003 presentation (.ppt)"),
+        "xls" | "xlt" => Some(LEGACY_EXCEL),
         _ => None,
+    }
+}
+
+/// How [`legacy_office_format`] names an old binary Excel workbook.
+const LEGACY_EXCEL: &str = "an Excel 97-2003 workbook (.xls)";
+
+/// The newer format to save an old binary one (as [`legacy_office_format`] names it) as.
+pub fn legacy_save_as(format_name: &str) -> &'static str {
+    if format_name.contains("Word") {
+        ".docx"
+    } else if format_name.contains("Excel") {
+        ".xlsx"
+    } else {
+        ".pptx"
     }
 }
 
@@ -107,6 +122,15 @@ pub(crate) fn parse_office(
     format: SourceFormat,
     limits: &OfficeLimits,
 ) -> Result<ParsedDocument, ParseError> {
+    if format == SourceFormat::Xls {
+        // calamine's reader of OLE files loops without end on a crafted sector chain (found
+        // by the parse_office fuzz target) and panics on truncated files; Office parsing runs
+        // in the node process, so `.xls` is refused until it runs in a worker (ADR 0026).
+        return Err(ParseError::UnsupportedType(legacy_office_message(
+            LEGACY_EXCEL,
+            ".xlsx",
+        )));
+    }
     check_content(bytes, format)?;
     // The walks here are ours, but calamine and zip are large parsers of hostile input: a panic
     // in one fails this document, not the caller's thread.
@@ -151,7 +175,7 @@ fn convert(
             let (title, text) = pptx::pptx_to_markdown(bytes, limits)?;
             (title, text, "PPTX")
         }
-        SourceFormat::Xlsx | SourceFormat::Xls | SourceFormat::Ods => {
+        SourceFormat::Xlsx | SourceFormat::Ods => {
             let (title, text) = sheet::workbook_to_markdown(bytes, format, limits)?;
             (title, text, format_label(format))
         }

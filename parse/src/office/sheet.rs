@@ -16,7 +16,7 @@
 
 use std::io::Cursor;
 
-use calamine::{Data, Ods, Reader, Xls, Xlsx};
+use calamine::{Data, Ods, Reader, Xlsx};
 
 use super::OfficeLimits;
 use super::container::Container;
@@ -60,10 +60,6 @@ pub(crate) fn workbook_to_markdown(
             check_ods_repeats(&content, limits)?;
             container.check_every_entry()?;
             let workbook = Ods::new(Cursor::new(bytes)).map_err(invalid)?;
-            read_ranges(workbook, &mut records)?;
-        }
-        SourceFormat::Xls => {
-            let workbook = Xls::new(Cursor::new(bytes)).map_err(invalid)?;
             read_ranges(workbook, &mut records)?;
         }
         other => {
