@@ -58,7 +58,10 @@ pub struct AppState {
     pub peer_tls: sift_cluster::tls::PeerTls,
 }
 
-pub fn router(state: AppState) -> Router {
+/// The public API. Outside in, every request meets: the request id, span and access log
+/// ([`crate::requests::track`]), CORS when `cors_origins` lists any, the request metrics, the
+/// head-size limits, then routing (with the key check on every route but the probes).
+pub fn router(state: AppState, cors: &crate::requests::CorsOrigins) -> Router {
     // Every route but the probes needs a key (checked after routing: an unknown path is a
     // plain 404).
     let authenticated = Router::new()
@@ -104,7 +107,7 @@ pub fn router(state: AppState) -> Router {
             state.auth.clone(),
             crate::auth::authenticate,
         ));
-    Router::new()
+    let router = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(authenticated)
@@ -118,7 +121,12 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn(
             crate::telemetry::observe_requests,
         ))
-        .with_state(state)
+        .with_state(state);
+    let router = match cors.layer() {
+        Some(cors) => router.layer(cors),
+        None => router,
+    };
+    router.layer(axum::middleware::from_fn(crate::requests::track))
 }
 
 // ---- errors ----
@@ -413,30 +421,45 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
+/// `GET /readyz`: 200 when every readiness check passes ([`SiftNode::readiness`]: Raft
+/// storage, embedding models, open shards, a known Raft leader), else 503 naming each failing
+/// check in `error.message` and in `checks`.
 async fn readyz(State(state): State<AppState>) -> Response {
     let context = state.node.context();
-    // A member whose Raft storage failed serves frozen metadata: not ready (`sift serve` exits
-    // with status 70 moments later).
-    if let Some(failure) = context.meta.raft().and_then(|raft| raft.storage_failure()) {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({
-                "status": "failed",
-                "error": { "code": "raft_storage_failed", "message": failure },
-            })),
-        )
-            .into_response();
-    }
-    Json(json!({
-        "status": "ready",
+    let readiness = state.node.readiness();
+    let ready = readiness.ready();
+    let mut body = json!({
+        "status": if ready { "ready" } else { "not_ready" },
+        "checks": readiness.checks,
         "embedded_model": context.embedders.local.as_ref().map(|e| e.model_name().to_string()),
         "embedded_model_error": context.embedders.local_error,
         "remote_embedders": context.embedders.remote.keys().collect::<Vec<_>>(),
         "shards": context.registry.len(),
         "ingest_queue_depth": state.node.queue_depth(),
         "auth": state.auth.mode.as_str(),
-    }))
-    .into_response()
+    });
+    if ready {
+        return Json(body).into_response();
+    }
+    let failing: Vec<String> = readiness
+        .failing()
+        .map(|check| format!("{}: {}", check.name, check.detail))
+        .collect();
+    // A member whose Raft storage failed serves frozen metadata (`sift serve` exits with status
+    // 70 moments later): its own code, which operators alert on.
+    let code = if readiness
+        .failing()
+        .any(|check| check.name == "raft_storage")
+    {
+        "raft_storage_failed"
+    } else {
+        "not_ready"
+    };
+    body["error"] = json!({
+        "code": code,
+        "message": format!("not ready: {}", failing.join("; ")),
+    });
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 
 async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
@@ -452,6 +475,12 @@ async fn create_kb(
     ApiJson(request): ApiJson<CreateKb>,
 ) -> ApiResult<impl IntoResponse> {
     let kb = state.node.create_kb(&principal.scope(), request).await?;
+    tracing::info!(
+        kb = %kb.record.name,
+        kb_id = %kb.record.id,
+        shards = kb.record.settings.shards,
+        "knowledge base created"
+    );
     Ok((StatusCode::CREATED, Json(KbView::from(kb))))
 }
 
@@ -504,6 +533,7 @@ async fn delete_kb(
     ApiPath(kb): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
     state.node.delete_kb(&principal.scope(), &kb).await?;
+    tracing::info!(%kb, "knowledge base deleted");
     Ok(StatusCode::NO_CONTENT)
 }
 

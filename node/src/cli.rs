@@ -266,7 +266,10 @@ pub fn run() -> ExitCode {
             };
         }
     };
-    crate::telemetry::init_logging();
+    if let Err(error) = crate::telemetry::init_logging() {
+        eprintln!("error: {error}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

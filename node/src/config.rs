@@ -56,6 +56,9 @@ pub struct FileConfig {
     /// KBs with their own series in the per-KB gauges of `/metrics`; the rest are summed
     /// under `kb="_other"` (default 100).
     pub metrics_max_kbs: Option<usize>,
+    /// Origins (`https://app.example.com`, or `*` for any) whose browser pages may call the
+    /// public API (CORS; default none; also SIFT_CORS_ORIGINS, comma-separated).
+    pub cors_origins: Option<Vec<String>>,
     /// Open connections to the public port, all clients together.
     pub max_connections: Option<usize>,
     /// Open connections to the public port from one IP address.
@@ -198,6 +201,8 @@ pub struct Config {
     pub max_bulk_documents: usize,
     /// KBs with their own series in the per-KB gauges (`metrics_max_kbs`).
     pub metrics_max_kbs: usize,
+    /// Origins browser pages may call from (`cors_origins`); empty: no CORS headers.
+    pub cors: crate::requests::CorsOrigins,
     /// Caps and timeouts of the public server's connections.
     pub connections: sift_cluster::http_server::ConnectionLimits,
     pub options: NodeOptions,
@@ -327,6 +332,14 @@ impl Config {
         }
         if let Some(v) = parse_count("SIFT_METRICS_MAX_KBS")? {
             file.metrics_max_kbs = Some(v);
+        }
+        if let Some(v) = get("SIFT_CORS_ORIGINS") {
+            file.cors_origins = Some(
+                v.split(',')
+                    .map(|origin| origin.trim().to_string())
+                    .filter(|origin| !origin.is_empty())
+                    .collect(),
+            );
         }
         if let Some(v) = parse("SIFT_SHARD_DEADLINE_MS")? {
             file.shard_deadline_ms = Some(v);
@@ -593,6 +606,8 @@ impl Config {
         if max_bulk_documents == 0 {
             bail!("max_bulk_documents must be at least 1");
         }
+        let cors = crate::requests::CorsOrigins::parse(file.cors_origins.as_deref().unwrap_or(&[]))
+            .map_err(|error| anyhow::anyhow!("cors_origins: {error}"))?;
         if options.shard_deadline.is_zero() {
             bail!("shard_deadline_ms must be at least 1");
         }
@@ -688,6 +703,7 @@ impl Config {
             max_json_bytes: file.max_json_bytes.unwrap_or(256 * 1024 * 1024),
             max_bulk_documents,
             metrics_max_kbs,
+            cors,
             connections,
             options,
             embedding: file.embedding,
@@ -1010,6 +1026,28 @@ mod tests {
             format!("{error:#}").contains("metrics_max_kbs"),
             "{error:#}"
         );
+        // CORS origins: a comma-separated list from the environment, each one checked.
+        let mut env = BTreeMap::new();
+        env.insert(
+            "SIFT_CORS_ORIGINS".to_string(),
+            "https://app.example.com, http://127.0.0.1:3000".to_string(),
+        );
+        let config = Config::check(Config::load(None, &env).unwrap()).unwrap();
+        assert_eq!(
+            config.cors,
+            crate::requests::CorsOrigins::parse(&[
+                "https://app.example.com".to_string(),
+                "http://127.0.0.1:3000".to_string(),
+            ])
+            .unwrap()
+        );
+        assert_eq!(
+            Config::check(FileConfig::default()).unwrap().cors,
+            crate::requests::CorsOrigins::None
+        );
+        let file: FileConfig = toml::from_str("cors_origins = [\"https://a.example/\"]\n").unwrap();
+        let error = Config::check(file).unwrap_err();
+        assert!(format!("{error:#}").contains("cors_origins"), "{error:#}");
     }
 
     #[test]

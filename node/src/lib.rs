@@ -23,6 +23,7 @@ pub mod config;
 pub mod demo;
 pub mod keys_api;
 pub mod limits;
+pub mod requests;
 pub mod server;
 pub mod snapshots_api;
 pub mod telemetry;

@@ -264,7 +264,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         peer_tls: config.options.peer_tls.clone(),
     };
     let (stop, stopped) = oneshot::channel::<()>();
-    let app = router(state);
+    let app = router(state, &config.cors);
     let server = tokio::spawn(sift_cluster::http_server::serve(
         listener,
         app,

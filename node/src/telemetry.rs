@@ -275,10 +275,23 @@ const UNMATCHED_ROUTE: &str = "unmatched";
 #[derive(Clone)]
 struct MatchedRoute(MatchedPath);
 
+/// The route template `response` answered (`/v1/kbs/{kb}/search`), `unmatched` when none did.
+pub(crate) fn route_of(response: &Response) -> String {
+    response
+        .extensions()
+        .get::<MatchedRoute>()
+        .map(|route| route.0.as_str().to_string())
+        .unwrap_or_else(|| UNMATCHED_ROUTE.to_string())
+}
+
 /// Route layer: copies the matched route template (`/v1/kbs/{kb}/search`, never the path
-/// itself) to the response, where [`observe_requests`] reads it.
+/// itself) to the response, where [`observe_requests`] and the access log read it, and
+/// names it in the request's span ([`crate::requests`]).
 pub async fn tag_route(request: Request, next: Next) -> Response {
     let matched = request.extensions().get::<MatchedPath>().cloned();
+    if let Some(matched) = &matched {
+        tracing::Span::current().record("route", matched.as_str());
+    }
     let mut response = next.run(request).await;
     if let Some(matched) = matched {
         response.extensions_mut().insert(MatchedRoute(matched));
@@ -294,11 +307,7 @@ pub async fn observe_requests(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = method_label(request.method());
     let response = next.run(request).await;
-    let route = response
-        .extensions()
-        .get::<MatchedRoute>()
-        .map(|route| route.0.as_str().to_string())
-        .unwrap_or_else(|| UNMATCHED_ROUTE.to_string());
+    let route = route_of(&response);
     let class = status_class(response.status());
     metrics::histogram!(
         "sift_http_request_duration_seconds",
@@ -465,16 +474,34 @@ fn label_value(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// Logs to stderr; `RUST_LOG` (or `SIFT_LOG`) overrides the default `info` level.
-pub fn init_logging() {
+/// Logs to stderr; `SIFT_LOG` (or `RUST_LOG`) overrides the default `info` level, and
+/// `SIFT_LOG_FORMAT=json` writes one JSON object per line (with the request's span, so its
+/// `id`) instead of text. An unknown format is an error for the caller to report.
+pub fn init_logging() -> Result<(), String> {
     let filter = std::env::var("SIFT_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .unwrap_or_else(|_| "info,tantivy=warn,sled=warn,hnsw_rs=warn".to_string());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
+    let filter = tracing_subscriber::EnvFilter::new(filter);
+    let format = std::env::var("SIFT_LOG_FORMAT").unwrap_or_default();
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    let _ = match format.as_str() {
+        "" | "text" => builder
+            .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        "json" => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_env_filter(filter)
+            .try_init(),
+        other => {
+            return Err(format!(
+                "SIFT_LOG_FORMAT must be text or json, not {other:?}"
+            ));
+        }
+    };
+    Ok(())
 }
 
 #[cfg(test)]

@@ -165,10 +165,23 @@ impl NodeProcess {
         self.child.id()
     }
 
-    /// Checks that the node loaded the embedded model (tests of search quality and of dense
-    /// search mean nothing without it).
+    /// Waits (bounded) until the node is ready (a cluster member may not know its leader
+    /// yet), then checks that it loaded the embedded model (tests of search quality and of
+    /// dense search mean nothing without it).
     pub async fn require_embedded_model(&self) {
-        let ready = self.client().get("/readyz").await.expect(200);
+        let started = Instant::now();
+        let ready = loop {
+            let answer = self.client().get("/readyz").await;
+            if answer.status == 200 {
+                break answer.body;
+            }
+            assert!(
+                started.elapsed() < WAIT,
+                "the node is not ready after {WAIT:?}: {}",
+                answer.body
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         assert!(
             ready["embedded_model"].is_string(),
             "the node has no embedded model: {}",

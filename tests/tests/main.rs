@@ -14,6 +14,7 @@ mod durability;
 mod ingestion;
 mod metrics;
 mod office;
+mod operability;
 mod pdf;
 mod quality;
 mod quotas;

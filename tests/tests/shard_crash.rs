@@ -270,5 +270,20 @@ async fn a_damaged_shard_does_not_stop_the_node_from_starting() {
             .any(|line| line.starts_with("sift_shard_open_failures_total ")),
         "the failure is counted"
     );
+    // Not ready while a replica it holds cannot be opened: 503, the check and the shard named.
+    let ready = client.get("/readyz").await;
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert_eq!(ready.body["error"]["code"], "not_ready", "{}", ready.body);
+    let message = ready.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("shards: 1 of 4 replicas not open"),
+        "{message}"
+    );
+    assert!(message.contains("damaged/0"), "{message}");
+    let shards = ready.body["checks"]
+        .as_array()
+        .and_then(|checks| checks.iter().find(|check| check["name"] == "shards"))
+        .expect("a shards check");
+    assert_eq!(shards["ok"], false, "{}", ready.body);
     node.shutdown().await;
 }

@@ -3,13 +3,14 @@
 //!
 //! The operations are split by concern: knowledge bases (`kbs.rs`), documents
 //! (`documents.rs`), search (`search.rs`), shards and drains as the cluster sees them
-//! (`cluster.rs`); the root of the actor tree is `supervisor.rs`. This file holds the node
-//! itself: start, recovery after a crash, shutdown.
+//! (`cluster.rs`), readiness (`ready.rs`); the root of the actor tree is `supervisor.rs`.
+//! This file holds the node itself: start, recovery after a crash, shutdown.
 
 mod cluster;
 mod documents;
 mod kbs;
 mod quota;
+pub mod ready;
 mod search;
 pub mod snapshots;
 pub(crate) mod supervisor;
@@ -68,6 +69,9 @@ pub struct SiftNode {
     children: ChildHandles,
     /// What this node has accepted against tenant quotas and not yet registered.
     quotas: quota::QuotaLedger,
+    /// When this node started (ms since the epoch): replicas placed before it were opened at
+    /// start (readiness, `ready.rs`).
+    started_at_ms: u64,
 }
 
 impl SiftNode {
@@ -98,6 +102,7 @@ impl SiftNode {
         Fut: std::future::Future<Output = Result<(MetaHandle, T)>>,
     {
         let started = Instant::now();
+        let started_at_ms = crate::ingest::pipeline::now_ms();
         std::fs::create_dir_all(data_dir).map_err(|e| SiftError::Storage(e.into()))?;
         match sift_storage::data_dir::open(data_dir)? {
             sift_storage::data_dir::Opened::Upgraded { from } => info!(
@@ -213,6 +218,7 @@ impl SiftNode {
             supervisor,
             children,
             quotas: quota::QuotaLedger::default(),
+            started_at_ms,
         };
         node.recover().await?;
         for spec in specs {
