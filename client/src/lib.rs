@@ -260,9 +260,19 @@ impl Client {
 
     // ---- knowledge bases ----
 
-    /// `GET /v1/kbs`.
-    pub async fn list_kbs<T: DeserializeOwned>(&self) -> Result<T> {
-        self.get_json(&["v1", "kbs"]).await
+    /// `GET /v1/kbs`: a page of at most `limit` KBs after the id `after`.
+    pub async fn list_kbs<T: DeserializeOwned>(
+        &self,
+        limit: usize,
+        after: Option<&str>,
+    ) -> Result<T> {
+        let mut url = self.url(&["v1", "kbs"]);
+        url.push_str(&format!("?limit={limit}"));
+        if let Some(after) = after {
+            url.push_str("&after=");
+            encode_segment(after, &mut url);
+        }
+        self.json(self.authorized(self.http.get(url))).await
     }
 
     /// `POST /v1/kbs`; `body` holds `name` and settings.

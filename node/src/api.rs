@@ -484,11 +484,18 @@ async fn create_kb(
     Ok((StatusCode::CREATED, Json(KbView::from(kb))))
 }
 
+/// `GET /v1/kbs?after=ID&limit=N`: in creation order, paged like the documents of a KB.
 async fn list_kbs(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
+    page: Result<Query<Page>, QueryRejection>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(KbList::from(state.node.list_kbs(&principal.scope())?)))
+    let (after, limit) = requested_page(page, 1000)?;
+    let kbs = state
+        .node
+        .list_kbs_page(&principal.scope(), after.as_deref(), limit)?;
+    let next = next_after(&kbs, limit, |kb| &kb.record.id);
+    Ok(Json(KbList::new(kbs, next)))
 }
 
 async fn get_kb(

@@ -100,13 +100,35 @@ async fn delete_session(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `GET /v1/sessions/{id}/messages?after=MESSAGE_ID&limit=N`: the stored turns, oldest
+/// first, paged like the documents of a KB; an `after` that is no message of the session is
+/// 400 `invalid_cursor`.
 async fn list_messages(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
+    page: Result<Query<Page>, QueryRejection>,
 ) -> ApiResult<impl IntoResponse> {
+    let (after, limit) = requested_page(page, MAX_SESSIONS_PAGE)?;
     let turns = state.sessions.turns(&id, &caller(&principal))?;
-    Ok(Json(json!({ "messages": turns })))
+    let start = match after {
+        None => 0,
+        Some(after) => {
+            turns
+                .iter()
+                .position(|turn| turn.message_id == after)
+                .ok_or_else(|| {
+                    invalid(
+                        "invalid_cursor",
+                        format!("after: no message {after:?} in this session"),
+                    )
+                })?
+                + 1
+        }
+    };
+    let page: Vec<_> = turns.into_iter().skip(start).take(limit).collect();
+    let next = next_after(&page, limit, |turn| &turn.message_id);
+    Ok(Json(json!({ "messages": page, "next_after": next })))
 }
 
 /// Starts a run and streams its events (`meta` first, `done` last).

@@ -569,21 +569,29 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
             );
         }
         KbCommand::List => {
-            let answer: Value = client.list_kbs().await?;
             println!(
                 "{:<24} {:<38} {:>6} {:>8} {:>8} {:>8}",
                 "NAME", "ID", "SHARDS", "DOCS", "READY", "FAILED"
             );
-            for kb in answer["kbs"].as_array().into_iter().flatten() {
-                println!(
-                    "{:<24} {:<38} {:>6} {:>8} {:>8} {:>8}",
-                    kb["name"].as_str().unwrap_or(""),
-                    kb["id"].as_str().unwrap_or(""),
-                    kb["settings"]["shards"].as_u64().unwrap_or(0),
-                    kb["documents"]["total"].as_u64().unwrap_or(0),
-                    kb["documents"]["ready"].as_u64().unwrap_or(0),
-                    kb["documents"]["failed"].as_u64().unwrap_or(0),
-                );
+            // Every page, in creation order.
+            let mut after: Option<String> = None;
+            loop {
+                let answer: Value = client.list_kbs(1000, after.as_deref()).await?;
+                for kb in answer["kbs"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:<24} {:<38} {:>6} {:>8} {:>8} {:>8}",
+                        kb["name"].as_str().unwrap_or(""),
+                        kb["id"].as_str().unwrap_or(""),
+                        kb["settings"]["shards"].as_u64().unwrap_or(0),
+                        kb["documents"]["total"].as_u64().unwrap_or(0),
+                        kb["documents"]["ready"].as_u64().unwrap_or(0),
+                        kb["documents"]["failed"].as_u64().unwrap_or(0),
+                    );
+                }
+                match answer["next_after"].as_str() {
+                    Some(next) => after = Some(next.to_string()),
+                    None => break,
+                }
             }
         }
         KbCommand::Get { kb } => {

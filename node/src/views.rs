@@ -36,12 +36,15 @@ impl From<KbState> for KbView {
 #[derive(Clone, Debug, Serialize)]
 pub struct KbList {
     pub kbs: Vec<KbView>,
+    /// The `after` of the next page; none on the last.
+    pub next_after: Option<String>,
 }
 
-impl From<Vec<KbState>> for KbList {
-    fn from(states: Vec<KbState>) -> KbList {
+impl KbList {
+    pub fn new(states: Vec<KbState>, next_after: Option<String>) -> KbList {
         KbList {
             kbs: states.into_iter().map(KbView::from).collect(),
+            next_after,
         }
     }
 }

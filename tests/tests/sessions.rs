@@ -656,6 +656,82 @@ async fn sessions_are_listed_newest_first_a_page_at_a_time() {
     node.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kbs_and_messages_are_listed_a_page_at_a_time() {
+    let (_dir, node, client) = empty_papers(|_| {}).await;
+    // KBs: in creation order, pages of two, `next_after` until the last page.
+    let mut created = vec!["papers".to_string()];
+    for i in 0..4 {
+        let name = format!("kb-{i}");
+        client.create_kb(json!({ "name": name, "shards": 1 })).await;
+        created.push(name);
+    }
+    let names = |page: &Value| -> Vec<String> {
+        page["kbs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|kb| kb["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let all = client.get("/v1/kbs").await.expect(200);
+    assert_eq!(names(&all), created);
+    assert_eq!(all["next_after"], Value::Null);
+    let mut seen = Vec::new();
+    let mut path = "/v1/kbs?limit=2".to_string();
+    loop {
+        let page = client.get(&path).await.expect(200);
+        assert!(names(&page).len() <= 2, "{page}");
+        seen.extend(names(&page));
+        match page["next_after"].as_str() {
+            Some(after) => path = format!("/v1/kbs?limit=2&after={after}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, created);
+    client
+        .get("/v1/kbs?limit=-1")
+        .await
+        .expect_error(400, "invalid_query_string");
+
+    // Messages: oldest first, pages of two.
+    let session = new_session(&client).await;
+    let questions = ["first question", "second question", "third question"];
+    for question in questions {
+        let events = ask(&client, &session, question).await.rest().await;
+        assert_well_formed(&events, &session);
+    }
+    let path = format!("/v1/sessions/{session}/messages");
+    let asked = |page: &Value| -> Vec<String> {
+        page["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|turn| turn["question"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let all = client.get(&path).await.expect(200);
+    assert_eq!(asked(&all), questions);
+    assert_eq!(all["next_after"], Value::Null);
+    let first = client.get(&format!("{path}?limit=2")).await.expect(200);
+    assert_eq!(asked(&first), &questions[..2]);
+    let after = first["next_after"]
+        .as_str()
+        .expect("a next page")
+        .to_string();
+    let second = client
+        .get(&format!("{path}?limit=2&after={after}"))
+        .await
+        .expect(200);
+    assert_eq!(asked(&second), &questions[2..]);
+    assert_eq!(second["next_after"], Value::Null);
+    client
+        .get(&format!("{path}?after=no-such-message"))
+        .await
+        .expect_error(400, "invalid_cursor");
+    node.shutdown().await;
+}
+
 #[tokio::test]
 async fn bad_session_input_gets_clear_errors_and_changes_nothing() {
     // No model and no documents needed: every request here is refused before a run starts.

@@ -245,9 +245,22 @@ impl SiftNode {
 
     /// The KBs of the scope's tenant and those shared with it.
     pub fn list_kbs(&self, scope: &Scope) -> Result<Vec<KbState>> {
-        self.store()
-            .list_kbs_in(scope.name())?
-            .into_iter()
+        self.list_kbs_page(scope, None, usize::MAX)
+    }
+
+    /// The KBs the scope may read in id order (creation order: ids are UUIDv7), at most
+    /// `limit` of them after the id `after`; only the page's document counts are computed.
+    pub fn list_kbs_page(
+        &self,
+        scope: &Scope,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<KbState>> {
+        let mut kbs = self.store().list_kbs_in(scope.name())?;
+        kbs.sort_by(|(a, _), (b, _)| a.id.cmp(&b.id));
+        kbs.into_iter()
+            .filter(|(kb, _)| after.is_none_or(|after| kb.id.as_str() > after))
+            .take(limit)
             .map(|(kb, access)| self.kb_state(scope, kb, access))
             .collect()
     }
