@@ -120,7 +120,7 @@ async fn an_unreachable_node_is_a_transport_error_with_its_cause() {
         .unwrap()
         .port();
     let client = Client::new(&format!("http://127.0.0.1:{port}"), None);
-    let error = client.list_kbs::<Value>().await.unwrap_err();
+    let error = client.list_kbs::<Value>(100, None).await.unwrap_err();
     assert!(matches!(error, Error::Transport { .. }), "{error:?}");
     assert!(error.is_transient());
     let cause = sift_client::render_error(error.transport().unwrap());
