@@ -20,7 +20,7 @@ pub mod sessions;
 pub mod snapshots;
 
 pub use self::documents::{AddedDocument, BulkDocuments, DocumentAccess, NewTextDocument};
-pub use self::error::{ErrorBody, ErrorDetail};
+pub use self::error::{ErrorBody, ErrorDetail, error_type};
 pub use self::kbs::{CreateKb, SettingsPatch, UpdateKb};
 pub use self::keys::{NewApiKey, NewTenant, TenantLimits};
 pub use self::search::{ChannelWeights, PageRange, SearchFilters, SearchQuery};

@@ -120,7 +120,12 @@ pub async fn refuse_oversized_heads(
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
     let refuse = |status: StatusCode, code: &str, message: String| {
-        let body = serde_json::json!({ "error": { "code": code, "message": message } });
+        let body = serde_json::json!({ "error": {
+            "code": code,
+            "message": message,
+            "type": "invalid_request_error",
+            "param": null,
+        } });
         (status, axum::Json(body)).into_response()
     };
     let target = request

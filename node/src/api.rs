@@ -1,5 +1,6 @@
 //! The public HTTP API (axum). Handlers parse, call one [`SiftNode`] method, and render;
-//! every error goes through [`ApiError`], the one mapping to `{ "error": { "code", "message" } }`.
+//! every error goes through [`ApiError`], the one mapping to
+//! `{ "error": { "code", "message", "type", "param" } }`.
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -138,6 +139,8 @@ pub struct ApiError {
     pub code: String,
     pub message: String,
     pub retry_after_secs: Option<u64>,
+    /// The request field at fault (`param` in the body), when one is.
+    pub param: Option<String>,
 }
 
 impl ApiError {
@@ -147,7 +150,14 @@ impl ApiError {
             code: code.to_string(),
             message: message.into(),
             retry_after_secs: None,
+            param: None,
         }
+    }
+
+    /// Names the request field at fault.
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
     }
 }
 
@@ -181,13 +191,19 @@ impl From<SiftError> for ApiError {
             code: error.code().to_string(),
             message: error.to_string(),
             retry_after_secs,
+            param: None,
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(ErrorBody::new(self.code, self.message));
+        let body = Json(ErrorBody::new(
+            self.status.as_u16(),
+            self.code,
+            self.message,
+            self.param,
+        ));
         let mut response = (self.status, body).into_response();
         if let Some(seconds) = self.retry_after_secs
             && let Ok(value) = HeaderValue::from_str(&seconds.to_string())

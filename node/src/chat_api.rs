@@ -1,5 +1,6 @@
 //! The chat part of the HTTP API: sessions, runs as server-sent events, and the
-//! OpenAI-compatible `POST /v1/chat/completions` and `GET /v1/models`. Errors go through the
+//! OpenAI-compatible `POST /v1/chat/completions`, `GET /v1/models` and `GET /v1/models/{id}`
+//! (agent presets, and a `kb:NAME` model per readable KB). Errors go through the
 //! same [`ApiError`] mapping as the rest of the API.
 
 use std::convert::Infallible;
@@ -16,6 +17,7 @@ use axum::{Extension, Json, Router};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use sift_actors::Need;
 use sift_actors::agent::{AgentEvent, Citation, PastTurn, RunFinish};
 use sift_actors::sessions::{
     Caller, EphemeralRun, MAX_SESSIONS_PAGE, RunEvent, RunEventKind, RunLog,
@@ -41,6 +43,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/runs/{id}/stop", post(stop_run))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(list_models))
+        .route("/v1/models/{id}", get(get_model))
 }
 
 // ---- sessions ----
@@ -214,17 +217,164 @@ struct ChatCompletionRequest {
     model: String,
     messages: Vec<ChatMessageIn>,
     #[serde(default)]
-    stream: bool,
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
     /// Sift's extension: `{"kbs": [...]}`.
     sift: Option<SiftExtension>,
-    // Other OpenAI fields (temperature, max_tokens, ...) are accepted and ignored: the agent
-    // preset decides.
+    /// Every other field, each one checked by [`check_parameters`].
+    #[serde(flatten)]
+    other: serde_json::Map<String, Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SiftExtension {
     kbs: Vec<String>,
+}
+
+/// OpenAI request fields a Sift answer does not apply: the agent preset decides sampling,
+/// length and stop sequences. They are accepted (clients send them by default) and named in
+/// the answer (`x-sift-ignored-params`, `sift.ignored_params`), never dropped silently.
+const NOT_APPLIED: &[&str] = &[
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "reasoning_effort",
+    "service_tier",
+    "verbosity",
+    "user",
+    "metadata",
+    "store",
+    "prompt_cache_key",
+    "safety_identifier",
+];
+
+/// The request fields beyond model, messages, stream and `sift`: those Sift cannot honour
+/// are a 400 naming the field; those it does not apply are returned for the answer to name.
+fn check_parameters(other: &serde_json::Map<String, Value>) -> ApiResult<Vec<String>> {
+    let unsupported = |param: &str, message: &str| {
+        Err(invalid("unsupported_parameter", message).with_param(param))
+    };
+    let mut ignored = Vec::new();
+    for (name, value) in other {
+        if value.is_null() {
+            continue;
+        }
+        match name.as_str() {
+            "n" if value.as_u64() == Some(1) => {}
+            "n" => return unsupported("n", "one choice per request: n must be 1"),
+            "tools" | "functions" if value.as_array().is_some_and(Vec::is_empty) => {}
+            "tools" | "functions" => {
+                return unsupported(
+                    name,
+                    "client-side tools are not supported: the agent calls its own retrieval tools and answers from the knowledge bases",
+                );
+            }
+            "tool_choice" | "function_call"
+                if matches!(value.as_str(), Some("none") | Some("auto")) => {}
+            "tool_choice" | "function_call" => {
+                return unsupported(
+                    name,
+                    "no client-side tool can be chosen: tools are not supported",
+                );
+            }
+            "parallel_tool_calls" => {}
+            "response_format" if value["type"] == "text" => {}
+            "response_format" => {
+                return unsupported(
+                    "response_format",
+                    "answers are cited text: only response_format {\"type\": \"text\"} is supported",
+                );
+            }
+            "logprobs" if value == &Value::Bool(false) => {}
+            "logprobs" | "top_logprobs" => {
+                return unsupported(name, "log probabilities are not available");
+            }
+            "modalities" if value == &json!(["text"]) => {}
+            "modalities" | "audio" | "prediction" | "web_search_options" => {
+                return unsupported(name, "only text in and text out is supported");
+            }
+            known if NOT_APPLIED.contains(&known) => ignored.push(known.to_string()),
+            unknown => {
+                return Err(invalid(
+                    "unknown_parameter",
+                    format!("unknown request field {unknown:?}"),
+                )
+                .with_param(unknown));
+            }
+        }
+    }
+    Ok(ignored)
+}
+
+/// The agent preset and KBs a request's `model` (and `sift.kbs`) name: `kb:REF` is the
+/// `default` preset over that KB (a name, an id or `tenant:name`); a preset name uses the
+/// extension's KBs, else the preset's own `kbs`. A KB the caller may not read is answered
+/// as a model that does not exist.
+fn resolve_model(
+    state: &AppState,
+    principal: &Principal,
+    model: &str,
+    extension: Option<SiftExtension>,
+) -> ApiResult<(String, Vec<String>)> {
+    if let Some(kb) = model.strip_prefix("kb:") {
+        if extension.is_some() {
+            return Err(invalid(
+                "conflicting_kbs",
+                format!("the model {model:?} names the knowledge base; drop sift.kbs or use an agent preset as the model"),
+            )
+            .with_param("sift.kbs"));
+        }
+        let record = state
+            .node
+            .find_kb(&principal.scope(), kb, Need::Read)
+            .map_err(|_| model_not_found(model))?;
+        return Ok((DEFAULT_PRESET.to_string(), vec![record.id]));
+    }
+    let preset = state
+        .sessions
+        .preset(model)
+        .map_err(|_| model_not_found(model))?;
+    let kbs = match extension {
+        Some(extension) => extension.kbs,
+        None => preset.kbs.clone(),
+    };
+    if kbs.is_empty() {
+        return Err(invalid(
+            "missing_kbs",
+            format!(
+                "the agent preset {model:?} names no knowledge bases: use a model \"kb:NAME\" (GET /v1/models lists them), give the preset kbs, or name them in the extension field \"sift\": {{\"kbs\": [...]}}"
+            ),
+        )
+        .with_param("model"));
+    }
+    Ok((model.to_string(), kbs))
+}
+
+/// The preset `kb:` models run.
+const DEFAULT_PRESET: &str = "default";
+
+fn model_not_found(model: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "model_not_found",
+        format!("no model {model:?}; GET /v1/models lists them"),
+    )
+    .with_param("model")
 }
 
 #[derive(Deserialize)]
@@ -294,27 +444,16 @@ async fn chat_completions(
     Extension(principal): Extension<Principal>,
     ApiJson(request): ApiJson<ChatCompletionRequest>,
 ) -> ApiResult<Response> {
+    let ignored = check_parameters(&request.other)?;
     let model = request.model.clone();
-    state.sessions.preset(&model).map_err(|_| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "model_not_found",
-            format!("no agent preset named {model:?}; GET /v1/models lists them"),
-        )
-    })?;
-    let Some(extension) = request.sift else {
-        return Err(invalid(
-            "missing_kbs",
-            "name the knowledge bases to search in the extension field \"sift\": {\"kbs\": [...]}",
-        ));
-    };
+    let (preset, kbs) = resolve_model(&state, &principal, &model, request.sift)?;
     let (question, history) = question_and_history(&request.messages)?;
     let log = state
         .sessions
         .ask_ephemeral(
             EphemeralRun {
-                agent: Some(model.clone()),
-                kbs: extension.kbs,
+                agent: Some(preset),
+                kbs,
                 question,
                 history,
             },
@@ -325,12 +464,71 @@ async fn chat_completions(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let id = format!("chatcmpl-{}", log.run_id);
-    if request.stream {
-        Ok(stream_completion(log, id, model, created))
+    let reply = Reply {
+        id: format!("chatcmpl-{}", log.run_id),
+        model,
+        created,
+        ignored,
+    };
+    let mut response = if request.stream.unwrap_or(false) {
+        let include_usage = request
+            .stream_options
+            .is_some_and(|options| options.include_usage);
+        stream_completion(log, reply.clone(), include_usage)
     } else {
-        complete(log, id, model, created).await
+        complete(log, reply.clone()).await?
+    };
+    if !reply.ignored.is_empty()
+        && let Ok(value) = axum::http::HeaderValue::from_str(&reply.ignored.join(", "))
+    {
+        response.headers_mut().insert(IGNORED_PARAMS_HEADER, value);
     }
+    Ok(response)
+}
+
+/// Names the request fields the answer did not apply ([`NOT_APPLIED`]).
+const IGNORED_PARAMS_HEADER: &str = "x-sift-ignored-params";
+
+/// What every answer of one completion repeats.
+#[derive(Clone)]
+struct Reply {
+    id: String,
+    /// The `model` as the client named it.
+    model: String,
+    created: u64,
+    /// Fields of [`NOT_APPLIED`] the request set.
+    ignored: Vec<String>,
+}
+
+/// The citations whose `[n]` marker is in `answer`, in the `annotations` shape of an OpenAI
+/// message: a `url_citation` over the marker (character offsets), its URL the document's
+/// external id when that is an http(s) URL, else `sift://kb/{kb}/documents/{doc}#{chunk}`.
+fn annotations(answer: &str, citations: &[Citation]) -> Vec<Value> {
+    let mut annotations = Vec::new();
+    for citation in citations {
+        let marker = format!("[{}]", citation.n);
+        let Some(at) = answer.find(&marker) else {
+            continue;
+        };
+        let start = answer[..at].chars().count();
+        let url = match &citation.external_id {
+            Some(id) if id.starts_with("http://") || id.starts_with("https://") => id.clone(),
+            _ => format!(
+                "sift://kb/{}/documents/{}#{}",
+                citation.kb_id, citation.document_id, citation.chunk_id
+            ),
+        };
+        annotations.push(json!({
+            "type": "url_citation",
+            "url_citation": {
+                "start_index": start,
+                "end_index": start + marker.chars().count(),
+                "url": url,
+                "title": citation.document_title,
+            },
+        }));
+    }
+    annotations
 }
 
 /// What a finished run said, gathered from its events.
@@ -387,22 +585,18 @@ impl Collected {
         })
     }
 
-    fn extension(&self, run_id: &str) -> Value {
+    fn extension(&self, run_id: &str, ignored: &[String]) -> Value {
         json!({
             "run_id": run_id,
             "citations": self.citations,
             "grounding": self.grounding,
             "finish_reason": self.finish.map(sift_actors::sessions::finish_name),
+            "ignored_params": ignored,
         })
     }
 }
 
-async fn complete(
-    log: Arc<RunLog>,
-    id: String,
-    model: String,
-    created: u64,
-) -> ApiResult<Response> {
+async fn complete(log: Arc<RunLog>, reply: Reply) -> ApiResult<Response> {
     let run_id = log.run_id.clone();
     let mut collected = Collected::default();
     let mut events = Box::pin(log.follow(0));
@@ -420,72 +614,116 @@ async fn complete(
         return Err(ApiError::new(status, code, message.clone()));
     }
     Ok(Json(json!({
-        "id": id,
+        "id": reply.id,
         "object": "chat.completion",
-        "created": created,
-        "model": model,
+        "created": reply.created,
+        "model": reply.model,
         "choices": [{
             "index": 0,
-            "message": { "role": "assistant", "content": collected.answer },
+            "message": {
+                "role": "assistant",
+                "content": collected.answer,
+                "refusal": null,
+                "annotations": annotations(&collected.answer, &collected.citations),
+            },
+            "logprobs": null,
             "finish_reason": collected.finish_reason(),
         }],
         "usage": collected.usage(),
-        "sift": collected.extension(&run_id),
+        "sift": collected.extension(&run_id, &reply.ignored),
     }))
     .into_response())
 }
 
 /// OpenAI chunk stream: `data: {chunk}` lines, then `data: [DONE]`. Thoughts go out as
-/// `reasoning_content`; the last chunk carries the finish reason, usage and the citations in
-/// the `sift` extension field.
-fn stream_completion(log: Arc<RunLog>, id: String, model: String, created: u64) -> Response {
+/// `reasoning_content`; the last chunk with a choice carries the finish reason, the
+/// citations as `annotations` and in the `sift` extension field, and the usage, which with
+/// `stream_options.include_usage` comes instead in a chunk of its own with empty `choices`.
+fn stream_completion(log: Arc<RunLog>, reply: Reply, include_usage: bool) -> Response {
     let run_id = log.run_id.clone();
-    let chunk = move |delta: Value, finish: Option<&str>| -> Value {
+    let Reply {
+        id,
+        model,
+        created,
+        ignored,
+    } = reply;
+    let chunk = move |choices: Value| -> Value {
         json!({
             "id": id,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
-            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
+            "choices": choices,
         })
     };
-    let first = chunk(json!({ "role": "assistant", "content": "" }), None);
-    let state = (Box::pin(log.follow(0)), Collected::default(), false);
-    let events = futures::stream::unfold(state, move |(mut events, mut collected, ended)| {
-        let chunk = chunk.clone();
-        let run_id = run_id.clone();
-        async move {
-            if ended {
-                return None;
+    let choice = |delta: Value, finish: Option<&str>| json!([{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }]);
+    let first = chunk(choice(json!({ "role": "assistant", "content": "" }), None));
+    // The state: the run's events, what they said, and the chunks still to send once it ended.
+    let state = (
+        Box::pin(log.follow(0)),
+        Collected::default(),
+        std::collections::VecDeque::<Event>::new(),
+        false,
+    );
+    let events = futures::stream::unfold(
+        state,
+        move |(mut events, mut collected, mut tail, ended)| {
+            let chunk = chunk.clone();
+            let run_id = run_id.clone();
+            let ignored = ignored.clone();
+            async move {
+                if let Some(next) = tail.pop_front() {
+                    return Some((next, (events, collected, tail, ended)));
+                }
+                if ended {
+                    return None;
+                }
+                loop {
+                    let Some(event) = events.next().await else {
+                        return Some((
+                            Event::default().data("[DONE]"),
+                            (events, collected, tail, true),
+                        ));
+                    };
+                    collected.add(&event);
+                    let data = match &event.kind {
+                        RunEventKind::Agent(AgentEvent::Delta { text }) => {
+                            chunk(choice(json!({ "content": text }), None))
+                        }
+                        RunEventKind::Agent(AgentEvent::Thought { delta }) => {
+                            chunk(choice(json!({ "reasoning_content": delta }), None))
+                        }
+                        RunEventKind::Agent(AgentEvent::Error { code, message }) => json!({
+                            "error": {
+                                "code": code,
+                                "message": message,
+                                "type": "server_error",
+                                "param": null,
+                            }
+                        }),
+                        RunEventKind::Done { .. } => {
+                            let delta = json!({
+                                "annotations": annotations(&collected.answer, &collected.citations),
+                            });
+                            let mut last = chunk(choice(delta, Some(collected.finish_reason())));
+                            last["sift"] = collected.extension(&run_id, &ignored);
+                            if include_usage {
+                                let mut usage = chunk(json!([]));
+                                usage["usage"] = collected.usage();
+                                tail.push_back(Event::default().data(usage.to_string()));
+                            } else {
+                                last["usage"] = collected.usage();
+                            }
+                            last
+                        }
+                        _ => continue,
+                    };
+                    let event = Event::default().data(data.to_string());
+                    return Some((event, (events, collected, tail, false)));
+                }
             }
-            loop {
-                let Some(event) = events.next().await else {
-                    return Some((Event::default().data("[DONE]"), (events, collected, true)));
-                };
-                collected.add(&event);
-                let data = match &event.kind {
-                    RunEventKind::Agent(AgentEvent::Delta { text }) => {
-                        chunk(json!({ "content": text }), None)
-                    }
-                    RunEventKind::Agent(AgentEvent::Thought { delta }) => {
-                        chunk(json!({ "reasoning_content": delta }), None)
-                    }
-                    RunEventKind::Agent(AgentEvent::Error { code, message }) => {
-                        json!({ "error": { "code": code, "message": message } })
-                    }
-                    RunEventKind::Done { .. } => {
-                        let mut last = chunk(json!({}), Some(collected.finish_reason()));
-                        last["usage"] = collected.usage();
-                        last["sift"] = collected.extension(&run_id);
-                        last
-                    }
-                    _ => continue,
-                };
-                let event = Event::default().data(data.to_string());
-                return Some((event, (events, collected, false)));
-            }
-        }
-    });
+        },
+    );
     let stream = futures::stream::once(async move { Event::default().data(first.to_string()) })
         .chain(events)
         .map(Ok::<_, Infallible>);
@@ -494,8 +732,10 @@ fn stream_completion(log: Arc<RunLog>, id: String, model: String, created: u64) 
         .into_response()
 }
 
-async fn list_models(State(state): State<AppState>) -> impl IntoResponse {
-    let data: Vec<Value> = state
+/// The models a caller may name: every agent preset, and `kb:NAME` for every KB it may read
+/// (`kb:TENANT:NAME` for one another tenant shares with it).
+fn models(state: &AppState, principal: &Principal) -> ApiResult<Vec<Value>> {
+    let mut data: Vec<Value> = state
         .sessions
         .presets()
         .iter()
@@ -506,8 +746,63 @@ async fn list_models(State(state): State<AppState>) -> impl IntoResponse {
                 "created": 0,
                 "owned_by": "sift",
                 "description": preset.description,
+                "kbs": preset.kbs,
             })
         })
         .collect();
-    Json(json!({ "object": "list", "data": data }))
+    let scope = principal.scope();
+    for kb in state.node.list_kbs(&scope)? {
+        data.push(kb_model(&kb, scope.name()));
+    }
+    Ok(data)
+}
+
+fn kb_model(kb: &sift_actors::node::KbState, tenant: &str) -> Value {
+    let id = if kb.tenant == tenant {
+        format!("kb:{}", kb.record.name)
+    } else {
+        format!("kb:{}:{}", kb.tenant, kb.record.name)
+    };
+    json!({
+        "id": id,
+        "object": "model",
+        "created": kb.record.created_at_ms / 1000,
+        "owned_by": kb.tenant,
+        "description": format!(
+            "the {DEFAULT_PRESET} agent over knowledge base {}",
+            kb.record.name
+        ),
+        "kbs": [kb.record.id],
+    })
+}
+
+async fn list_models(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+) -> ApiResult<impl IntoResponse> {
+    Ok(Json(
+        json!({ "object": "list", "data": models(&state, &principal)? }),
+    ))
+}
+
+/// `GET /v1/models/{id}`: one agent preset or `kb:` model; 404 `model_not_found` for anything
+/// else, a KB the caller may not read included.
+async fn get_model(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<impl IntoResponse> {
+    if let Some(kb) = id.strip_prefix("kb:") {
+        let scope = principal.scope();
+        let kb = state
+            .node
+            .get_kb(&scope, kb)
+            .map_err(|_| model_not_found(&id))?;
+        return Ok(Json(kb_model(&kb, scope.name())));
+    }
+    models(&state, &principal)?
+        .into_iter()
+        .find(|model| model["id"] == id.as_str())
+        .map(Json)
+        .ok_or_else(|| model_not_found(&id))
 }

@@ -661,6 +661,12 @@ impl Config {
                     preset.name
                 );
             }
+            if preset.name.starts_with("kb:") {
+                bail!(
+                    "agent preset name {:?}: names starting with \"kb:\" are the models of knowledge bases",
+                    preset.name
+                );
+            }
             let budget = &preset.budget;
             let max_secs = MAX_DURATION.as_secs();
             if budget.deadline_secs > max_secs || budget.tool_timeout_secs > max_secs {

@@ -578,6 +578,169 @@ async fn openai_compatible_chat_carries_citations_in_both_modes() {
     fixture.node.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_clients_need_no_extension_field() {
+    let fake = FakeLlm::start(react_agent(first_title())).await;
+    let fixture = fixture(vec![provider(&fake, "local", 0)], |config| {
+        let mut preset = sift_actors::agent::AgentPreset::default_preset();
+        preset.name = "papers-agent".into();
+        preset.kbs = vec!["papers".into()];
+        config.agents.push(preset);
+    })
+    .await;
+    let client = &fixture.client;
+
+    // The models: the presets and one `kb:` model per readable KB.
+    let models = client.get("/v1/models").await.expect(200);
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|model| model["id"].as_str().unwrap())
+        .collect();
+    for id in ["default", "papers-agent", "kb:papers"] {
+        assert!(ids.contains(&id), "{id} in {ids:?}");
+    }
+    let one = client.get("/v1/models/kb:papers").await.expect(200);
+    assert_eq!(one["id"], "kb:papers");
+    assert_eq!(one["object"], "model");
+    client.get("/v1/models/papers-agent").await.expect(200);
+    let missing = client.get("/v1/models/kb:absent").await;
+    assert_eq!(missing.status, 404);
+    let error = &missing.body["error"];
+    assert_eq!(error["code"], "model_not_found", "{error}");
+    assert_eq!(error["type"], "not_found_error", "{error}");
+    assert_eq!(error["param"], "model", "{error}");
+
+    // A KB as the model, no extension: a cited answer, the citations also as annotations
+    // over their `[n]` markers.
+    let question = json!([{ "role": "user", "content": "What does the first study find?" }]);
+    let answer = client
+        .post_json(
+            "/v1/chat/completions",
+            &json!({ "model": "kb:papers", "messages": question }),
+        )
+        .await
+        .expect(200);
+    assert_eq!(answer["model"], "kb:papers");
+    let message = &answer["choices"][0]["message"];
+    let content: Vec<char> = message["content"].as_str().unwrap().chars().collect();
+    let annotations = message["annotations"].as_array().unwrap();
+    assert!(!annotations.is_empty(), "{answer}");
+    for annotation in annotations {
+        assert_eq!(annotation["type"], "url_citation");
+        let cited = &annotation["url_citation"];
+        let start = cited["start_index"].as_u64().unwrap() as usize;
+        let end = cited["end_index"].as_u64().unwrap() as usize;
+        let marker: String = content[start..end].iter().collect();
+        assert!(
+            marker.starts_with('[') && marker.ends_with(']'),
+            "{marker:?} in {answer}"
+        );
+        assert!(
+            cited["url"].as_str().unwrap().starts_with("sift://kb/"),
+            "{cited}"
+        );
+    }
+    assert!(!answer["sift"]["citations"].as_array().unwrap().is_empty());
+
+    // A preset with its own KBs, streamed, usage in a chunk of its own; the sampling field
+    // it does not apply is named.
+    let response = client
+        .http()
+        .post(format!("{}/v1/chat/completions", client.url()))
+        .bearer_auth(sift_node::config::TEST_ADMIN_KEY)
+        .json(&json!({
+            "model": "papers-agent",
+            "messages": question,
+            "stream": true,
+            "stream_options": { "include_usage": true },
+            "temperature": 0.2,
+            "n": 1,
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-sift-ignored-params"], "temperature");
+    let body = response.text().await.unwrap();
+    let chunks: Vec<Value> = body
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]), "{usage}");
+    assert!(usage["usage"]["total_tokens"].as_u64().is_some(), "{usage}");
+    let last = &chunks[chunks.len() - 2];
+    assert_eq!(last["choices"][0]["finish_reason"], "stop", "{last}");
+    assert!(last.get("usage").is_none(), "{last}");
+    assert!(
+        !last["choices"][0]["delta"]["annotations"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{last}"
+    );
+    assert_eq!(last["sift"]["ignored_params"], json!(["temperature"]));
+
+    // What cannot be honoured is a 400 naming the field.
+    let refused = |body: Value, code: &'static str, param: &'static str| {
+        let client = client.clone();
+        async move {
+            let answer = client.post_json("/v1/chat/completions", &body).await;
+            assert_eq!(answer.status, 400, "{body}: {}", answer.body);
+            let error = &answer.body["error"];
+            assert_eq!(error["code"], code, "{error}");
+            assert_eq!(error["param"], param, "{error}");
+            assert_eq!(error["type"], "invalid_request_error", "{error}");
+        }
+    };
+    let with = |field: &str, value: Value| {
+        let mut body = json!({ "model": "kb:papers", "messages": question });
+        body[field] = value;
+        body
+    };
+    refused(with("n", json!(2)), "unsupported_parameter", "n").await;
+    let tool = json!([{ "type": "function", "function": { "name": "f", "parameters": {} } }]);
+    refused(with("tools", tool), "unsupported_parameter", "tools").await;
+    refused(
+        with("response_format", json!({ "type": "json_object" })),
+        "unsupported_parameter",
+        "response_format",
+    )
+    .await;
+    refused(
+        with("frobnicate", json!(1)),
+        "unknown_parameter",
+        "frobnicate",
+    )
+    .await;
+    refused(
+        with("sift", json!({ "kbs": ["papers"] })),
+        "conflicting_kbs",
+        "sift.kbs",
+    )
+    .await;
+    refused(
+        json!({ "model": "default", "messages": question }),
+        "missing_kbs",
+        "model",
+    )
+    .await;
+    let absent = client
+        .post_json(
+            "/v1/chat/completions",
+            &json!({ "model": "kb:absent", "messages": question }),
+        )
+        .await;
+    assert_eq!(absent.status, 404);
+    assert_eq!(absent.body["error"]["code"], "model_not_found");
+    fixture.node.shutdown().await;
+}
+
 #[tokio::test]
 async fn admission_rejects_beyond_the_cap_with_a_proper_stream() {
     let fake = FakeLlm::start(endless_thinker()).await;

@@ -237,6 +237,10 @@ pub struct AgentPreset {
     /// `flag` (kept, marked) or `off` (no attribution).
     #[serde(default)]
     pub grounding: Grounding,
+    /// The KBs (names, ids or `tenant:name`) a request searches when it names none: the
+    /// OpenAI-compatible endpoint needs no extension field for such a preset.
+    #[serde(default)]
+    pub kbs: Vec<String>,
 }
 
 impl AgentPreset {
@@ -250,6 +254,7 @@ impl AgentPreset {
             web_search: None,
             mcp_servers: Vec::new(),
             grounding: Grounding::Strict,
+            kbs: Vec::new(),
         }
     }
 }
