@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: fetches the embedded model if absent, then runs every test of the
-# workspace. This is what CI runs (.ci/run).
+# The whole test suite: fetches the embedded model if absent and makes the Python environment
+# of the real OpenAI clients (scripts/client-venv.sh, from PyPI) if absent, then runs every
+# test of the workspace. This is what CI runs (.ci/run).
 #
 # The integration tests are one binary (tests/tests/main.rs); it runs here one module (one
 # file) at a time, with the tests of a module in parallel, so that the multi-process tests
@@ -8,6 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export SIFT_MODEL_DIR=${SIFT_MODEL_DIR:-$(scripts/fetch-model.sh)}
+# the official openai SDK and LangChain for the real-client test (tests/tests/clients.rs)
+export SIFT_CLIENTS_PYTHON=${SIFT_CLIENTS_PYTHON:-$(scripts/client-venv.sh)}
 cargo fmt --all -- --check
 failed=()
 cargo test --workspace --exclude sift-tests --all-targets --no-fail-fast || failed+=("workspace")

@@ -7,6 +7,7 @@ mod answers;
 mod api_errors;
 mod audit;
 mod auth;
+mod clients;
 mod cluster_process;
 mod crash_loop;
 mod document_access;
