@@ -44,6 +44,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
+        .route("/v1/embeddings", post(embeddings))
 }
 
 // ---- sessions ----
@@ -754,6 +755,27 @@ fn models(state: &AppState, principal: &Principal) -> ApiResult<Vec<Value>> {
     for kb in state.node.list_kbs(&scope)? {
         data.push(kb_model(&kb, scope.name()));
     }
+    let embedders = &state.node.context().embedders;
+    let local = embedders
+        .local
+        .as_ref()
+        .map(|embedder| (sift_actors::EMBEDDED_MODEL, embedder));
+    let remote = embedders
+        .remote
+        .iter()
+        .map(|(name, embedder)| (name.as_str(), embedder));
+    for (name, embedder) in local.into_iter().chain(remote) {
+        data.push(json!({
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "sift",
+            "description": format!(
+                "embedding model ({} dimensions), for POST /v1/embeddings",
+                embedder.dimension()
+            ),
+        }));
+    }
     Ok(data)
 }
 
@@ -805,4 +827,128 @@ async fn get_model(
         .find(|model| model["id"] == id.as_str())
         .map(Json)
         .ok_or_else(|| model_not_found(&id))
+}
+
+// ---- embeddings ----
+
+/// The most texts one `POST /v1/embeddings` embeds (OpenAI's own limit).
+pub const MAX_EMBEDDING_INPUTS: usize = 2048;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EmbeddingsRequest {
+    model: String,
+    input: Value,
+    #[serde(default)]
+    encoding_format: Option<String>,
+    #[serde(default)]
+    dimensions: Option<u64>,
+    /// Accepted; no effect.
+    #[serde(default)]
+    #[allow(dead_code)]
+    user: Option<String>,
+}
+
+/// `POST /v1/embeddings`: the node's embedding models (the embedded one, and every remote one
+/// by its configured name) for other tools, in OpenAI's shape; `encoding_format` `float` or
+/// `base64` (little-endian f32, what the `openai` SDK asks for). Usage counts cl100k tokens,
+/// as the rest of Sift does.
+async fn embeddings(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<EmbeddingsRequest>,
+) -> ApiResult<impl IntoResponse> {
+    let embedder = state
+        .node
+        .context()
+        .embedders
+        .get(&request.model)
+        .map_err(|_| model_not_found(&request.model))?;
+    let texts: Vec<String> = match request.input {
+        Value::String(text) => vec![text],
+        Value::Array(items) if items.iter().all(Value::is_string) => items
+            .into_iter()
+            .map(|item| item.as_str().unwrap_or_default().to_string())
+            .collect(),
+        Value::Array(_) => {
+            return Err(invalid(
+                "invalid_input",
+                "input must be a string or an array of strings (token arrays are not supported)",
+            )
+            .with_param("input"));
+        }
+        _ => {
+            return Err(invalid(
+                "invalid_input",
+                "input must be a string or an array of strings",
+            )
+            .with_param("input"));
+        }
+    };
+    if texts.is_empty() || texts.len() > MAX_EMBEDDING_INPUTS {
+        return Err(invalid(
+            "invalid_input",
+            format!(
+                "input holds {} texts: 1 to {MAX_EMBEDDING_INPUTS}",
+                texts.len()
+            ),
+        )
+        .with_param("input"));
+    }
+    if let Some(index) = texts.iter().position(|text| text.trim().is_empty()) {
+        return Err(
+            invalid("invalid_input", format!("input[{index}] is empty")).with_param("input")
+        );
+    }
+    let base64 = match request.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(invalid(
+                "unsupported_parameter",
+                format!("encoding_format must be float or base64, not {other:?}"),
+            )
+            .with_param("encoding_format"));
+        }
+    };
+    if let Some(dimensions) = request.dimensions
+        && dimensions != embedder.dimension() as u64
+    {
+        return Err(invalid(
+            "unsupported_parameter",
+            format!(
+                "{} makes vectors of {} dimensions only, not {dimensions}",
+                request.model,
+                embedder.dimension()
+            ),
+        )
+        .with_param("dimensions"));
+    }
+    let tokens: usize = texts
+        .iter()
+        .map(|text| sift_actors::ingest::chunk::count_tokens(text))
+        .sum();
+    let vectors = embedder
+        .embed(texts)
+        .await
+        .map_err(|error| ApiError::from(sift_actors::SiftError::Embedding(error)))?;
+    let data: Vec<Value> = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, vector)| {
+            let embedding = if base64 {
+                use base64::Engine as _;
+                let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
+                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(vector)
+            };
+            json!({ "object": "embedding", "index": index, "embedding": embedding })
+        })
+        .collect();
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "model": request.model,
+        "usage": { "prompt_tokens": tokens, "total_tokens": tokens },
+    })))
 }

@@ -1,7 +1,7 @@
 """Real OpenAI clients against a Sift node, unchanged: the official `openai` SDK and
 LangChain's `ChatOpenAI`, streaming and not, with no Sift extension field.
 
-Usage: python openai_clients.py BASE_URL API_KEY MODEL
+Usage: python openai_clients.py BASE_URL API_KEY MODEL EMBEDDING_MODEL
 Run by tests/tests/clients.rs against a node whose chat model is the fake server; exits
 non-zero with the reason when a client does not get what it should.
 """
@@ -9,9 +9,9 @@ non-zero with the reason when a client does not get what it should.
 import sys
 
 import openai
-from langchain_openai import ChatOpenAI
+from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
-base, key, model = sys.argv[1], sys.argv[2], sys.argv[3]
+base, key, model, embedding_model = sys.argv[1:5]
 QUESTION = "What does the first study find?"
 client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
 
@@ -81,4 +81,17 @@ reply = chat.invoke(QUESTION)
 check("[1]" in reply.content, f"LangChain's answer cites [1]: {reply.content!r}")
 streamed = "".join(chunk.content for chunk in chat.stream(QUESTION))
 check("[1]" in streamed, f"LangChain's streamed answer cites [1]: {streamed!r}")
+
+# Embeddings from the node's embedding model: the SDK asks for base64 and decodes it.
+texts = ["aspirin and heart attacks", "aspirin and heart attacks", "the weather on Mars"]
+vectors = [d.embedding for d in client.embeddings.create(model=embedding_model, input=texts).data]
+check(len(vectors) == 3 and len(vectors[0]) == 384, "three vectors of 384 dimensions")
+check(vectors[0] == vectors[1] and vectors[0] != vectors[2], "equal texts, equal vectors")
+floats = client.embeddings.create(model=embedding_model, input="x", encoding_format="float")
+check(len(floats.data[0].embedding) == 384, "float encoding")
+# LangChain's embeddings, with its own token counting off (it would fetch tiktoken's files)
+embeddings = OpenAIEmbeddings(
+    base_url=f"{base}/v1", api_key=key, model=embedding_model, check_embedding_ctx_length=False
+)
+check(len(embeddings.embed_query("aspirin")) == 384, "LangChain embeds a query")
 print("all OpenAI client checks passed")

@@ -63,6 +63,7 @@ async fn the_openai_sdk_and_langchain_work_unchanged() {
             .arg(&url)
             .arg(TEST_ADMIN_KEY)
             .arg("kb:papers")
+            .arg(sift_actors::EMBEDDED_MODEL)
             .output()
             .unwrap_or_else(|error| panic!("running {python}: {error}"))
     })

@@ -741,6 +741,120 @@ async fn openai_clients_need_no_extension_field() {
     fixture.node.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_are_served_and_bad_input_is_refused() {
+    let (_dir, node, client) = empty_papers(|_| {}).await;
+    let model = sift_actors::EMBEDDED_MODEL;
+    let answer = client
+        .post_json(
+            "/v1/embeddings",
+            &json!({ "model": model, "input": ["aspirin", "aspirin", "Mars"] }),
+        )
+        .await
+        .expect(200);
+    let vectors: Vec<Vec<f32>> = answer["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| serde_json::from_value(item["embedding"].clone()).unwrap())
+        .collect();
+    assert_eq!(vectors.len(), 3);
+    assert_eq!(vectors[0].len(), 384);
+    assert_eq!(vectors[0], vectors[1]);
+    assert_ne!(vectors[0], vectors[2]);
+    let norm: f32 = vectors[0].iter().map(|v| v * v).sum::<f32>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-3, "unit vectors: {norm}");
+    assert!(answer["usage"]["prompt_tokens"].as_u64().unwrap() >= 3);
+    // base64: the same floats, little-endian.
+    let encoded = client
+        .post_json(
+            "/v1/embeddings",
+            &json!({ "model": model, "input": "aspirin", "encoding_format": "base64" }),
+        )
+        .await
+        .expect(200);
+    let text = encoded["data"][0]["embedding"].as_str().unwrap();
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .unwrap();
+    let decoded: Vec<f32> = bytes
+        .chunks(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(decoded, vectors[0]);
+    // The embedding model is listed.
+    client.get(&format!("/v1/models/{model}")).await.expect(200);
+
+    let refused = |body: Value, status: u16, code: &'static str, param: &'static str| {
+        let client = client.clone();
+        async move {
+            let answer = client.post_json("/v1/embeddings", &body).await;
+            assert_eq!(answer.status, status, "{body}: {}", answer.body);
+            assert_eq!(answer.body["error"]["code"], code, "{}", answer.body);
+            assert_eq!(answer.body["error"]["param"], param, "{}", answer.body);
+        }
+    };
+    refused(
+        json!({ "model": "nope", "input": "x" }),
+        404,
+        "model_not_found",
+        "model",
+    )
+    .await;
+    refused(
+        json!({ "model": model, "input": [] }),
+        400,
+        "invalid_input",
+        "input",
+    )
+    .await;
+    refused(
+        json!({ "model": model, "input": [""] }),
+        400,
+        "invalid_input",
+        "input",
+    )
+    .await;
+    refused(
+        json!({ "model": model, "input": [[1, 2]] }),
+        400,
+        "invalid_input",
+        "input",
+    )
+    .await;
+    refused(
+        json!({ "model": model, "input": 7 }),
+        400,
+        "invalid_input",
+        "input",
+    )
+    .await;
+    let many: Vec<String> = (0..=2048).map(|i| format!("t{i}")).collect();
+    refused(
+        json!({ "model": model, "input": many }),
+        400,
+        "invalid_input",
+        "input",
+    )
+    .await;
+    refused(
+        json!({ "model": model, "input": "x", "dimensions": 12 }),
+        400,
+        "unsupported_parameter",
+        "dimensions",
+    )
+    .await;
+    refused(
+        json!({ "model": model, "input": "x", "encoding_format": "hex" }),
+        400,
+        "unsupported_parameter",
+        "encoding_format",
+    )
+    .await;
+    node.shutdown().await;
+}
+
 #[tokio::test]
 async fn admission_rejects_beyond_the_cap_with_a_proper_stream() {
     let fake = FakeLlm::start(endless_thinker()).await;
