@@ -25,7 +25,7 @@ use crate::config::Config;
     about = "Sift: agentic retrieval-augmented generation on a cluster of equal nodes"
 )]
 pub struct Cli {
-    /// Base URL of the node client commands talk to.
+    /// Base URL of the node client commands talk to (`http://` is assumed without a scheme).
     #[arg(
         long,
         global = true,
@@ -48,13 +48,24 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a node.
+    #[command(
+        after_help = "Examples:\n  sift serve\n  sift serve --data-dir /var/lib/sift --listen 0.0.0.0:7700\n  SIFT_CLUSTER_SECRET=s sift serve --internal-listen 10.0.0.2:7701 --join 10.0.0.1:7701"
+    )]
     Serve(ServeArgs),
     /// Manage knowledge bases.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  sift kb create papers --shards 4\n  sift kb list\n  sift kb shards papers\n  sift kb delete papers"
+    )]
     Kb(KbCommand),
     /// Upload files or whole folders into a knowledge base and wait until they are indexed.
+    #[command(
+        after_help = "Exit status: 0 when every file was accepted and indexed, 1 when any was refused or failed (each one is printed with its reason), 3 when the node cannot be reached.\n\nExamples:\n  sift ingest papers ./docs\n  sift ingest papers report.pdf slides.pptx --no-wait"
+    )]
     Ingest {
+        /// The knowledge base (name or id).
         kb: String,
+        /// Files and folders (walked; unsupported files are reported and skipped).
         #[arg(required = true)]
         paths: Vec<PathBuf>,
         /// Return after uploading instead of waiting for indexing.
@@ -62,9 +73,15 @@ pub enum Command {
         no_wait: bool,
     },
     /// Search a knowledge base.
+    #[command(
+        after_help = "Examples:\n  sift search papers \"aspirin and heart attacks\"\n  sift search papers \"BRCA1\" --channels bm25 --top-k 10 --json"
+    )]
     Search {
+        /// The knowledge base (name or id).
         kb: String,
+        /// What to look for, in words.
         query: String,
+        /// How many hits to print.
         #[arg(long, default_value_t = 5)]
         top_k: usize,
         /// Comma-separated channels: dense, bm25.
@@ -76,8 +93,13 @@ pub enum Command {
     },
     /// Ask a question over one or more knowledge bases (comma-separated) and watch the agent
     /// work: thoughts dimmed, tool calls, then the answer and its numbered sources.
+    #[command(
+        after_help = "Examples:\n  sift ask papers \"What does aspirin do to heart attack risk?\"\n  sift ask papers,notes \"Compare the two studies\" --agent brief\n  sift ask papers \"And in women?\" --session SESSION_ID"
+    )]
     Ask {
+        /// The knowledge bases (names or ids, comma-separated).
         kb: String,
+        /// The question.
         question: String,
         /// Agent preset.
         #[arg(long)]
@@ -90,15 +112,22 @@ pub enum Command {
         raw: bool,
     },
     /// Cluster membership (cluster mode).
-    #[command(subcommand)]
+    #[command(subcommand, after_help = "Example:\n  sift node remove 3")]
     Node(NodeCommand),
     /// Show the cluster: leader, term, members, roles and health.
+    #[command(after_help = "Example:\n  sift --node http://10.0.0.1:7700 cluster")]
     Cluster,
     /// Snapshots of knowledge bases on the node (operators).
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  sift snapshot create papers notes\n  sift snapshot list"
+    )]
     Snapshot(SnapshotCommand),
     /// Bring a snapshot up as the data directory of a new single-node cluster (offline: no
     /// node runs on DATA_DIR; start one on it afterwards with `sift serve --data-dir`).
+    #[command(
+        after_help = "Example:\n  sift restore sift-data/snapshots/SNAPSHOT_ID --data-dir restored && sift serve --data-dir restored"
+    )]
     Restore {
         /// The snapshot's directory (one of the node's `snapshot_dir`, with manifest.json).
         snapshot: PathBuf,
@@ -107,6 +136,7 @@ pub enum Command {
         data_dir: PathBuf,
     },
     /// Start a node on embedded defaults, load the sample corpus, search it and print cited hits.
+    #[command(after_help = "Example (from the repository root):\n  sift demo")]
     Demo {
         /// Where the demo node keeps its data (wiped first).
         #[arg(long, default_value = ".sift-demo")]
@@ -121,6 +151,7 @@ pub enum Command {
 pub enum SnapshotCommand {
     /// Snapshot knowledge bases (ids or names) into the node's snapshot_dir.
     Create {
+        /// The knowledge bases to snapshot (ids, or names in the default tenant).
         #[arg(required = true)]
         kbs: Vec<String>,
     },
@@ -160,6 +191,7 @@ pub enum NodeCommand {
     /// Remove member ID from the cluster (any member accepts it). A member holding replicas is
     /// drained first: its replicas are re-created on other nodes, then it is removed.
     Remove {
+        /// The member's node id (`sift cluster` lists them).
         id: u64,
         /// Remove at once, without draining (its replicas there are lost where they have no
         /// other copy).
@@ -175,29 +207,45 @@ pub enum NodeCommand {
 pub enum KbCommand {
     /// Create a knowledge base.
     Create {
+        /// Its name: 1–64 of a-z 0-9 - _, unique in the tenant.
         name: String,
+        /// Shards (1–64; default 2).
         #[arg(long)]
         shards: Option<u32>,
         /// Copies of each shard on distinct nodes (default: min(3, nodes)).
         #[arg(long)]
         replication_factor: Option<u32>,
+        /// Target chunk size in cl100k tokens.
         #[arg(long)]
         chunk_tokens: Option<u32>,
+        /// Tokens each chunk repeats from the one before.
         #[arg(long)]
         chunk_overlap_tokens: Option<u32>,
+        /// `all-MiniLM-L6-v2` (embedded, the default) or a configured remote embedder's name;
+        /// fixed once created.
         #[arg(long)]
         embedding_model: Option<String>,
+        /// The documents' language (e.g. `en`, `zh`).
         #[arg(long)]
         language: Option<String>,
     },
     /// List knowledge bases with document counts.
     List,
     /// Show one knowledge base.
-    Get { kb: String },
+    Get {
+        /// The knowledge base (name or id).
+        kb: String,
+    },
     /// Show where a knowledge base's shard replicas live and their states.
-    Shards { kb: String },
+    Shards {
+        /// The knowledge base (name or id).
+        kb: String,
+    },
     /// Delete a knowledge base and all its documents.
-    Delete { kb: String },
+    Delete {
+        /// The knowledge base (name or id).
+        kb: String,
+    },
 }
 
 /// An error from a client command, with its exit code.
@@ -248,7 +296,12 @@ impl std::fmt::Display for CliError {
                 code,
                 message,
             } => write!(f, "error {status} {code}: {message}"),
-            CliError::Unreachable(message) => write!(f, "cannot reach the node: {message}"),
+            CliError::Unreachable(message) => write!(
+                f,
+                "cannot reach the node: {message}\n\
+                 hint: is a node running there? Start one with `sift serve`, or point --node \
+                 (or SIFT_NODE) at a running node"
+            ),
             CliError::Other(error) => write!(f, "error: {error:#}"),
         }
     }
@@ -292,7 +345,19 @@ pub fn run() -> ExitCode {
     }
 }
 
-async fn dispatch(cli: Cli) -> Result<(), CliError> {
+/// `--node` as a base URL: `127.0.0.1:7700` or `localhost:7700` without a scheme means
+/// `http://`.
+pub fn node_url(node: &str) -> String {
+    let node = node.trim().trim_end_matches('/');
+    if node.contains("://") {
+        node.to_string()
+    } else {
+        format!("http://{node}")
+    }
+}
+
+async fn dispatch(mut cli: Cli) -> Result<(), CliError> {
+    cli.node = node_url(&cli.node);
     let api_key = cli.api_key.clone().or_else(|| local_admin_key(&cli.node));
     let roots = match &cli.tls_ca {
         Some(path) => sift_cluster::tls::read_roots(path).map_err(|e| CliError::Other(e.into()))?,
@@ -569,14 +634,16 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
             );
         }
         KbCommand::List => {
-            println!(
-                "{:<24} {:<38} {:>6} {:>8} {:>8} {:>8}",
-                "NAME", "ID", "SHARDS", "DOCS", "READY", "FAILED"
-            );
-            // Every page, in creation order.
+            // Every page, in creation order; the header once the node answered.
             let mut after: Option<String> = None;
             loop {
                 let answer: Value = client.list_kbs(1000, after.as_deref()).await?;
+                if after.is_none() {
+                    println!(
+                        "{:<24} {:<38} {:>6} {:>8} {:>8} {:>8}",
+                        "NAME", "ID", "SHARDS", "DOCS", "READY", "FAILED"
+                    );
+                }
                 for kb in answer["kbs"].as_array().into_iter().flatten() {
                     println!(
                         "{:<24} {:<38} {:>6} {:>8} {:>8} {:>8}",
@@ -956,4 +1023,67 @@ pub async fn search(
         ..SearchQuery::new(query)
     };
     Ok(client.search(kb, &body).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every argument of every command explains itself, and every command a user runs shows
+    /// examples (its own, or its parent's for `sift kb create` and the like).
+    #[test]
+    fn every_argument_has_help_and_every_command_examples() {
+        fn walk(
+            command: &clap::Command,
+            path: &str,
+            parent_examples: bool,
+            missing: &mut Vec<String>,
+        ) {
+            let examples = parent_examples
+                || command
+                    .get_after_help()
+                    .is_some_and(|help| help.to_string().contains("Example"));
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg
+                    .get_help()
+                    .is_none_or(|help| help.to_string().trim().is_empty())
+                {
+                    missing.push(format!("{path} {id}: no help"));
+                }
+            }
+            let mut subcommands = command.get_subcommands().peekable();
+            if subcommands.peek().is_none() && !examples && path != "sift" {
+                missing.push(format!("{path}: no examples"));
+            }
+            for sub in command.get_subcommands() {
+                if sub.get_name() == "help" {
+                    continue;
+                }
+                walk(
+                    sub,
+                    &format!("{path} {}", sub.get_name()),
+                    examples,
+                    missing,
+                );
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "sift", false, &mut missing);
+        assert!(missing.is_empty(), "{missing:#?}");
+    }
+
+    #[test]
+    fn a_node_without_a_scheme_is_http() {
+        assert_eq!(node_url("127.0.0.1:7700"), "http://127.0.0.1:7700");
+        assert_eq!(node_url("localhost:7700/"), "http://localhost:7700");
+        assert_eq!(
+            node_url("https://sift.example:443"),
+            "https://sift.example:443"
+        );
+    }
 }

@@ -33,6 +33,8 @@ pub struct RunningNode {
     /// Reloads the TLS certificate on SIGHUP.
     reloader: Option<tokio::task::JoinHandle<()>>,
     data_dir: std::path::PathBuf,
+    /// The data dir's lock, let go once its stores are closed.
+    dir_lock: sift_storage::data_dir::DirLock,
 }
 
 impl RunningNode {
@@ -84,6 +86,7 @@ impl RunningNode {
             node,
             sessions,
             data_dir,
+            dir_lock,
             ..
         } = self;
         drop(sessions);
@@ -92,6 +95,7 @@ impl RunningNode {
             sift_storage::sled_db::wait_released(&data_dir, Duration::from_secs(30))
         })
         .await;
+        drop(dir_lock);
     }
 }
 
@@ -158,6 +162,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     // Before anything is written there: a data dir of a newer format is left as it is.
     sift_storage::data_dir::open(&config.data_dir).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // One node per data dir: a second one stops here, saying so, before it changes anything.
+    let dir_lock = sift_storage::data_dir::lock(&config.data_dir).map_err(anyhow::Error::msg)?;
     let temp_dir = config.data_dir.join("tmp");
     let _ = std::fs::remove_dir_all(&temp_dir); // partial uploads of a previous run
     std::fs::create_dir_all(&temp_dir)?;
@@ -288,6 +294,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         server,
         reloader,
         data_dir: config.data_dir.clone(),
+        dir_lock,
     })
 }
 

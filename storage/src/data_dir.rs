@@ -160,3 +160,72 @@ mod tests {
         }
     }
 }
+
+/// The file whose exclusive lock marks a data directory as in use by one process.
+pub const LOCK_FILE: &str = "LOCK";
+
+/// A data directory held by this process: the lock on its [`LOCK_FILE`] (which names the
+/// holder's pid) lasts as long as this value, and ends with the process however it ends.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: std::fs::File,
+}
+
+/// Takes `dir`'s lock without waiting. Held by another process (or another node of this one):
+/// an error that says so in one line, with the holder's pid when it wrote one.
+pub fn lock(dir: &Path) -> std::result::Result<DirLock, String> {
+    let path = dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|error| format!("opening {}: {error}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            let holder = holder.trim();
+            let by = if holder.is_empty() {
+                "another sift node".to_string()
+            } else {
+                format!("another sift node (pid {holder})")
+            };
+            return Err(format!(
+                "the data directory {} is in use by {by}: stop it, or give this node its own --data-dir",
+                dir.display()
+            ));
+        }
+        Err(std::fs::TryLockError::Error(error)) => {
+            return Err(format!("locking {}: {error}", path.display()));
+        }
+    }
+    // The holder's pid, for the message above. Best effort: the lock, not the pid, is what
+    // excludes, and a full disk must not stop a node from starting.
+    let _ = file.set_len(0).and_then(|()| {
+        use std::io::Seek;
+        file.seek(std::io::SeekFrom::Start(0))?;
+        writeln!(file, "{}", std::process::id())
+    });
+    Ok(DirLock { _file: file })
+}
+
+#[cfg(test)]
+mod lock_tests {
+    use super::*;
+
+    #[test]
+    fn a_data_dir_is_held_by_one_holder_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = lock(dir.path()).unwrap();
+        let error = lock(dir.path()).unwrap_err();
+        assert!(
+            error.contains("is in use by another sift node (pid "),
+            "{error}"
+        );
+        assert!(error.contains(&std::process::id().to_string()), "{error}");
+        drop(held);
+        lock(dir.path()).expect("free again once dropped");
+    }
+}

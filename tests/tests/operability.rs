@@ -317,3 +317,25 @@ async fn cors_answers_the_listed_origins_only() {
     assert_eq!(preflight.status, 405, "{}", preflight.body);
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_on_a_held_data_dir_stops_saying_so() {
+    let dir = temp_dir();
+    let data = dir.path().join("data");
+    let mut first = NodeProcess::start(&data, &[]);
+    let status = match NodeProcess::try_start(&data, &[]) {
+        Ok(_) => panic!("a second node started on a data dir in use"),
+        Err(status) => status,
+    };
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    let log = std::fs::read_to_string(first.log_path()).unwrap_or_default();
+    let expected = format!(
+        "the data directory {} is in use by another sift node (pid {})",
+        data.display(),
+        first.pid()
+    );
+    assert!(log.contains(&expected), "{log}");
+    // The first one serves on, unharmed.
+    first.client().get("/v1/kbs").await.expect(200);
+    assert!(first.stop().success());
+}
