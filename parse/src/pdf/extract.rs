@@ -6,7 +6,7 @@ use pdf_oxide::PdfDocument;
 use pdf_oxide::error::Error as PdfError;
 use pdf_oxide::outline::{Destination, OutlineItem};
 
-use super::clean::clean_page_text;
+use super::clean::{clean_page_text, strip_running_lines};
 use super::{PdfLimits, over_budget, reason};
 use crate::parse::{Page, ParseError, ParsedDocument};
 
@@ -41,8 +41,7 @@ pub fn extract_pdf(
         )));
     }
     let headings = page_headings(&document, page_count);
-    let mut text = String::new();
-    let mut pages = Vec::new();
+    let mut texts: Vec<(usize, String)> = Vec::with_capacity(page_count);
     for index in 0..page_count {
         if Instant::now() >= deadline {
             return Err(over_budget(limits));
@@ -59,7 +58,15 @@ pub fn extract_pdf(
                 ))));
             }
         };
-        let page_text = clean_page_text(&raw);
+        texts.push((index, clean_page_text(&raw)));
+    }
+    // Running headers and footers are known only once every page is read.
+    let mut page_texts: Vec<String> = texts.iter_mut().map(|(_, t)| std::mem::take(t)).collect();
+    strip_running_lines(&mut page_texts);
+    let mut text = String::new();
+    let mut pages = Vec::new();
+    for ((index, _), page_text) in texts.iter().zip(page_texts) {
+        let index = *index;
         if page_text.is_empty() {
             continue;
         }
