@@ -751,9 +751,17 @@ fn models(state: &AppState, principal: &Principal) -> ApiResult<Vec<Value>> {
             })
         })
         .collect();
+    // Records and owners only: a model list needs no document counts.
     let scope = principal.scope();
-    for kb in state.node.list_kbs(&scope)? {
-        data.push(kb_model(&kb, scope.name()));
+    let store = state.node.context().meta.store();
+    for (record, _) in store
+        .list_kbs_in(scope.name())
+        .map_err(sift_actors::SiftError::from)?
+    {
+        let tenant = store
+            .kb_tenant(&record.id)
+            .map_err(sift_actors::SiftError::from)?;
+        data.push(kb_model(&record, &tenant, scope.name()));
     }
     let embedders = &state.node.context().embedders;
     let local = embedders
@@ -779,22 +787,23 @@ fn models(state: &AppState, principal: &Principal) -> ApiResult<Vec<Value>> {
     Ok(data)
 }
 
-fn kb_model(kb: &sift_actors::node::KbState, tenant: &str) -> Value {
-    let id = if kb.tenant == tenant {
-        format!("kb:{}", kb.record.name)
+/// The `kb:` model of `record`, owned by `owner`, as a caller of tenant `caller` names it.
+fn kb_model(record: &sift_storage::meta::KbRecord, owner: &str, caller: &str) -> Value {
+    let id = if owner == caller {
+        format!("kb:{}", record.name)
     } else {
-        format!("kb:{}:{}", kb.tenant, kb.record.name)
+        format!("kb:{owner}:{}", record.name)
     };
     json!({
         "id": id,
         "object": "model",
-        "created": kb.record.created_at_ms / 1000,
-        "owned_by": kb.tenant,
+        "created": record.created_at_ms / 1000,
+        "owned_by": owner,
         "description": format!(
             "the {DEFAULT_PRESET} agent over knowledge base {}",
-            kb.record.name
+            record.name
         ),
-        "kbs": [kb.record.id],
+        "kbs": [record.id],
     })
 }
 
@@ -816,11 +825,18 @@ async fn get_model(
 ) -> ApiResult<impl IntoResponse> {
     if let Some(kb) = id.strip_prefix("kb:") {
         let scope = principal.scope();
-        let kb = state
+        let record = state
             .node
-            .get_kb(&scope, kb)
+            .find_kb(&scope, kb, Need::Read)
             .map_err(|_| model_not_found(&id))?;
-        return Ok(Json(kb_model(&kb, scope.name())));
+        let owner = state
+            .node
+            .context()
+            .meta
+            .store()
+            .kb_tenant(&record.id)
+            .map_err(sift_actors::SiftError::from)?;
+        return Ok(Json(kb_model(&record, &owner, scope.name())));
     }
     models(&state, &principal)?
         .into_iter()
