@@ -6,11 +6,74 @@ use serde::{Deserialize, Serialize};
 
 use crate::JsonMap;
 
-/// `POST /v1/kbs/{kb}/documents`, `Content-Type: application/json`.
+/// `POST /v1/kbs/{kb}/documents`, `Content-Type: application/json`: texts (`documents`) or
+/// pages to fetch (`urls`), one of the two.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BulkDocuments {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub documents: Vec<NewTextDocument>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<NewUrlDocument>,
+}
+
+/// One URL of `urls`: a string, or an object with the URL and the fields of a document. The
+/// node fetches it (redirects followed, behind its SSRF guard), sniffs the type and parses
+/// it as an upload of that type. The external id defaults to the URL, so that posting the URL
+/// again makes a new version when the content changed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "UrlEntry")]
+pub struct NewUrlDocument {
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<JsonMap>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<DocumentAccess>,
+}
+
+impl NewUrlDocument {
+    pub fn url(url: impl Into<String>) -> NewUrlDocument {
+        NewUrlDocument {
+            url: url.into(),
+            ..NewUrlDocument::default()
+        }
+    }
+}
+
+/// What `urls` accepts for one entry.
+#[derive(Deserialize)]
+#[serde(untagged, expecting = "a URL string or an object with `url`")]
+enum UrlEntry {
+    Url(String),
+    Document(UrlObject),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UrlObject {
+    url: String,
+    #[serde(default)]
+    external_id: Option<String>,
+    #[serde(default)]
+    metadata: Option<JsonMap>,
+    #[serde(default)]
+    access: Option<DocumentAccess>,
+}
+
+impl From<UrlEntry> for NewUrlDocument {
+    fn from(entry: UrlEntry) -> NewUrlDocument {
+        match entry {
+            UrlEntry::Url(url) => NewUrlDocument::url(url),
+            UrlEntry::Document(object) => NewUrlDocument {
+                url: object.url,
+                external_id: object.external_id,
+                metadata: object.metadata,
+                access: object.access,
+            },
+        }
+    }
 }
 
 /// One document of a bulk text request.

@@ -19,7 +19,9 @@ pub mod search;
 pub mod sessions;
 pub mod snapshots;
 
-pub use self::documents::{AddedDocument, BulkDocuments, DocumentAccess, NewTextDocument};
+pub use self::documents::{
+    AddedDocument, BulkDocuments, DocumentAccess, NewTextDocument, NewUrlDocument,
+};
 pub use self::error::{ErrorBody, ErrorDetail, error_type};
 pub use self::kbs::{CreateKb, SettingsPatch, UpdateKb};
 pub use self::keys::{NewApiKey, NewTenant, TenantLimits};

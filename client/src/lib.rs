@@ -315,6 +315,12 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/kbs/{kb}/documents` with `{"urls": [...]}`: the node fetches each page.
+    pub async fn add_urls<T: DeserializeOwned>(&self, kb: &str, urls: &[String]) -> Result<T> {
+        self.post_json(&["v1", "kbs", kb, "documents"], &json!({ "urls": urls }))
+            .await
+    }
+
     /// The multipart upload of one file (field `file`) to `POST /v1/kbs/{kb}/documents`.
     pub fn upload_request(&self, kb: &str, file_name: &str, bytes: Vec<u8>) -> RequestBuilder {
         let part = reqwest::multipart::Part::bytes(bytes).file_name(file_name.to_string());

@@ -32,6 +32,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::broadcast;
 
 use crate::auth::Principal;
+use crate::fetch;
 use crate::views::{KbList, KbView};
 
 /// Shared by every handler.
@@ -57,6 +58,8 @@ pub struct AppState {
     pub auth: Arc<crate::auth::AuthState>,
     /// How this node reaches other members (forwarded admin calls).
     pub peer_tls: sift_cluster::tls::PeerTls,
+    /// Fetches the pages of `{"urls": [...]}` behind the SSRF guard ([`crate::fetch`]).
+    pub fetcher: Arc<crate::fetch::UrlFetcher>,
 }
 
 /// The public API. Outside in, every request meets: the request id, span and access log
@@ -633,6 +636,17 @@ async fn add_documents(
         let bulk: BulkDocuments = serde_json::from_slice(&body).map_err(|error| {
             ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", error.to_string())
         })?;
+        if !bulk.urls.is_empty() {
+            if !bulk.documents.is_empty() {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "send `documents` or `urls`, not both in one request",
+                ));
+            }
+            let added = add_urls(&state, &scope, &kb, bulk.urls).await?;
+            return Ok((StatusCode::ACCEPTED, Json(json!({ "documents": added }))).into_response());
+        }
         if bulk.documents.len() > state.max_bulk_documents {
             return Err(ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -650,10 +664,88 @@ async fn add_documents(
         Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
-            "send multipart/form-data with a `file` field, or application/json with `documents`",
+            "send multipart/form-data with a `file` field, or application/json with `documents` or `urls`",
         ))
     }
 }
+
+/// `{"urls": [...]}`: every URL checked, then fetched (at most [`fetch::FETCH_CONCURRENCY`]
+/// at a time) into the upload directory, then all registered together as uploads. Nothing is
+/// stored unless every URL was fetched and passed the upload checks.
+async fn add_urls(
+    state: &AppState,
+    scope: &Scope,
+    kb: &str,
+    urls: Vec<sift_api::NewUrlDocument>,
+) -> ApiResult<Vec<sift_api::AddedDocument>> {
+    use futures::StreamExt;
+    if urls.len() > fetch::MAX_URLS_PER_REQUEST {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_many_documents",
+            format!(
+                "{} URLs in one request; the limit is {}",
+                urls.len(),
+                fetch::MAX_URLS_PER_REQUEST
+            ),
+        )
+        .with_param("urls"));
+    }
+    // Every URL and field checked before the first connection.
+    let mut checked = Vec::with_capacity(urls.len());
+    for entry in urls {
+        let url = state.fetcher.check_url(&entry.url)?;
+        let metadata = metadata_from_json(entry.metadata.unwrap_or_default())?;
+        let groups = entry.access.map(|access| access.groups).unwrap_or_default();
+        let external_id = entry.external_id.unwrap_or_else(|| url.to_string());
+        checked.push((url, external_id, metadata, groups));
+    }
+    let targets: Vec<reqwest::Url> = checked.iter().map(|(url, ..)| url.clone()).collect();
+    let fetcher = state.fetcher.clone();
+    let temp_dir = state.temp_dir.clone();
+    let max_bytes = state.max_upload_bytes;
+    let fetched: Vec<Result<fetch::Fetched, ApiError>> = futures::stream::iter(targets)
+        .map(move |url| {
+            let fetcher = fetcher.clone();
+            let temp_dir = temp_dir.clone();
+            async move { fetcher.fetch(url, &temp_dir, max_bytes).await }
+        })
+        .buffered(fetch::FETCH_CONCURRENCY)
+        .collect()
+        .await;
+    let temps: Vec<PathBuf> = fetched
+        .iter()
+        .filter_map(|outcome| outcome.as_ref().ok())
+        .map(|fetched| fetched.temp_path.clone())
+        .collect();
+    let outcome = async {
+        let mut uploads = Vec::with_capacity(fetched.len());
+        for (outcome, (_, external_id, mut metadata, groups)) in fetched.into_iter().zip(checked) {
+            let fetched = outcome?;
+            metadata.insert(SOURCE_URL_KEY.to_string(), fetched.final_url.clone());
+            uploads.push(Upload {
+                temp_path: fetched.temp_path,
+                file_name: fetched.file_name,
+                media_type: fetched.media_type,
+                external_id: Some(external_id),
+                size_bytes: fetched.size_bytes,
+                content_hash: fetched.content_hash,
+                metadata,
+                groups,
+                format: Some(fetched.format),
+            });
+        }
+        Ok::<_, ApiError>(state.node.add_uploads(scope, kb, uploads).await?)
+    }
+    .await;
+    for temp in temps {
+        let _ = tokio::fs::remove_file(&temp).await; // gone already when adopted
+    }
+    outcome
+}
+
+/// The metadata key of a fetched document's final URL (after redirects).
+pub const SOURCE_URL_KEY: &str = "sift.source_url";
 
 /// Largest text field (`external_id`, `metadata`) of a multipart upload, in bytes.
 pub const MAX_MULTIPART_TEXT_BYTES: usize = 64 * 1024;
@@ -860,6 +952,7 @@ async fn receive_upload(state: &AppState, mut multipart: Multipart) -> ApiResult
         content_hash,
         metadata,
         groups,
+        format: None,
     })
 }
 

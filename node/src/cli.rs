@@ -60,12 +60,13 @@ pub enum Command {
     Kb(KbCommand),
     /// Upload files or whole folders into a knowledge base and wait until they are indexed.
     #[command(
-        after_help = "Exit status: 0 when every file was accepted and indexed, 1 when any was refused or failed (each one is printed with its reason), 3 when the node cannot be reached.\n\nExamples:\n  sift ingest papers ./docs\n  sift ingest papers report.pdf slides.pptx --no-wait"
+        after_help = "Exit status: 0 when every file was accepted and indexed, 1 when any was refused or failed (each one is printed with its reason), 3 when the node cannot be reached.\n\nExamples:\n  sift ingest papers ./docs\n  sift ingest papers report.pdf slides.pptx --no-wait\n  sift ingest papers https://example.com/guide.html"
     )]
     Ingest {
         /// The knowledge base (name or id).
         kb: String,
-        /// Files and folders (walked; unsupported files are reported and skipped).
+        /// Files and folders (walked; unsupported files are reported and skipped), and
+        /// http(s) URLs of pages or files for the node to fetch.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
         /// Return after uploading instead of waiting for indexing.
@@ -785,11 +786,17 @@ pub async fn ingest(
     paths: &[PathBuf],
     wait: bool,
 ) -> Result<Ingested, CliError> {
-    let files = collect_files(paths)?;
-    if files.is_empty() {
+    // http(s) arguments are pages for the node to fetch; the rest are files and folders.
+    let (urls, paths): (Vec<&PathBuf>, Vec<&PathBuf>) = paths.iter().partition(|path| {
+        path.to_str()
+            .is_some_and(|text| text.starts_with("http://") || text.starts_with("https://"))
+    });
+    let paths: Vec<PathBuf> = paths.into_iter().cloned().collect();
+    let files = collect_files(&paths)?;
+    if files.is_empty() && urls.is_empty() {
         return Err(CliError::Other(anyhow::anyhow!("no files to ingest")));
     }
-    let bar = ProgressBar::new(files.len() as u64);
+    let bar = ProgressBar::new((files.len() + urls.len()) as u64);
     bar.set_style(
         ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} {elapsed}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -798,6 +805,33 @@ pub async fn ingest(
     bar.set_message("uploading");
     let mut ids = Vec::new();
     let mut refused = 0;
+    for url in urls {
+        let url = url.to_string_lossy().into_owned();
+        let answer: Result<Value, CliError> = client
+            .add_urls(kb, std::slice::from_ref(&url))
+            .await
+            .map_err(Into::into);
+        match answer {
+            Ok(answer) => {
+                let doc = &answer["documents"][0];
+                if let Some(id) = doc["id"].as_str() {
+                    ids.push(id.to_string());
+                }
+                if doc["duplicate"] == json!(true) {
+                    report(&bar, format!("{url}: already in the knowledge base"));
+                }
+            }
+            Err(CliError::Refused { code, message, .. }) => {
+                refused += 1;
+                report(&bar, format!("{url}: refused: {code}: {message}"));
+            }
+            Err(error) => {
+                bar.finish_and_clear();
+                return Err(error);
+            }
+        }
+        bar.inc(1);
+    }
     for file in &files {
         match upload(client, kb, file).await {
             Ok(answer) => {

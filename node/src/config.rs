@@ -59,6 +59,17 @@ pub struct FileConfig {
     /// Origins (`https://app.example.com`, or `*` for any) whose browser pages may call the
     /// public API (CORS; default none; also SIFT_CORS_ORIGINS, comma-separated).
     pub cors_origins: Option<Vec<String>>,
+    /// Address ranges (CIDR, `10.1.0.0/16`) that documents by URL may be fetched from although
+    /// they are not public: loopback, private, link-local and the like are refused otherwise
+    /// (default none; also SIFT_URL_FETCH_ALLOW, comma-separated).
+    pub url_fetch_allow: Option<Vec<String>>,
+    /// Host names answered before DNS when fetching URLs, like `/etc/hosts`
+    /// (`{"wiki.corp" = "10.1.2.3"}`); their addresses still pass the guard (default none).
+    pub url_fetch_hosts: Option<BTreeMap<String, String>>,
+    /// Longest one URL fetch may take, redirects and body included (ms, default 30000).
+    pub url_fetch_timeout_ms: Option<u64>,
+    /// Redirects a URL fetch follows before it fails (default 5, at most 20).
+    pub url_fetch_max_redirects: Option<usize>,
     /// Open connections to the public port, all clients together.
     pub max_connections: Option<usize>,
     /// Open connections to the public port from one IP address.
@@ -203,6 +214,8 @@ pub struct Config {
     pub metrics_max_kbs: usize,
     /// Origins browser pages may call from (`cors_origins`); empty: no CORS headers.
     pub cors: crate::requests::CorsOrigins,
+    /// Documents by URL: the guard's allowed ranges, host names, timeout, redirects.
+    pub url_fetch: crate::fetch::FetchSettings,
     /// Caps and timeouts of the public server's connections.
     pub connections: sift_cluster::http_server::ConnectionLimits,
     pub options: NodeOptions,
@@ -341,6 +354,20 @@ impl Config {
                     .collect(),
             );
         }
+        if let Some(v) = get("SIFT_URL_FETCH_ALLOW") {
+            file.url_fetch_allow = Some(
+                v.split(',')
+                    .map(|range| range.trim().to_string())
+                    .filter(|range| !range.is_empty())
+                    .collect(),
+            );
+        }
+        if let Some(v) = parse("SIFT_URL_FETCH_TIMEOUT_MS")? {
+            file.url_fetch_timeout_ms = Some(v);
+        }
+        if let Some(v) = parse_count("SIFT_URL_FETCH_MAX_REDIRECTS")? {
+            file.url_fetch_max_redirects = Some(v);
+        }
         if let Some(v) = parse("SIFT_SHARD_DEADLINE_MS")? {
             file.shard_deadline_ms = Some(v);
         }
@@ -424,6 +451,7 @@ impl Config {
 
     /// Checks a layered config and fills defaults.
     pub fn check(file: FileConfig) -> anyhow::Result<Config> {
+        let url_fetch = url_fetch_settings(&file)?;
         let listen_text = file.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
         let listen: SocketAddr = listen_text.parse().with_context(|| {
             format!("listen address {listen_text:?} is not HOST:PORT (an IP address and a port)")
@@ -710,6 +738,7 @@ impl Config {
             max_bulk_documents,
             metrics_max_kbs,
             cors,
+            url_fetch,
             connections,
             options,
             embedding: file.embedding,
@@ -738,6 +767,51 @@ impl Config {
         file.embedding.model_dir = std::env::var_os("SIFT_MODEL_DIR").map(PathBuf::from);
         Config::check(file).expect("the test config is valid")
     }
+}
+
+/// The `url_fetch_*` keys, checked: ranges in CIDR form (a bare address is its own range),
+/// host names mapped to addresses, a timeout of 1 ms to 10 minutes, at most 20 redirects.
+fn url_fetch_settings(file: &FileConfig) -> anyhow::Result<crate::fetch::FetchSettings> {
+    let defaults = crate::fetch::FetchSettings::default();
+    let mut allow = Vec::new();
+    for range in file.url_fetch_allow.iter().flatten() {
+        let net = range
+            .parse::<ipnet::IpNet>()
+            .or_else(|_| range.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+            .map_err(|_| {
+                anyhow::anyhow!("url_fetch_allow: {range:?} is not an address range (10.1.0.0/16)")
+            })?;
+        allow.push(net);
+    }
+    let mut hosts = BTreeMap::new();
+    for (name, address) in file.url_fetch_hosts.iter().flatten() {
+        let address = address.parse::<std::net::IpAddr>().map_err(|_| {
+            anyhow::anyhow!("url_fetch_hosts.{name}: {address:?} is not an IP address")
+        })?;
+        hosts.insert(name.to_ascii_lowercase(), address);
+    }
+    let timeout = file
+        .url_fetch_timeout_ms
+        .map(Duration::from_millis)
+        .unwrap_or(defaults.timeout);
+    if timeout.is_zero() || timeout > Duration::from_secs(600) {
+        bail!(
+            "url_fetch_timeout_ms must be between 1 and 600000, not {}",
+            timeout.as_millis()
+        );
+    }
+    let max_redirects = file
+        .url_fetch_max_redirects
+        .unwrap_or(defaults.max_redirects);
+    if max_redirects > 20 {
+        bail!("url_fetch_max_redirects must be at most 20, not {max_redirects}");
+    }
+    Ok(crate::fetch::FetchSettings {
+        allow,
+        hosts,
+        timeout,
+        max_redirects,
+    })
 }
 
 /// `pdf_worker_memory_mb` in bytes: at least what the parser thread's stack reserves, at most

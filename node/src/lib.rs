@@ -21,6 +21,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod demo;
+pub mod fetch;
 pub mod keys_api;
 pub mod limits;
 pub mod requests;

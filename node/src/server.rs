@@ -268,6 +268,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         listen: addr,
         cluster_address: cluster.as_ref().map(|member| member.address.clone()),
         peer_tls: config.options.peer_tls.clone(),
+        fetcher: Arc::new(crate::fetch::UrlFetcher::new(config.url_fetch.clone())?),
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let app = router(state, &config.cors);

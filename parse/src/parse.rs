@@ -603,6 +603,19 @@ const SKIPPED_ELEMENTS: &[&str] = &[
     "head", "iframe", "object", "canvas", "button", "select", "textarea", "dialog",
 ];
 
+/// ARIA roles of page chrome rather than content (a `<div role="navigation">` is a `<nav>`).
+const SKIPPED_ROLES: &[&str] = &[
+    "navigation",
+    "banner",
+    "contentinfo",
+    "complementary",
+    "search",
+    "menu",
+    "menubar",
+    "dialog",
+    "alertdialog",
+];
+
 /// Elements that start a new paragraph.
 const BLOCK_ELEMENTS: &[&str] = &[
     "p",
@@ -677,6 +690,15 @@ pub(crate) fn html_to_markdown(html: &str) -> Result<(Option<String>, String), P
         .map(|title| collapse_whitespace(&title.text().collect::<String>()))
         .filter(|title| !title.is_empty())
         .or_else(|| {
+            // pages that leave <title> empty (WeChat articles) name themselves here
+            document
+                .select(&selector(r#"meta[property="og:title"]"#))
+                .next()
+                .and_then(|meta| meta.value().attr("content"))
+                .map(collapse_whitespace)
+                .filter(|title| !title.is_empty())
+        })
+        .or_else(|| {
             document
                 .select(&selector("h1"))
                 .next()
@@ -684,10 +706,14 @@ pub(crate) fn html_to_markdown(html: &str) -> Result<(Option<String>, String), P
                 .filter(|h1| !h1.is_empty())
         });
 
-    // Prefer <main>, then the outermost <article>s, then <body>. Inside a chosen main or
-    // article, <header> and <footer> belong to the content (article titles live there).
+    // Prefer a WeChat article's content element (`mp.weixin.qq.com`: `#js_content`), then
+    // <main>, then the outermost <article>s, then <body>. Inside a chosen main or article,
+    // <header> and <footer> belong to the content (article titles live there).
     let mut writer = MarkdownWriter::default();
-    if let Some(main) = document.select(&selector("main")).next() {
+    if let Some(content) = document.select(&selector("#js_content")).next() {
+        writer.keep_headers = true;
+        writer.element(content);
+    } else if let Some(main) = document.select(&selector("main")).next() {
         writer.keep_headers = true;
         writer.element(main);
     } else {
@@ -767,8 +793,13 @@ impl MarkdownWriter {
     /// and non-content elements are not descended into.
     fn open(&mut self, element: ElementRef) -> Descend {
         let name = element.value().name();
-        if SKIPPED_ELEMENTS.contains(&name)
-            && !(self.keep_headers && matches!(name, "header" | "footer"))
+        if (SKIPPED_ELEMENTS.contains(&name)
+            && !(self.keep_headers && matches!(name, "header" | "footer")))
+            || element
+                .value()
+                .attr("role")
+                .is_some_and(|role| SKIPPED_ROLES.contains(&role.trim()))
+            || element.value().attr("aria-hidden") == Some("true")
         {
             return Descend::Skip;
         }
@@ -1286,6 +1317,27 @@ mod tests {
                 doc.text
             );
         }
+    }
+
+    #[test]
+    fn page_chrome_by_role_is_dropped_and_wechat_articles_keep_their_content() {
+        let html = r#"<html><head><title></title>
+            <meta property="og:title" content="  Quarterly  report "></head><body>
+              <div role="navigation">Menu Home About</div>
+              <div class="rich_media">
+                <h1 id="activity-name">Quarterly report</h1>
+                <div id="js_content"><p>Revenue grew by 12 percent.</p>
+                  <section><p>Costs fell.</p></section>
+                  <span aria-hidden="true">decorative</span></div>
+                <div role="contentinfo">Scan the QR code</div>
+              </div></body></html>"#;
+        let doc = parse(html.as_bytes(), SourceFormat::Html).unwrap();
+        assert_eq!(doc.title.as_deref(), Some("Quarterly report"));
+        assert_eq!(doc.text, "Revenue grew by 12 percent.\n\nCosts fell.");
+        let plain = r#"<html><body><div role="navigation">Menu</div><div role="banner">Logo</div>
+            <p>Body text.</p><div role="complementary">Ads</div></body></html>"#;
+        let doc = parse(plain.as_bytes(), SourceFormat::Html).unwrap();
+        assert_eq!(doc.text, "Body text.");
     }
 
     #[test]

@@ -31,3 +31,4 @@ mod supervision_process;
 mod tenants;
 mod tls;
 mod upgrade;
+mod url_import;

@@ -33,6 +33,9 @@ pub struct Upload {
     pub metadata: Metadata,
     /// The groups that may read it (the `access` field); empty: everyone.
     pub groups: Vec<String>,
+    /// The format when it is already known (sniffed from a fetched URL's bytes); else the
+    /// file name's extension, then `media_type`, decide.
+    pub format: Option<SourceFormat>,
 }
 
 impl SiftNode {
@@ -129,64 +132,95 @@ impl SiftNode {
         kb: &str,
         upload: Upload,
     ) -> Result<AddedDocument> {
-        let kb = self.find_kb_for_data(scope, kb, Need::Write).await?;
-        let format = SourceFormat::from_file_name(&upload.file_name)
-            .or_else(|| {
-                upload
-                    .media_type
-                    .as_deref()
-                    .and_then(SourceFormat::from_media_type)
-            })
-            .ok_or_else(|| unsupported_upload(&upload))?;
-        validate_external_id(upload.external_id.as_deref())?;
-        let groups = check_groups(&upload.groups)?;
-        let mut metadata = upload.metadata.clone();
-        set_access(&mut metadata, &groups);
-        let options = pipeline::parse_options(&kb, &self.context.options.pdf_limits);
-        let temp = upload.temp_path.clone();
-        let parsed = tokio::task::spawn_blocking(move || -> Result<Option<String>> {
-            let bytes = std::fs::read(&temp).map_err(|e| SiftError::Storage(e.into()))?;
-            let parsed = parse_document(&bytes, format, &options)?;
-            Ok(parsed.title)
-        })
-        .await
-        .map_err(|e| SiftError::Internal(e.to_string()))??;
-        let id = uuid::Uuid::now_v7().to_string();
-        let now = now_ms();
-        let record = DocumentRecord {
-            shard: shard_for_document(
-                routing_key(upload.external_id.as_deref(), &id),
-                kb.settings.shards,
-            ),
-            id: id.clone(),
-            kb_id: kb.id.clone(),
-            external_id: upload.external_id.clone(),
-            title: parsed.unwrap_or_else(|| upload.file_name.clone()),
-            source: DocSource::Upload {
-                file_name: upload.file_name.clone(),
-                format: format.as_str().to_string(),
-            },
-            content_hash: access_hash(&upload.content_hash, &groups),
-            size_bytes: upload.size_bytes,
-            status: DocStatus::Queued,
-            error: None,
-            chunk_count: 0,
-            metadata,
-            created_at_ms: now,
-            updated_at_ms: now,
-        };
-        let _reserved = self.reserve_quota(&kb, std::slice::from_ref(&record))?;
-        // Bytes in place (durable) before the metadata op that makes them a document.
-        let raw = self.context.raw.clone();
-        let temp = upload.temp_path.clone();
-        let adopt_id = id.clone();
-        tokio::task::spawn_blocking(move || raw.adopt_file(&temp, &adopt_id))
-            .await
-            .map_err(|e| SiftError::Internal(e.to_string()))??;
-        let mut added = self.register(&kb, vec![record]).await?;
+        let mut added = self.add_uploads(scope, kb, vec![upload]).await?;
         added
             .pop()
             .ok_or_else(|| SiftError::Internal("registration returned nothing".into()))
+    }
+
+    /// Validates files already in the upload directory (uploads, fetched URLs), then
+    /// registers and queues them together. All or nothing: one invalid file refuses them all
+    /// and stores nothing. The caller removes the temp files that were not adopted.
+    pub async fn add_uploads(
+        &self,
+        scope: &Scope,
+        kb: &str,
+        uploads: Vec<Upload>,
+    ) -> Result<Vec<AddedDocument>> {
+        let kb = self.find_kb_for_data(scope, kb, Need::Write).await?;
+        let options = pipeline::parse_options(&kb, &self.context.options.pdf_limits);
+        let mut records = Vec::with_capacity(uploads.len());
+        for upload in &uploads {
+            let format = upload
+                .format
+                .or_else(|| SourceFormat::from_file_name(&upload.file_name))
+                .or_else(|| {
+                    upload
+                        .media_type
+                        .as_deref()
+                        .and_then(SourceFormat::from_media_type)
+                })
+                .ok_or_else(|| unsupported_upload(upload))?;
+            validate_external_id(upload.external_id.as_deref())?;
+            let groups = check_groups(&upload.groups)?;
+            let mut metadata = upload.metadata.clone();
+            set_access(&mut metadata, &groups);
+            let temp = upload.temp_path.clone();
+            let parse_options = options.clone();
+            let parsed = tokio::task::spawn_blocking(move || -> Result<Option<String>> {
+                let bytes = std::fs::read(&temp).map_err(|e| SiftError::Storage(e.into()))?;
+                let parsed = parse_document(&bytes, format, &parse_options)?;
+                Ok(parsed.title)
+            })
+            .await
+            .map_err(|e| SiftError::Internal(e.to_string()))??;
+            let id = uuid::Uuid::now_v7().to_string();
+            let now = now_ms();
+            records.push(DocumentRecord {
+                shard: shard_for_document(
+                    routing_key(upload.external_id.as_deref(), &id),
+                    kb.settings.shards,
+                ),
+                id,
+                kb_id: kb.id.clone(),
+                external_id: upload.external_id.clone(),
+                title: parsed.unwrap_or_else(|| upload.file_name.clone()),
+                source: DocSource::Upload {
+                    file_name: upload.file_name.clone(),
+                    format: format.as_str().to_string(),
+                },
+                content_hash: access_hash(&upload.content_hash, &groups),
+                size_bytes: upload.size_bytes,
+                status: DocStatus::Queued,
+                error: None,
+                chunk_count: 0,
+                metadata,
+                created_at_ms: now,
+                updated_at_ms: now,
+            });
+        }
+        let _reserved = self.reserve_quota(&kb, &records)?;
+        // Bytes in place (durable) before the metadata op that makes them documents.
+        let raw = self.context.raw.clone();
+        let moves: Vec<(PathBuf, String)> = uploads
+            .iter()
+            .zip(&records)
+            .map(|(upload, record)| (upload.temp_path.clone(), record.id.clone()))
+            .collect();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            for (done, (temp, id)) in moves.iter().enumerate() {
+                if let Err(error) = raw.adopt_file(temp, id) {
+                    for (_, adopted) in &moves[..done] {
+                        let _ = raw.remove(adopted);
+                    }
+                    return Err(error);
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| SiftError::Internal(e.to_string()))??;
+        self.register(&kb, records).await
     }
 
     async fn register(
@@ -442,10 +476,14 @@ fn routing_key<'a>(external_id: Option<&'a str>, id: &'a str) -> &'a str {
 
 fn validate_external_id(external_id: Option<&str>) -> Result<()> {
     match external_id {
-        Some(id) if id.is_empty() || id.len() > 512 || id.contains('/') => Err(SiftError::invalid(
-            "invalid_external_id",
-            "external_id must be 1 to 512 characters and contain no '/'",
-        )),
+        // A `/` is allowed (a URL is the default external id of a fetched page): in a route's
+        // `{doc}` it is sent as `%2F`.
+        Some(id) if id.is_empty() || id.len() > 512 || id.chars().any(char::is_control) => {
+            Err(SiftError::invalid(
+                "invalid_external_id",
+                "external_id must be 1 to 512 bytes with no control characters",
+            ))
+        }
         _ => Ok(()),
     }
 }
