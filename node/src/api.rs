@@ -697,7 +697,22 @@ async fn add_urls(
         let url = state.fetcher.check_url(&entry.url)?;
         let metadata = metadata_from_json(entry.metadata.unwrap_or_default())?;
         let groups = entry.access.map(|access| access.groups).unwrap_or_default();
-        let external_id = entry.external_id.unwrap_or_else(|| url.to_string());
+        let external_id = match entry.external_id {
+            Some(external_id) => external_id,
+            // the URL names the document unless it is too long to be an external id
+            None if url.as_str().len() > MAX_DEFAULT_EXTERNAL_ID_BYTES => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_url",
+                    format!(
+                        "a URL of {} bytes is too long to be the document's external id (at                          most {MAX_DEFAULT_EXTERNAL_ID_BYTES}): give it an `external_id`",
+                        url.as_str().len()
+                    ),
+                )
+                .with_param("urls"));
+            }
+            None => url.to_string(),
+        };
         checked.push((url, external_id, metadata, groups));
     }
     let targets: Vec<reqwest::Url> = checked.iter().map(|(url, ..)| url.clone()).collect();
@@ -743,6 +758,9 @@ async fn add_urls(
     }
     outcome
 }
+
+/// The longest URL that is a fetched document's external id by default (the external id limit).
+const MAX_DEFAULT_EXTERNAL_ID_BYTES: usize = 512;
 
 /// The metadata key of a fetched document's final URL (after redirects).
 pub const SOURCE_URL_KEY: &str = "sift.source_url";

@@ -354,6 +354,12 @@ async fn urls_the_guard_or_the_fetch_refuses_store_nothing() {
             "invalid_url",
         ),
         ("http://".to_string(), 400, "invalid_url"),
+        // too long to be the external id, and none given
+        (
+            format!("{base}/article?q={}", "x".repeat(600)),
+            400,
+            "invalid_url",
+        ),
         (format!("{base}/loop"), 422, "fetch_failed"),
         (format!("{base}/hang"), 422, "fetch_failed"),
         (format!("{base}/missing"), 422, "fetch_failed"),
