@@ -492,7 +492,7 @@ pub fn sniff(head: &[u8], media_type: Option<&str>, file_name: &str) -> Option<S
     }
 }
 
-/// The final URL's last path segment (percent-decoded, at most 200 bytes), else its host.
+/// The final URL's last path segment (percent-decoded, at most 200 characters), else its host.
 fn file_name_of(url: &Url) -> String {
     let segment = url
         .path_segments()
@@ -506,23 +506,12 @@ fn file_name_of(url: &Url) -> String {
         })
         .filter(|segment| !segment.trim().is_empty());
     let name = segment.unwrap_or_else(|| url.host_str().unwrap_or("page").to_string());
-    let mut end = name.len().min(200);
-    while !name.is_char_boundary(end) {
-        end -= 1;
-    }
-    name[..end].to_string()
+    name.chars().take(200).collect()
 }
 
-/// A URL for a message, cut to 200 bytes.
+/// A URL for a message, cut to 200 characters.
 fn shorten(url: &str) -> String {
-    if url.len() <= 200 {
-        return url.to_string();
-    }
-    let mut end = 200;
-    while !url.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &url[..end])
+    sift_actors::agent::terms::truncate_chars(url, 200)
 }
 
 fn invalid_url(message: String) -> ApiError {

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 use sift_node::config::{Config, TEST_ADMIN_KEY};
-use sift_tests::{InProcessNode, WAIT, repo_root, require_model};
+use sift_tests::{Answer, ApiClient, InProcessNode, WAIT, repo_root, require_model};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const KB: &str = "web";
@@ -154,8 +154,16 @@ async fn node() -> (tempfile::TempDir, InProcessNode) {
     (dir, node)
 }
 
-fn added(answer: &Value) -> Value {
-    answer["documents"][0].clone()
+/// `POST /v1/kbs/{KB}/documents` with `body` (`{"urls": [...]}`).
+async fn post_urls(client: &ApiClient, body: Value) -> Answer {
+    client
+        .post_json(&format!("/v1/kbs/{KB}/documents"), &body)
+        .await
+}
+
+/// The one document of a 202 answer to `body`.
+async fn added(client: &ApiClient, body: Value) -> Value {
+    post_urls(client, body).await.expect(202)["documents"][0].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,15 +175,7 @@ async fn pages_by_url_are_fetched_parsed_and_kept_with_their_source() {
 
     // A page behind a redirect: main content only, title and final URL kept, the URL as
     // the external id.
-    let page = added(
-        &client
-            .post_json(
-                &format!("/v1/kbs/{KB}/documents"),
-                &json!({ "urls": [format!("{base}/moved")] }),
-            )
-            .await
-            .expect(202),
-    );
+    let page = added(&client, json!({ "urls": [format!("{base}/moved")] })).await;
     assert_eq!(page["external_id"], format!("{base}/moved"), "{page}");
     let page_id = page["id"].as_str().unwrap().to_string();
     let record = client.wait_document(KB, &page_id, WAIT).await;
@@ -211,18 +211,14 @@ async fn pages_by_url_are_fetched_parsed_and_kept_with_their_source() {
     // A PDF at a URL with no extension, served as octet-stream: sniffed from its bytes, and
     // an object entry with its own external id and metadata.
     let manual = added(
-        &client
-            .post_json(
-                &format!("/v1/kbs/{KB}/documents"),
-                &json!({ "urls": [{
+        &client,
+        json!({ "urls": [{
                     "url": format!("{base}/files/manual"),
                     "external_id": "manual-v1",
                     "metadata": { "team": "harbour" },
                 }] }),
-            )
-            .await
-            .expect(202),
-    );
+    )
+    .await;
     assert_eq!(manual["external_id"], "manual-v1", "{manual}");
     let record = client
         .wait_document(KB, manual["id"].as_str().unwrap(), WAIT)
@@ -242,27 +238,11 @@ async fn pages_by_url_are_fetched_parsed_and_kept_with_their_source() {
     );
 
     // Fetched again unchanged: a duplicate. Changed: a new version replaces the old one.
-    let again = added(
-        &client
-            .post_json(
-                &format!("/v1/kbs/{KB}/documents"),
-                &json!({ "urls": [format!("{base}/moved")] }),
-            )
-            .await
-            .expect(202),
-    );
+    let again = added(&client, json!({ "urls": [format!("{base}/moved")] })).await;
     assert_eq!(again["duplicate"], true, "{again}");
     assert_eq!(again["id"], page_id.as_str(), "{again}");
     site.version.store(1, Ordering::SeqCst);
-    let refreshed = added(
-        &client
-            .post_json(
-                &format!("/v1/kbs/{KB}/documents"),
-                &json!({ "urls": [format!("{base}/moved")] }),
-            )
-            .await
-            .expect(202),
-    );
+    let refreshed = added(&client, json!({ "urls": [format!("{base}/moved")] })).await;
     assert_eq!(refreshed["replaced"], page_id.as_str(), "{refreshed}");
     let record = client
         .wait_document(KB, refreshed["id"].as_str().unwrap(), WAIT)
@@ -372,46 +352,32 @@ async fn urls_the_guard_or_the_fetch_refuses_store_nothing() {
         (format!("{base}/logo.png"), 415, "unsupported_type"),
     ];
     for (url, status, code) in &refused {
-        let message = client
-            .post_json(
-                &format!("/v1/kbs/{KB}/documents"),
-                &json!({ "urls": [url] }),
-            )
+        let message = post_urls(&client, json!({ "urls": [url] }))
             .await
             .expect_error(*status, code);
         assert!(!message.is_empty(), "{url}");
     }
     // One bad URL among good ones: nothing is stored, the good page (fetched) included.
-    client
-        .post_json(
-            &format!("/v1/kbs/{KB}/documents"),
-            &json!({ "urls": [format!("{base}/article"), format!("{base}/to-intranet")] }),
-        )
-        .await
-        .expect_error(400, "forbidden_url");
+    post_urls(
+        &client,
+        json!({ "urls": [format!("{base}/article"), format!("{base}/to-intranet")] }),
+    )
+    .await
+    .expect_error(400, "forbidden_url");
     let fetched_before = site.hits.load(Ordering::SeqCst);
     // Bodies refused before any fetch.
     let many: Vec<String> = (0..21).map(|n| format!("{base}/article?n={n}")).collect();
-    client
-        .post_json(&format!("/v1/kbs/{KB}/documents"), &json!({ "urls": many }))
+    post_urls(&client, json!({ "urls": many }))
         .await
         .expect_error(413, "too_many_documents");
-    client
-        .post_json(
-            &format!("/v1/kbs/{KB}/documents"),
-            &json!({ "urls": [format!("{base}/article")], "documents": [{ "text": "x" }] }),
-        )
-        .await
-        .expect_error(400, "invalid_request");
-    client
-        .post_json(
-            &format!("/v1/kbs/{KB}/documents"),
-            &json!({ "urls": [{ "url": format!("{base}/article"), "metadata": { "sift.groups": "x" } }] }),
-        )
-        .await
-        .expect_error(400, "invalid_metadata");
-    client
-        .post_json(&format!("/v1/kbs/{KB}/documents"), &json!({ "urls": [42] }))
+    post_urls(
+        &client,
+        json!({ "urls": [format!("{base}/article")], "documents": [{ "text": "x" }] }),
+    )
+    .await
+    .expect_error(400, "invalid_request");
+    post_urls(&client, json!({ "urls": [{ "url": format!("{base}/article"), "metadata": { "sift.groups": "x" } }] })).await.expect_error(400, "invalid_metadata");
+    post_urls(&client, json!({ "urls": [42] }))
         .await
         .expect_error(400, "invalid_json");
     assert_eq!(site.hits.load(Ordering::SeqCst), fetched_before);
