@@ -49,6 +49,7 @@
 mod chunk_store;
 mod live_documents;
 mod text;
+mod text_stats;
 mod vector;
 
 #[cfg(test)]
@@ -78,6 +79,9 @@ use crate::error::{Result, StorageError};
 const EXACT_SEARCH_MAX_CANDIDATES: usize = 1024;
 /// Subdirectory of the HNSW snapshot.
 const HNSW_DIR: &str = "hnsw";
+/// Most BM25 hits fetched to see the whole of a tie at the k-th hit (past it, a tie is cut
+/// where the segments put it).
+const MAX_TIE_FETCH: usize = 4096;
 /// `purge_deleted` rebuilds the graph when at least this share of its points is dead.
 const REBUILD_DEAD_SHARE: f64 = 0.2;
 /// A write saves a new HNSW snapshot once the graph has grown by this many points, or by a
@@ -420,20 +424,52 @@ impl ShardIndex {
         let readable = CompiledFilter::groups_of(filter);
         let mut limit = k;
         loop {
-            let hits = self.text.search(&tokens, text_filter, limit)?;
-            let exhausted = hits.len() < limit;
+            let found = self.text.search(&tokens, text_filter, limit)?;
+            let exhausted = found.len() < limit;
+            let lowest = found.last().map(|(_, score)| *score);
             let hits: Vec<(u64, f32)> = {
                 let live = self.live_read();
-                hits.into_iter()
+                found
+                    .into_iter()
                     .filter(|(id, _)| live.chunk(*id).is_some_and(|doc| readable.matches(doc)))
                     .collect()
             };
             // Hits can be dead only while a write or delete is between its steps.
-            if hits.len() >= k || exhausted {
-                return self.hydrate(hits, k);
+            if hits.len() < k && !exhausted {
+                limit = limit.saturating_mul(2);
+                continue;
             }
-            limit = limit.saturating_mul(2);
+            // Chunks tied with the k-th hit may lie past what was fetched: tantivy breaks ties
+            // by where a chunk sits in its segments, which differs between replicas. Fetch the
+            // whole tie (within MAX_TIE_FETCH) so that `best_by_chunk_id` can break it alike
+            // on every replica.
+            let tie_goes_on = hits
+                .get(k - 1)
+                .zip(lowest)
+                .is_some_and(|((_, cut), lowest)| lowest >= *cut);
+            if tie_goes_on && !exhausted && limit < MAX_TIE_FETCH.max(k) {
+                limit = limit.saturating_mul(2);
+                continue;
+            }
+            return self.best_by_chunk_id(hits, k);
         }
+    }
+
+    /// The `k` best of `hits` (best first), hydrated; hits tied on score are ordered by chunk
+    /// id, so that replicas holding the same chunks in other segments answer alike.
+    fn best_by_chunk_id(&self, hits: Vec<(u64, f32)>, k: usize) -> Result<Vec<ScoredChunk>> {
+        let tied_with_kth = match hits.get(k - 1) {
+            Some((_, cut)) => hits.iter().take_while(|(_, score)| score >= cut).count(),
+            None => hits.len(),
+        };
+        let mut best = self.hydrate(hits, tied_with_kth)?;
+        best.sort_by(|a, b| {
+            b.score
+                .total_cmp(&a.score)
+                .then_with(|| a.chunk.chunk_id.cmp(&b.chunk.chunk_id))
+        });
+        best.truncate(k);
+        Ok(best)
     }
 
     /// Every chunk of a live document, in position order.

@@ -10,7 +10,7 @@
 //! separate `title` field OR'd in (the BEIR "flat" and "multifield" figures, reproduced).
 //!
 //! Queries are analysed with the same analyzer and become an OR of term queries over `text`
-//! (BM25). The `QueryParser` is not used: it turns a multi-token CJK word into a
+//! (BM25), scored with the statistics of the live chunks ([`super::text_stats`]). The `QueryParser` is not used: it turns a multi-token CJK word into a
 //! phrase query, which is wrong for recall-oriented retrieval.
 //!
 //! Every commit carries the shard's write sequence as its payload; on open, the shard replays
@@ -36,6 +36,7 @@ use tantivy::tokenizer::{
 use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term};
 use tantivy_jieba::JiebaTokenizer;
 
+use super::text_stats::LiveCounts;
 use crate::chunk::{Metadata, SearchFilter};
 use crate::error::{Result, StorageError};
 
@@ -78,6 +79,8 @@ pub(crate) struct TextIndex {
     reader: IndexReader,
     fields: Fields,
     analyzer: TextAnalyzer,
+    /// Per-segment counts behind the BM25 statistics of live chunks.
+    live_counts: LiveCounts,
 }
 
 /// The shard's tantivy `IndexWriter`, opened by the first operation that needs it and closed
@@ -139,6 +142,7 @@ impl TextIndex {
             reader,
             fields,
             analyzer,
+            live_counts: LiveCounts::default(),
         })
     }
 
@@ -336,7 +340,13 @@ impl TextIndex {
         }
         let query = BooleanQuery::new(clauses);
         let searcher = self.reader.searcher();
-        let top = searcher.search(&query, &TopDocs::with_limit(limit).order_by_score())?;
+        // Scored with the statistics of live chunks, not tantivy's (which count deleted ones
+        // until a merge), so that every replica of the shard scores alike.
+        let top = searcher.search_with_statistics_provider(
+            &query,
+            &TopDocs::with_limit(limit).order_by_score(),
+            &self.live_counts.statistics(&searcher),
+        )?;
         let mut columns = std::collections::HashMap::new();
         let mut hits = Vec::with_capacity(top.len());
         for (score, address) in top {
