@@ -29,6 +29,8 @@ pub struct NodeOptions {
     /// before it is failed with `crashed_processing` instead of being tried again.
     pub ingest_max_attempts: u32,
     /// Page cap and parse-time budget of one PDF (`pdf_max_pages`, `pdf_parse_timeout_ms`).
+    /// The OCR engines of this node, for image documents (KB setting `ocr`).
+    pub ocr: std::sync::Arc<sift_models::ocr::Ocr>,
     pub pdf_limits: sift_parse::pdf::PdfLimits,
     /// Knowledge bases the cluster may hold.
     pub max_kbs: usize,
@@ -73,6 +75,7 @@ impl Default for NodeOptions {
             ingest_queue_capacity: 256,
             ingest_workers: 2,
             ingest_max_attempts: 3,
+            ocr: std::sync::Arc::new(sift_models::ocr::Ocr::none()),
             pdf_limits: sift_parse::pdf::PdfLimits::default(),
             max_kbs: 1000,
             max_shards_per_node: 512,
@@ -143,6 +146,9 @@ pub struct NodeContext {
     pub embedding_cache: EmbeddingCache,
     pub raw: RawStore,
     pub options: NodeOptions,
+    /// Scratch files of the ingestion pipeline (scanned pages' images for OCR):
+    /// `DATA_DIR/tmp`, which `sift serve` empties at start.
+    pub scratch: std::path::PathBuf,
 }
 
 impl NodeContext {

@@ -8,6 +8,7 @@ use thiserror::Error;
 
 use crate::ingest::parse::ParseError;
 use sift_models::embedding::EmbeddingError;
+use sift_models::ocr::OcrError;
 
 pub type Result<T, E = SiftError> = std::result::Result<T, E>;
 
@@ -62,6 +63,8 @@ pub enum SiftError {
     QueueFull { retry_after_secs: u64 },
     #[error("embedding failed: {0}")]
     Embedding(#[from] EmbeddingError),
+    #[error("text recognition (OCR) failed: {0}")]
+    Ocr(#[from] OcrError),
     #[error("shard {shard} of knowledge base {kb_id} is unavailable: {reason}")]
     ShardUnavailable {
         kb_id: String,
@@ -121,6 +124,8 @@ impl SiftError {
             SiftError::TooManyRuns { .. } => "too_many_runs",
             SiftError::Embedding(EmbeddingError::DimensionMismatch { .. }) => "dimension_mismatch",
             SiftError::Embedding(_) => "embedding_failed",
+            SiftError::Ocr(OcrError::Unavailable(_)) => "ocr_unavailable",
+            SiftError::Ocr(_) => "ocr_failed",
             SiftError::ShardUnavailable { .. } => "shard_unavailable",
             SiftError::Storage(StorageError::NotFound(_)) => "not_found",
             SiftError::Storage(StorageError::Conflict(_)) => "conflict",
@@ -151,6 +156,8 @@ impl SiftError {
             SiftError::Parse(_) => ErrorKind::Unprocessable,
             SiftError::QueueFull { .. } | SiftError::TooManyRuns { .. } => ErrorKind::Overloaded,
             SiftError::Embedding(_) => ErrorKind::Upstream,
+            SiftError::Ocr(OcrError::Unavailable(_)) => ErrorKind::Unprocessable,
+            SiftError::Ocr(_) => ErrorKind::Upstream,
             SiftError::ShardUnavailable { .. } => ErrorKind::Unavailable,
             SiftError::Storage(StorageError::NotFound(_))
             | SiftError::Meta(ClusterError::Storage(StorageError::NotFound(_))) => {
@@ -193,6 +200,7 @@ impl SiftError {
             | SiftError::TooManyRuns { .. }
             | SiftError::InsufficientStorage { .. } => true,
             SiftError::Embedding(error) => error.is_transient(),
+            SiftError::Ocr(error) => error.is_transient(),
             SiftError::Storage(error) => error.is_transient(),
             SiftError::Meta(error) => error.is_transient(),
             SiftError::NotFound { .. }

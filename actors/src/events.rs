@@ -14,6 +14,18 @@ pub struct DocumentEvent {
     pub progress: f32,
     /// Set when the document was deleted.
     pub deleted: bool,
+    /// Pages indexed without their text: it needs OCR and none read it.
+    pub pages_needing_ocr: u32,
+    /// While scanned pages are read by OCR (status `parsing`): how many of how many are done.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ocr_pages: Option<PageProgress>,
+}
+
+/// Pages done of a stage that goes page by page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PageProgress {
+    pub done: u32,
+    pub total: u32,
 }
 
 impl DocumentEvent {
@@ -26,6 +38,8 @@ impl DocumentEvent {
             chunk_count: record.chunk_count,
             progress: progress(record.status),
             deleted: false,
+            pages_needing_ocr: record.pages_needing_ocr,
+            ocr_pages: None,
         }
     }
 

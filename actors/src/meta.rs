@@ -139,6 +139,14 @@ impl MetaHandle {
             chunk_count: 0,
             progress: 1.0,
             deleted: true,
+            pages_needing_ocr: 0,
+            ocr_pages: None,
         });
+    }
+
+    /// Tells subscribers how a stage that goes page by page is getting on (no metadata
+    /// changes: the event is this node's own).
+    pub fn send_progress(&self, event: DocumentEvent) {
+        let _ = self.events.send(event);
     }
 }

@@ -28,6 +28,9 @@ pub struct CreateKb {
     pub json_text_field: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub json_title_field: Option<String>,
+    /// OCR of images: `auto` (default), `off`, `vision` or `tesseract`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ocr: Option<String>,
     /// Retrieval settings (fields of `RetrievalSettings`; the others keep their defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retrieval: Option<serde_json::Value>,
@@ -50,6 +53,9 @@ pub struct UpdateKb {
     pub json_text_field: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub json_title_field: Option<String>,
+    /// OCR of images: `auto` (default), `off`, `vision` or `tesseract`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ocr: Option<String>,
     /// Refused unless unchanged: fixed at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards: Option<u32>,
@@ -73,6 +79,7 @@ pub struct SettingsPatch {
     pub language: Option<String>,
     pub json_text_field: Option<String>,
     pub json_title_field: Option<String>,
+    pub ocr: Option<String>,
     pub retrieval: Option<serde_json::Value>,
 }
 
@@ -86,6 +93,7 @@ macro_rules! settings_patch_of {
             language: $body.language.clone(),
             json_text_field: $body.json_text_field.clone(),
             json_title_field: $body.json_title_field.clone(),
+            ocr: $body.ocr.clone(),
             retrieval: $body.retrieval.clone(),
         }
     };

@@ -17,6 +17,7 @@ pub mod embedding;
 pub mod fake_server;
 pub mod llm;
 pub mod mcp;
+pub mod ocr;
 pub mod rerank;
 pub mod web_search;
 

@@ -133,6 +133,39 @@ pub struct FileConfig {
     /// TLS on the public and internal listeners (`[tls]`: cert, key, ca).
     #[serde(default)]
     pub tls: TlsFileConfig,
+    /// Text recognition of image documents (`[ocr]`).
+    #[serde(default)]
+    pub ocr: OcrFileConfig,
+}
+
+/// `[ocr]`: the engines that read image documents. A KB's `ocr` setting picks one (`auto`:
+/// the vision model when set, else tesseract when installed).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OcrFileConfig {
+    /// An OpenAI-compatible vision model's API root with version, e.g.
+    /// `http://127.0.0.1:8000/v1` (also SIFT_OCR_VISION_URL). Default: none.
+    pub vision_url: Option<String>,
+    /// The model name sent to it (also SIFT_OCR_VISION_MODEL); needed with `vision_url`.
+    pub vision_model: Option<String>,
+    /// Its bearer key (also SIFT_OCR_VISION_API_KEY).
+    pub vision_api_key: Option<String>,
+    /// `max_tokens` of one image's transcription (default 4096).
+    pub vision_max_tokens: Option<u32>,
+    /// The tesseract program (default `tesseract`, used when it runs; `""` turns it off;
+    /// also SIFT_OCR_TESSERACT).
+    pub tesseract: Option<String>,
+    /// tesseract's `-l` (default `eng`; `eng+chi_sim` with Chinese installed; also
+    /// SIFT_OCR_LANGUAGES).
+    pub tesseract_languages: Option<String>,
+    /// Longest one image's recognition may take, per attempt (ms, default 120000, at most
+    /// 600000).
+    pub timeout_ms: Option<u64>,
+    /// Retries of a failure that may pass (unreachable, timeout, 429, 5xx; default 2, at most
+    /// 10).
+    pub retries: Option<u32>,
+    /// Images recognised at once on this node (default 2, 1 to 64).
+    pub max_in_flight: Option<usize>,
 }
 
 /// `[tls]`: PEM files. With `cert` and `key`, both listeners speak only TLS (reloaded on
@@ -233,6 +266,8 @@ pub struct Config {
     pub rate_per_tenant: Option<crate::limits::Rate>,
     /// TLS on both listeners and to the other members; None: plain HTTP.
     pub tls: Option<sift_cluster::tls::TlsFiles>,
+    /// The OCR engines as configured (tesseract is probed when the node starts).
+    pub ocr: sift_models::ocr::OcrConfig,
 }
 
 /// The admin key of [`Config::for_test`] and of the test harness's nodes. Public test data:
@@ -362,6 +397,21 @@ impl Config {
                     .collect(),
             );
         }
+        if let Some(v) = get("SIFT_OCR_VISION_URL") {
+            file.ocr.vision_url = Some(v);
+        }
+        if let Some(v) = get("SIFT_OCR_VISION_MODEL") {
+            file.ocr.vision_model = Some(v);
+        }
+        if let Some(v) = get("SIFT_OCR_VISION_API_KEY") {
+            file.ocr.vision_api_key = Some(v);
+        }
+        if let Some(v) = std::env::var_os("SIFT_OCR_TESSERACT") {
+            file.ocr.tesseract = Some(v.to_string_lossy().into_owned());
+        }
+        if let Some(v) = get("SIFT_OCR_LANGUAGES") {
+            file.ocr.tesseract_languages = Some(v);
+        }
         if let Some(v) = parse("SIFT_URL_FETCH_TIMEOUT_MS")? {
             file.url_fetch_timeout_ms = Some(v);
         }
@@ -452,6 +502,7 @@ impl Config {
     /// Checks a layered config and fills defaults.
     pub fn check(file: FileConfig) -> anyhow::Result<Config> {
         let url_fetch = url_fetch_settings(&file)?;
+        let ocr = ocr_config(&file.ocr)?;
         let listen_text = file.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
         let listen: SocketAddr = listen_text.parse().with_context(|| {
             format!("listen address {listen_text:?} is not HOST:PORT (an IP address and a port)")
@@ -513,6 +564,8 @@ impl Config {
         };
         let defaults = NodeOptions::default();
         let options = NodeOptions {
+            // The engines of `ocr` below, made when the node starts (tesseract is probed).
+            ocr: defaults.ocr.clone(),
             shard_deadline: file
                 .shard_deadline_ms
                 .map(Duration::from_millis)
@@ -539,6 +592,8 @@ impl Config {
                     Some(mib) => worker_memory_bytes(mib)?,
                     None => defaults.pdf_limits.worker_memory_bytes,
                 },
+                // Chosen per parse by whether the KB has an OCR engine.
+                scanned: sift_actors::ingest::pdf::Scanned::Refuse,
             },
             max_kbs: file.max_kbs.unwrap_or(defaults.max_kbs),
             max_shards_per_node: file
@@ -752,6 +807,7 @@ impl Config {
                 .rate_limit_per_tenant
                 .and_then(|rate| crate::limits::Rate::new(rate, file.rate_limit_burst_per_tenant)),
             tls,
+            ocr,
         })
     }
 
@@ -767,6 +823,78 @@ impl Config {
         file.embedding.model_dir = std::env::var_os("SIFT_MODEL_DIR").map(PathBuf::from);
         Config::check(file).expect("the test config is valid")
     }
+}
+
+/// The `[ocr]` keys, checked.
+fn ocr_config(file: &OcrFileConfig) -> anyhow::Result<sift_models::ocr::OcrConfig> {
+    use sift_models::ocr::{OcrConfig, TesseractConfig, VisionConfig};
+    let defaults = OcrConfig::default();
+    let vision = match (&file.vision_url, &file.vision_model) {
+        (None, None) => None,
+        (Some(url), Some(model)) => {
+            let parsed = reqwest::Url::parse(url)
+                .with_context(|| format!("ocr.vision_url {url:?} is not a URL"))?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                bail!("ocr.vision_url must be an http or https URL, not {url:?}");
+            }
+            if model.trim().is_empty() {
+                bail!("ocr.vision_model must not be empty");
+            }
+            Some(VisionConfig {
+                base_url: url.clone(),
+                model: model.clone(),
+                api_key: file.vision_api_key.clone(),
+                max_tokens: file.vision_max_tokens.unwrap_or(4096).clamp(1, 1 << 20),
+            })
+        }
+        (Some(_), None) => bail!("ocr.vision_url needs ocr.vision_model"),
+        (None, Some(_)) => bail!("ocr.vision_model needs ocr.vision_url"),
+    };
+    let tesseract = match file.tesseract.as_deref() {
+        Some("") => None,
+        command => Some(TesseractConfig {
+            command: command.map_or(TesseractConfig::default().command, PathBuf::from),
+            languages: file
+                .tesseract_languages
+                .clone()
+                .unwrap_or_else(|| TesseractConfig::default().languages),
+        }),
+    };
+    if let Some(tesseract) = &tesseract {
+        let valid = |language: &str| {
+            !language.is_empty()
+                && language
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        };
+        if !tesseract.languages.split('+').all(valid) {
+            bail!(
+                "ocr.tesseract_languages must be language names joined by '+' (eng+chi_sim), not {:?}",
+                tesseract.languages
+            );
+        }
+    }
+    let timeout_ms = file
+        .timeout_ms
+        .unwrap_or(defaults.timeout.as_millis() as u64);
+    if !(1..=600_000).contains(&timeout_ms) {
+        bail!("ocr.timeout_ms must be between 1 and 600000, not {timeout_ms}");
+    }
+    let retries = file.retries.unwrap_or(defaults.retries);
+    if retries > 10 {
+        bail!("ocr.retries must be at most 10, not {retries}");
+    }
+    let max_in_flight = file.max_in_flight.unwrap_or(defaults.max_in_flight);
+    if !(1..=64).contains(&max_in_flight) {
+        bail!("ocr.max_in_flight must be between 1 and 64, not {max_in_flight}");
+    }
+    Ok(OcrConfig {
+        vision,
+        tesseract,
+        timeout: Duration::from_millis(timeout_ms),
+        retries,
+        max_in_flight,
+    })
 }
 
 /// The `url_fetch_*` keys, checked: ranges in CIDR form (a bare address is its own range),

@@ -23,6 +23,7 @@ use ipnet::IpNet;
 use reqwest::Url;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use sha2::{Digest, Sha256};
+use sift_actors::ingest::image;
 use sift_actors::ingest::parse::SourceFormat;
 use tokio::io::AsyncWriteExt;
 
@@ -448,14 +449,17 @@ impl UrlFetcher {
     }
 }
 
-/// The format of fetched bytes: magic bytes first (a PDF, a zip container whose kind the media
-/// type or the file name tells), then the media type, then the file name's extension, then
+/// The format of fetched bytes: magic bytes first (a PDF, an image, a zip container whose kind
+/// the media type or the file name tells), then the media type, then the file name's extension, then
 /// markup at the start.
 pub fn sniff(head: &[u8], media_type: Option<&str>, file_name: &str) -> Option<SourceFormat> {
     let by_type = media_type.and_then(SourceFormat::from_media_type);
     let by_name = SourceFormat::from_file_name(file_name);
     if head.starts_with(b"%PDF-") {
         return Some(SourceFormat::Pdf);
+    }
+    if image::sniff_image(head).is_some() {
+        return Some(SourceFormat::Image);
     }
     let zipped = |format: &SourceFormat| {
         matches!(
@@ -472,7 +476,11 @@ pub fn sniff(head: &[u8], media_type: Option<&str>, file_name: &str) -> Option<S
     }
     // A binary container claimed for bytes that are not one: read as what the bytes look like.
     let claimed = by_type.or(by_name).filter(|format| {
-        !zipped(format) && *format != SourceFormat::Pdf && *format != SourceFormat::Xls
+        !zipped(format)
+            && !matches!(
+                format,
+                SourceFormat::Pdf | SourceFormat::Xls | SourceFormat::Image
+            )
     });
     if claimed.is_some() {
         return claimed;

@@ -176,6 +176,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         }
     }
     let embedders = load_embedders(&config).await?;
+    let mut config = config;
+    config.options.ocr = Arc::new(sift_models::ocr::Ocr::start(config.ocr.clone()).await);
     let tls = config
         .tls
         .as_ref()

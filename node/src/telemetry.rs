@@ -244,6 +244,7 @@ fn describe() {
         "bytes of the snapshots written"
     );
     sift_models::embedding::describe_metrics();
+    sift_models::ocr::describe_metrics();
     sift_actors::sessions::describe_metrics();
     sift_models::llm::describe_metrics();
     sift_actors::agent::describe_metrics();

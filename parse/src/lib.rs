@@ -10,6 +10,7 @@
 //! chunk}`.
 
 pub mod chunk;
+pub mod image;
 pub mod office;
 pub mod parse;
 pub mod pdf;

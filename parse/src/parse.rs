@@ -14,6 +14,7 @@ use html5ever::tendril::{StrTendril, TendrilSink};
 use scraper::{ElementRef, Html, HtmlTreeSink, Node, Selector};
 use serde_json::Value;
 
+use crate::image::ImageLimits;
 use crate::office::OfficeLimits;
 use crate::pdf::PdfLimits;
 
@@ -40,12 +41,15 @@ pub enum SourceFormat {
     /// Comma-, semicolon- or tab-separated values.
     Csv,
     Epub,
+    /// A PNG, JPEG, TIFF or WebP image, read by OCR (see [`crate::image`]).
+    Image,
 }
 
 /// The extensions [`SourceFormat::from_file_name`] knows, for messages and folder walks.
 pub const SUPPORTED_EXTENSIONS: &[&str] = &[
     "txt", "text", "md", "markdown", "html", "htm", "json", "jsonl", "ndjson", "pdf", "docx",
-    "pptx", "xlsx", "xlsm", "ods", "csv", "tsv", "epub",
+    "pptx", "xlsx", "xlsm", "ods", "csv", "tsv", "epub", "png", "jpg", "jpeg", "tif", "tiff",
+    "webp",
 ];
 
 impl SourceFormat {
@@ -66,6 +70,7 @@ impl SourceFormat {
             "ods" => Some(SourceFormat::Ods),
             "csv" | "tsv" => Some(SourceFormat::Csv),
             "epub" => Some(SourceFormat::Epub),
+            "png" | "jpg" | "jpeg" | "tif" | "tiff" | "webp" => Some(SourceFormat::Image),
             _ => None,
         }
     }
@@ -92,6 +97,7 @@ impl SourceFormat {
             "application/vnd.oasis.opendocument.spreadsheet" => Some(SourceFormat::Ods),
             "text/csv" | "text/tab-separated-values" => Some(SourceFormat::Csv),
             "application/epub+zip" => Some(SourceFormat::Epub),
+            "image/png" | "image/jpeg" | "image/tiff" | "image/webp" => Some(SourceFormat::Image),
             _ => None,
         }
     }
@@ -112,6 +118,7 @@ impl SourceFormat {
             SourceFormat::Ods,
             SourceFormat::Csv,
             SourceFormat::Epub,
+            SourceFormat::Image,
         ]
         .into_iter()
         .find(|format| format.as_str() == name)
@@ -133,6 +140,7 @@ impl SourceFormat {
             SourceFormat::Ods => "ods",
             SourceFormat::Csv => "csv",
             SourceFormat::Epub => "epub",
+            SourceFormat::Image => "image",
         }
     }
 }
@@ -148,6 +156,8 @@ pub struct ParseOptions {
     pub pdf: PdfLimits,
     /// Unpacked-size, entry, row and cell caps of Office, spreadsheet and EPUB files.
     pub office: OfficeLimits,
+    /// The pixel cap of an image.
+    pub image: ImageLimits,
 }
 
 impl Default for ParseOptions {
@@ -157,6 +167,7 @@ impl Default for ParseOptions {
             json_title_field: "title".to_string(),
             pdf: PdfLimits::default(),
             office: OfficeLimits::default(),
+            image: ImageLimits::default(),
         }
     }
 }
@@ -176,6 +187,21 @@ pub struct ParsedDocument {
     /// Where each page's text lies in `text` (PDF); empty for formats without pages. Chunks
     /// never cross a page boundary when it is given.
     pub pages: Vec<Page>,
+    /// The PDF's pages without a text layer (scans): their text needs OCR. Empty for other
+    /// formats.
+    pub scanned_pages: Vec<ScannedPage>,
+}
+
+/// A PDF page without a text layer (see [`crate::pdf::Scanned`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScannedPage {
+    /// 1-based page number.
+    pub number: u32,
+    /// The outline's headings that hold this page, as for [`Page::heading_path`].
+    pub heading_path: Vec<String>,
+    /// Its largest image, saved for OCR when the parse was asked to
+    /// ([`crate::pdf::Scanned::SaveImages`]) and the page has one the parser can read.
+    pub image: Option<std::path::PathBuf>,
 }
 
 /// One page's text in [`ParsedDocument::text`].
@@ -215,7 +241,8 @@ pub enum ParseError {
     #[error("the PDF is too large: {0}")]
     PdfTooLarge(String),
     #[error(
-        "the PDF has no text layer (scanned pages?); text recognition (OCR) is not supported yet"
+        "the PDF has no text layer (scanned pages?), and no OCR engine reads it for this \
+         knowledge base (configure [ocr] on the node, or the KB's `ocr` setting)"
     )]
     NoTextLayer,
     /// A damaged Office, spreadsheet or EPUB file (a bad zip, malformed XML, a missing part).
@@ -227,6 +254,18 @@ pub enum ParseError {
     /// The content is not what the file name or media type says (a `.docx` that is a PDF).
     #[error("the file is named as {named} but its content is {actual}")]
     ContentMismatch { named: String, actual: String },
+    /// An image whose header cannot be read.
+    #[error("the file is not a readable image: {0}")]
+    InvalidImage(String),
+    /// An image past [`ImageLimits::max_pixels`].
+    #[error("the image is too large: {0}")]
+    ImageTooLarge(String),
+    /// An image: its text needs an OCR engine, which this function does not run.
+    #[error(
+        "the document is an image: its text needs OCR, and no OCR engine is set for this \
+         knowledge base (configure [ocr] on the node, or the KB's `ocr` setting)"
+    )]
+    OcrUnavailable,
 }
 
 impl ParseError {
@@ -247,6 +286,9 @@ impl ParseError {
             ParseError::InvalidDocument(_) => "invalid_document",
             ParseError::DocumentTooLarge(_) => "document_too_large",
             ParseError::ContentMismatch { .. } => "content_mismatch",
+            ParseError::InvalidImage(_) => "invalid_image",
+            ParseError::ImageTooLarge(_) => "image_too_large",
+            ParseError::OcrUnavailable => "ocr_unavailable",
         }
     }
 
@@ -266,7 +308,10 @@ impl ParseError {
             | ParseError::NoTextLayer
             | ParseError::InvalidDocument(_)
             | ParseError::DocumentTooLarge(_)
-            | ParseError::ContentMismatch { .. } => false,
+            | ParseError::ContentMismatch { .. }
+            | ParseError::InvalidImage(_)
+            | ParseError::ImageTooLarge(_)
+            | ParseError::OcrUnavailable => false,
         }
     }
 }
@@ -448,6 +493,11 @@ pub fn parse_document(
         | SourceFormat::Epub => {
             return crate::office::parse_office(bytes, format, &options.office);
         }
+        // The image is checked; its text is the OCR engine's, run by the caller.
+        SourceFormat::Image => {
+            crate::image::check_image(bytes, &options.image)?;
+            return Err(ParseError::OcrUnavailable);
+        }
         SourceFormat::Text
         | SourceFormat::Markdown
         | SourceFormat::Html
@@ -494,7 +544,8 @@ pub fn parse_document(
         | SourceFormat::Xls
         | SourceFormat::Ods
         | SourceFormat::Csv
-        | SourceFormat::Epub => {
+        | SourceFormat::Epub
+        | SourceFormat::Image => {
             return Err(ParseError::UnsupportedType(format!(
                 "{} is not parsed as text",
                 format.as_str()
@@ -530,6 +581,7 @@ pub fn parse_document(
         markdown,
         encoding,
         pages: Vec::new(),
+        scanned_pages: Vec::new(),
     })
 }
 

@@ -14,6 +14,7 @@ mod document_access;
 mod durability;
 mod ingestion;
 mod metrics;
+mod ocr;
 mod office;
 mod operability;
 mod pdf;

@@ -349,7 +349,7 @@ async fn urls_the_guard_or_the_fetch_refuses_store_nothing() {
             "payload_too_large",
         ),
         (format!("{base}/big"), 413, "payload_too_large"),
-        (format!("{base}/logo.png"), 415, "unsupported_type"),
+        (format!("{base}/logo.png"), 422, "invalid_image"),
     ];
     for (url, status, code) in &refused {
         let message = post_urls(&client, json!({ "urls": [url] }))

@@ -11,4 +11,4 @@ pub mod raw_store;
 pub mod worker;
 
 /// Format parsers and the chunker live in the light `sift-parse` crate (fuzzed on their own).
-pub use sift_parse::{chunk, office, parse, pdf};
+pub use sift_parse::{chunk, image, office, parse, pdf};

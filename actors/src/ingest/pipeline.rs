@@ -5,6 +5,7 @@
 //! a stage is marked failed with the reason and the rest of the job goes on.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -15,13 +16,18 @@ use sift_storage::meta::{
 };
 use tracing::{info, instrument, warn};
 
+use sift_models::ocr::OcrEngine;
+
 use super::chunk::{ChunkerConfig, chunk_document, chunk_pages};
 use super::handoff::{self, Fetched};
-use super::parse::{ParseOptions, ParsedDocument, SourceFormat, parse_document};
+use super::image::{ImageLimits, check_image};
+use super::parse::{Page, ParseOptions, ParsedDocument, ScannedPage, SourceFormat, parse_document};
 use super::pdf::PdfLimits;
+use super::pdf::Scanned;
 use super::queue::IngestJob;
 use crate::context::NodeContext;
 use crate::error::{Result, SiftError};
+use crate::events::{DocumentEvent, PageProgress};
 
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -54,6 +60,10 @@ struct Work {
     /// A transient error (a shard unreachable, no quorum) stopped this document: it stays
     /// pending and is tried again.
     deferred: bool,
+    /// Where the parse saved its scanned pages' images for OCR (removed once read).
+    ocr_folder: Option<PathBuf>,
+    /// Scanned pages left without text (no OCR engine, or one that could not read them).
+    pages_needing_ocr: u32,
 }
 
 impl Work {
@@ -184,6 +194,8 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<Deferred> {
                 embed_texts: Vec::new(),
                 failure: None,
                 deferred: false,
+                ocr_folder: None,
+                pages_needing_ocr: 0,
             });
         }
     }
@@ -259,11 +271,22 @@ async fn run_works(
     // Parse and chunk (CPU work, off the async runtime).
     let mut works = set_stage(context, kb, works, DocStatus::Parsing).await?;
     let stage = Instant::now();
+    recognize_images(context, kb, &mut works, deferred).await;
     let raw = context.raw.clone();
     let options = parse_options(kb, &context.options.pdf_limits);
+    // With an OCR engine for the KB, a PDF's scanned pages are saved as images for it.
+    let ocr_scratch = context
+        .options
+        .ocr
+        .engine_for(&kb.settings.ocr)
+        .is_ok()
+        .then(|| context.scratch.clone());
     let debug_faults = context.options.debug_faults;
     works = blocking(move || {
         for work in &mut works {
+            if work.parsed.is_some() || work.failure.is_some() || work.deferred {
+                continue; // an image, recognised or not
+            }
             let parsed = raw.load(&work.record).and_then(|bytes| {
                 let format = source_format(&work.record).ok_or_else(|| {
                     SiftError::invalid("unsupported_type", "unknown source format")
@@ -271,6 +294,15 @@ async fn run_works(
                 if debug_faults && contains(&bytes, DEBUG_ABORT_MARKER.as_bytes()) {
                     tracing::error!(document_id = %work.record.id, "debug fault: aborting");
                     std::process::abort();
+                }
+                let mut options = options.clone();
+                if format == SourceFormat::Pdf
+                    && let Some(scratch) = &ocr_scratch
+                {
+                    let folder = scratch.join(format!("ocr-{}", work.record.id));
+                    std::fs::create_dir_all(&folder).map_err(|e| SiftError::Storage(e.into()))?;
+                    options.pdf.scanned = Scanned::SaveImages(folder.clone());
+                    work.ocr_folder = Some(folder);
                 }
                 Ok(unpanicked("parsing", || {
                     parse_document(&bytes, format, &options)
@@ -286,6 +318,7 @@ async fn run_works(
         works
     })
     .await?;
+    recognize_scanned_pages(context, kb, &mut works, deferred).await;
     record_stage("parse", stage);
 
     let mut works = set_stage(context, kb, works, DocStatus::Chunking).await?;
@@ -443,12 +476,14 @@ async fn run_works(
                 status: DocStatus::Failed,
                 error: Some(reason.clone()),
                 chunk_count: Some(0),
+                pages_needing_ocr: Some(work.pages_needing_ocr),
             },
             None => StatusUpdate {
                 document_id: work.record.id.clone(),
                 status: DocStatus::Ready,
                 error: None,
                 chunk_count: work.write.as_ref().map(|w| w.chunks.len() as u32),
+                pages_needing_ocr: Some(work.pages_needing_ocr),
             },
         })
         .collect();
@@ -498,6 +533,223 @@ async fn run_works(
     Ok(())
 }
 
+/// Recognises the text of the image documents among `works` with the KB's OCR engine, all
+/// at once (the engine bounds the images in flight on the node). An engine that is away
+/// (after its retries) defers the document; any other failure fails it with its reason.
+async fn recognize_images(
+    context: &Arc<NodeContext>,
+    kb: &KbRecord,
+    works: &mut [Work],
+    deferred: &mut Deferred,
+) {
+    let images: Vec<usize> = works
+        .iter()
+        .enumerate()
+        .filter(|(_, work)| source_format(&work.record) == Some(SourceFormat::Image))
+        .map(|(position, _)| position)
+        .collect();
+    if images.is_empty() {
+        return;
+    }
+    let ocr = &context.options.ocr;
+    let limits = ImageLimits::default();
+    let recognized = join_all(images.iter().map(|&position| {
+        let record_for_load = works[position].record.clone();
+        let raw = context.raw.clone();
+        let limits = limits.clone();
+        async move {
+            let engine = ocr.engine_for(&kb.settings.ocr)?;
+            let (bytes, media_type) = blocking(move || -> Result<(Vec<u8>, &'static str)> {
+                let bytes = raw.load(&record_for_load)?;
+                let info = check_image(&bytes, &limits)?;
+                Ok((bytes, info.media_type))
+            })
+            .await??;
+            let text = ocr.recognize(engine, &bytes, media_type).await?;
+            let markdown = engine == OcrEngine::Vision;
+            Ok::<_, SiftError>((text, markdown))
+        }
+    }))
+    .await;
+    for (position, outcome) in images.into_iter().zip(recognized) {
+        let work = &mut works[position];
+        match outcome {
+            Ok((text, _)) if text.is_empty() => {
+                work.fail("empty_document: OCR found no text in the image");
+            }
+            Ok((text, markdown)) => {
+                work.parsed = Some(ParsedDocument {
+                    title: None,
+                    text,
+                    markdown,
+                    encoding: "OCR",
+                    pages: Vec::new(),
+                    scanned_pages: Vec::new(),
+                });
+            }
+            Err(error) if error.is_transient() => {
+                warn!(document_id = %work.record.id, %error, "OCR unavailable for now");
+                work.deferred = true;
+                deferred.add(work.record.id.clone(), &error.to_string());
+            }
+            Err(error) => work.fail(format!("{}: {error}", error.code())),
+        }
+    }
+}
+
+/// Reads the scanned pages of the PDFs among `works` with the KB's OCR engine (their images
+/// saved by the parse), each document's pages at once within the engine's node-wide bound,
+/// and puts their text among the other pages in page order. Without an engine, the pages
+/// are counted in `pages_needing_ocr`. An engine away (after its retries) defers the
+/// document; a page it refuses is counted and logged. The saved images are removed.
+async fn recognize_scanned_pages(
+    context: &Arc<NodeContext>,
+    kb: &KbRecord,
+    works: &mut [Work],
+    deferred: &mut Deferred,
+) {
+    let ocr = &context.options.ocr;
+    let engine = ocr.engine_for(&kb.settings.ocr).ok();
+    let limits = ImageLimits::default();
+    for work in works.iter_mut() {
+        let scanned = match work.parsed.as_mut() {
+            Some(parsed) if work.failure.is_none() => std::mem::take(&mut parsed.scanned_pages),
+            _ => Vec::new(),
+        };
+        if !scanned.is_empty() {
+            match engine {
+                None => work.pages_needing_ocr = scanned.len() as u32,
+                Some(engine) => {
+                    read_scanned_pages(context, engine, &limits, work, scanned, deferred).await;
+                }
+            }
+        }
+        // A PDF of blank pages: nothing had text, nothing to read.
+        if work
+            .parsed
+            .as_ref()
+            .is_some_and(|parsed| parsed.text.is_empty())
+        {
+            work.parsed = None;
+            work.fail(
+                "no_text_layer: no page of the PDF has text, nor an image that OCR could read",
+            );
+        }
+        if let Some(folder) = work.ocr_folder.take() {
+            let _ = tokio::fs::remove_dir_all(&folder).await;
+        }
+    }
+}
+
+/// [`recognize_scanned_pages`] for one document that has scanned pages and an engine.
+async fn read_scanned_pages(
+    context: &Arc<NodeContext>,
+    engine: OcrEngine,
+    limits: &ImageLimits,
+    work: &mut Work,
+    scanned: Vec<ScannedPage>,
+    deferred: &mut Deferred,
+) {
+    let ocr = &context.options.ocr;
+    let total = scanned.iter().filter(|page| page.image.is_some()).count() as u32;
+    let done = std::sync::atomic::AtomicU32::new(0);
+    let record = &work.record;
+    let read = join_all(scanned.iter().map(|page| async {
+        let Some(path) = &page.image else {
+            return Ok(None);
+        };
+        let bytes = tokio::fs::read(path)
+            .await
+            .map_err(|e| SiftError::Storage(e.into()))?;
+        let media_type = check_image(&bytes, limits)?.media_type;
+        let text = ocr.recognize(engine, &bytes, media_type).await?;
+        let done = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let mut event = DocumentEvent::from_record(record);
+        event.status = DocStatus::Parsing;
+        event.progress = crate::events::progress(DocStatus::Parsing);
+        event.ocr_pages = Some(PageProgress { done, total });
+        context.meta.send_progress(event);
+        Ok::<_, SiftError>(Some(text))
+    }))
+    .await;
+    let mut texts = Vec::new();
+    let mut needing = 0u32;
+    let mut refused: Option<SiftError> = None;
+    for (page, outcome) in scanned.into_iter().zip(read) {
+        match outcome {
+            Ok(Some(text)) if !text.is_empty() => {
+                texts.push((page.number, page.heading_path, text))
+            }
+            Ok(Some(_)) => {} // read, and blank
+            Ok(None) => needing += 1,
+            Err(error) if error.is_transient() => {
+                warn!(document_id = %work.record.id, %error, "OCR unavailable for now");
+                work.deferred = true;
+                work.parsed = None;
+                deferred.add(work.record.id.clone(), &error.to_string());
+                return;
+            }
+            Err(error) => {
+                warn!(document_id = %work.record.id, page = page.number, %error, "OCR refused a page");
+                needing += 1;
+                refused = Some(error);
+            }
+        }
+    }
+    work.pages_needing_ocr = needing;
+    let Some(parsed) = work.parsed.as_mut() else {
+        return;
+    };
+    insert_pages(parsed, texts);
+    if parsed.text.is_empty() {
+        work.parsed = None;
+        work.fail(match refused {
+            Some(error) => format!("{}: {error}", error.code()),
+            None => "no_text_layer: the PDF has no text layer and OCR found no text on its \
+                     scanned pages"
+                .to_string(),
+        });
+    }
+}
+
+/// Puts recognised pages (number, heading path, text) among `parsed`'s pages, in page order,
+/// rebuilding its text and page ranges.
+fn insert_pages(parsed: &mut ParsedDocument, recognised: Vec<(u32, Vec<String>, String)>) {
+    if recognised.is_empty() {
+        return;
+    }
+    let mut all: Vec<(u32, Vec<String>, String)> = parsed
+        .pages
+        .iter()
+        .map(|page| {
+            (
+                page.number,
+                page.heading_path.clone(),
+                parsed.text[page.start..page.end].to_string(),
+            )
+        })
+        .chain(recognised)
+        .collect();
+    all.sort_by_key(|(number, _, _)| *number);
+    let mut text = String::new();
+    let mut pages = Vec::with_capacity(all.len());
+    for (number, heading_path, page_text) in all {
+        if !text.is_empty() {
+            text.push_str("\n\n");
+        }
+        let start = text.len();
+        text.push_str(&page_text);
+        pages.push(Page {
+            number,
+            start,
+            end: text.len(),
+            heading_path,
+        });
+    }
+    parsed.text = text;
+    parsed.pages = pages;
+}
+
 /// The update that sends a document back to `queued` after a transient error; applying it
 /// takes back the attempt mark its start made.
 fn requeued(document_id: String) -> StatusUpdate {
@@ -506,6 +758,7 @@ fn requeued(document_id: String) -> StatusUpdate {
         status: DocStatus::Queued,
         error: None,
         chunk_count: None,
+        pages_needing_ocr: None,
     }
 }
 
@@ -524,6 +777,7 @@ async fn set_stage(
             status,
             error: None,
             chunk_count: None,
+            pages_needing_ocr: None,
         })
         .collect();
     if updates.is_empty() {
@@ -570,6 +824,7 @@ async fn fail_unfinished_documents(
             status: DocStatus::Failed,
             error: Some(reason.to_string()),
             chunk_count: Some(0),
+            pages_needing_ocr: None,
         })
         .collect();
     if updates.is_empty() {

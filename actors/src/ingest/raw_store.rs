@@ -286,6 +286,7 @@ mod tests {
             metadata: Default::default(),
             created_at_ms: 1,
             updated_at_ms: 1,
+            pages_needing_ocr: 0,
         }
     }
 

@@ -13,6 +13,7 @@ use sift_storage::meta::{DocSource, DocStatus, DocumentRecord, KbRecord, MetaOp,
 use super::SiftNode;
 use crate::error::{Result, SiftError};
 use crate::ingest::handoff::{self, JOB_DOCUMENTS};
+use crate::ingest::image::check_image;
 use crate::ingest::parse::{SourceFormat, parse_document};
 use crate::ingest::pipeline::{self, now_ms};
 use crate::ingest::queue::IngestJob;
@@ -106,6 +107,7 @@ impl SiftNode {
                 metadata,
                 created_at_ms: now,
                 updated_at_ms: now,
+                pages_needing_ocr: 0,
             });
             texts.push(document.text);
         }
@@ -148,7 +150,17 @@ impl SiftNode {
         uploads: Vec<Upload>,
     ) -> Result<Vec<AddedDocument>> {
         let kb = self.find_kb_for_data(scope, kb, Need::Write).await?;
-        let options = pipeline::parse_options(&kb, &self.context.options.pdf_limits);
+        let mut options = pipeline::parse_options(&kb, &self.context.options.pdf_limits);
+        if self
+            .context
+            .options
+            .ocr
+            .engine_for(&kb.settings.ocr)
+            .is_ok()
+        {
+            // A PDF of scanned pages is for the OCR engine to read.
+            options.pdf.scanned = crate::ingest::pdf::Scanned::Accept;
+        }
         let mut records = Vec::with_capacity(uploads.len());
         for upload in &uploads {
             let format = upload
@@ -169,11 +181,19 @@ impl SiftNode {
             let parse_options = options.clone();
             let parsed = tokio::task::spawn_blocking(move || -> Result<Option<String>> {
                 let bytes = std::fs::read(&temp).map_err(|e| SiftError::Storage(e.into()))?;
+                if format == SourceFormat::Image {
+                    check_image(&bytes, &parse_options.image)?;
+                    return Ok(None);
+                }
                 let parsed = parse_document(&bytes, format, &parse_options)?;
                 Ok(parsed.title)
             })
             .await
             .map_err(|e| SiftError::Internal(e.to_string()))??;
+            if format == SourceFormat::Image {
+                // Its text needs an engine: refused now rather than failed later.
+                self.context.options.ocr.engine_for(&kb.settings.ocr)?;
+            }
             let id = uuid::Uuid::now_v7().to_string();
             let now = now_ms();
             records.push(DocumentRecord {
@@ -197,6 +217,7 @@ impl SiftNode {
                 metadata,
                 created_at_ms: now,
                 updated_at_ms: now,
+                pages_needing_ocr: 0,
             });
         }
         let _reserved = self.reserve_quota(&kb, &records)?;

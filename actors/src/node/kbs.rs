@@ -3,6 +3,7 @@
 
 use sift_api::kbs::{CreateKb, SettingsPatch, UpdateKb};
 use sift_cluster::placement::place_replicas;
+use sift_models::ocr::OCR_SETTINGS;
 use sift_storage::meta::{
     DEFAULT_TENANT, DocumentCounts, KbAccess, KbRecord, KbSettings, MetaOp, MetaOutcome, Replica,
     ReplicaState, ShardPlacement,
@@ -366,6 +367,9 @@ impl SiftNode {
         if let Some(value) = patch.json_title_field {
             settings.json_title_field = value;
         }
+        if let Some(value) = patch.ocr {
+            settings.ocr = value;
+        }
         check_settings(settings)?;
         if let Some(retrieval) = &patch.retrieval {
             settings.retrieval = retrieval_settings::merge_patch(
@@ -456,6 +460,9 @@ fn check_settings(settings: &KbSettings) -> Result<()> {
     }
     if settings.json_text_field.is_empty() || settings.json_title_field.is_empty() {
         return invalid("json_text_field and json_title_field must not be empty");
+    }
+    if !OCR_SETTINGS.contains(&settings.ocr.as_str()) {
+        return invalid("ocr must be auto, off, vision or tesseract");
     }
     Ok(())
 }

@@ -167,6 +167,7 @@ impl SiftNode {
             embedding_cache,
             raw,
             options: options.clone(),
+            scratch: data_dir.join("tmp"),
         });
         let (queue, receiver) = IngestQueue::new(options.ingest_queue_capacity);
         let ingest_stopping = tokio_util::sync::CancellationToken::new();

@@ -157,6 +157,7 @@ pub(crate) fn parse_office(
         markdown: true,
         encoding,
         pages: Vec::new(),
+        scanned_pages: Vec::new(),
     })
 }
 
@@ -211,6 +212,7 @@ fn format_label(format: SourceFormat) -> &'static str {
         SourceFormat::Json => "JSON",
         SourceFormat::Jsonl => "JSON Lines",
         SourceFormat::Pdf => "PDF",
+        SourceFormat::Image => "image",
     }
 }
 

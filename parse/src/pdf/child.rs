@@ -14,14 +14,14 @@
 //! parent reads to answer `pdf_too_large`.
 
 use std::io::{Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::{BUDGET_GRACE, PdfLimits, over_budget, parse_on_thread, reason};
-use crate::parse::{Page, ParseError, ParsedDocument};
+use super::{BUDGET_GRACE, PdfLimits, Scanned, over_budget, parse_on_thread, reason};
+use crate::parse::{Page, ParseError, ParsedDocument, ScannedPage};
 
 /// The first argument that makes the `sift` binary a parse worker.
 pub const WORKER_COMMAND: &str = "__parse-pdf";
@@ -49,6 +49,8 @@ enum Reply {
         title: Option<String>,
         text: String,
         pages: Vec<WirePage>,
+        #[serde(default)]
+        scanned: Vec<WireScanned>,
     },
     Failed {
         code: String,
@@ -64,6 +66,23 @@ struct WirePage {
     heading_path: Vec<String>,
 }
 
+#[derive(Debug, Serialize, Deserialize)]
+struct WireScanned {
+    number: u32,
+    heading_path: Vec<String>,
+    image: Option<PathBuf>,
+}
+
+/// The worker arguments that say what [`PdfLimits::scanned`] is: none (refuse), `accept`, or
+/// `images` and the folder.
+fn scanned_args(scanned: &Scanned) -> Vec<std::ffi::OsString> {
+    match scanned {
+        Scanned::Refuse => Vec::new(),
+        Scanned::Accept => vec!["accept".into()],
+        Scanned::SaveImages(folder) => vec!["images".into(), folder.clone().into_os_string()],
+    }
+}
+
 /// Parses `bytes` in a worker process started from `program`, under `limits`.
 pub(super) fn parse_in_child(
     program: &Path,
@@ -76,6 +95,7 @@ pub(super) fn parse_in_child(
         .arg(limits.max_pages.to_string())
         .arg(limits.time_budget.as_millis().to_string())
         .arg(limits.worker_memory_bytes.to_string())
+        .args(scanned_args(&limits.scanned))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -115,7 +135,7 @@ pub(super) fn parse_in_child(
     let reply = reader.join().unwrap_or_default();
     let errors = errors.join().unwrap_or_default();
     match serde_json::from_slice::<Reply>(&reply) {
-        Ok(reply) => from_reply(reply),
+        Ok(reply) => from_reply(reply, &limits.scanned),
         Err(_) if String::from_utf8_lossy(&errors).contains(ALLOCATION_FAILED) => {
             Err(ParseError::PdfTooLarge(format!(
                 "parsing it needs more than the {} MiB a parse worker may take \
@@ -144,9 +164,14 @@ fn read_on_thread(
     })
 }
 
-fn from_reply(reply: Reply) -> Result<ParsedDocument, ParseError> {
+fn from_reply(reply: Reply, asked: &Scanned) -> Result<ParsedDocument, ParseError> {
     match reply {
-        Reply::Parsed { title, text, pages } => {
+        Reply::Parsed {
+            title,
+            text,
+            pages,
+            scanned,
+        } => {
             let pages: Vec<Page> = pages
                 .into_iter()
                 .map(|page| Page {
@@ -168,12 +193,31 @@ fn from_reply(reply: Reply) -> Result<ParsedDocument, ParseError> {
                     "the parse worker answered page ranges outside its text".into(),
                 ));
             }
+            // Saved images are files in the folder it was given, and only then.
+            let images_fit = scanned.iter().all(|page| match (&page.image, asked) {
+                (None, _) => true,
+                (Some(image), Scanned::SaveImages(folder)) => image.parent() == Some(folder),
+                (Some(_), _) => false,
+            });
+            if !images_fit {
+                return Err(ParseError::InvalidPdf(
+                    "the parse worker answered page images outside its folder".into(),
+                ));
+            }
             Ok(ParsedDocument {
                 title,
                 text,
                 markdown: false,
                 encoding: "PDF",
                 pages,
+                scanned_pages: scanned
+                    .into_iter()
+                    .map(|page| ScannedPage {
+                        number: page.number,
+                        heading_path: page.heading_path,
+                        image: page.image,
+                    })
+                    .collect(),
             })
         }
         Reply::Failed { code, detail } => Err(match code.as_str() {
@@ -208,11 +252,21 @@ pub fn serve_worker(args: &[String], input: impl Read, output: impl Write) -> u8
     answer(&limits, input, output)
 }
 
-/// The limits a worker's arguments give, `None` when they are not three numbers or the
-/// memory budget is below [`MIN_WORKER_MEMORY_BYTES`].
+/// The limits a worker's arguments give, `None` when they are not three numbers (then what
+/// [`scanned_args`] wrote) or the memory budget is below [`MIN_WORKER_MEMORY_BYTES`].
 fn worker_limits(args: &[String]) -> Option<PdfLimits> {
-    let [pages, budget_ms, memory] = args else {
-        return None;
+    let (pages, budget_ms, memory, scanned) = match args {
+        [pages, budget_ms, memory] => (pages, budget_ms, memory, Scanned::Refuse),
+        [pages, budget_ms, memory, accept] if accept == "accept" => {
+            (pages, budget_ms, memory, Scanned::Accept)
+        }
+        [pages, budget_ms, memory, images, folder] if images == "images" => (
+            pages,
+            budget_ms,
+            memory,
+            Scanned::SaveImages(PathBuf::from(folder)),
+        ),
+        _ => return None,
     };
     let memory: u64 = memory.parse().ok()?;
     if memory < MIN_WORKER_MEMORY_BYTES {
@@ -223,6 +277,7 @@ fn worker_limits(args: &[String]) -> Option<PdfLimits> {
         time_budget: Duration::from_millis(budget_ms.parse().ok()?),
         worker: None,
         worker_memory_bytes: memory,
+        scanned,
     })
 }
 
@@ -244,6 +299,15 @@ fn answer(limits: &PdfLimits, input: impl Read, mut output: impl Write) -> u8 {
                     start: page.start,
                     end: page.end,
                     heading_path: page.heading_path,
+                })
+                .collect(),
+            scanned: parsed
+                .scanned_pages
+                .into_iter()
+                .map(|page| WireScanned {
+                    number: page.number,
+                    heading_path: page.heading_path,
+                    image: page.image,
                 })
                 .collect(),
         },
@@ -321,12 +385,23 @@ mod tests {
                     heading_path: vec![],
                 },
             ],
+            scanned: vec![WireScanned {
+                number: 3,
+                heading_path: vec!["Intro".into()],
+                image: Some("/scratch/doc/page-3.png".into()),
+            }],
         }))
         .unwrap();
-        let parsed = from_reply(reply).unwrap();
+        let asked = Scanned::SaveImages("/scratch/doc".into());
+        let parsed = from_reply(reply, &asked).unwrap();
         assert_eq!(parsed.text, "one\n\ntwo");
         assert_eq!(parsed.pages[1].number, 2);
         assert_eq!(parsed.encoding, "PDF");
+        assert_eq!(parsed.scanned_pages[0].number, 3);
+        assert_eq!(
+            parsed.scanned_pages[0].image.as_deref(),
+            Some(Path::new("/scratch/doc/page-3.png"))
+        );
         for (code, expected) in [
             ("encrypted_pdf", "encrypted_pdf"),
             ("no_text_layer", "no_text_layer"),
@@ -334,29 +409,53 @@ mod tests {
             ("invalid_pdf", "invalid_pdf"),
             ("anything_else", "invalid_pdf"),
         ] {
-            let error = from_reply(Reply::Failed {
-                code: code.into(),
-                detail: "why".into(),
-            })
+            let error = from_reply(
+                Reply::Failed {
+                    code: code.into(),
+                    detail: "why".into(),
+                },
+                &Scanned::Refuse,
+            )
             .unwrap_err();
             assert_eq!(error.code(), expected);
         }
     }
 
     #[test]
-    fn page_ranges_outside_the_text_are_refused() {
-        let error = from_reply(Reply::Parsed {
-            title: None,
-            text: "é".into(),
-            pages: vec![WirePage {
-                number: 1,
-                start: 0,
-                end: 1, // inside the two bytes of é
-                heading_path: vec![],
-            }],
-        })
+    fn page_ranges_outside_the_text_and_images_outside_the_folder_are_refused() {
+        let error = from_reply(
+            Reply::Parsed {
+                title: None,
+                text: "é".into(),
+                pages: vec![WirePage {
+                    number: 1,
+                    start: 0,
+                    end: 1, // inside the two bytes of é
+                    heading_path: vec![],
+                }],
+                scanned: Vec::new(),
+            },
+            &Scanned::Refuse,
+        )
         .unwrap_err();
         assert_eq!(error.code(), "invalid_pdf");
+        for asked in [Scanned::Accept, Scanned::SaveImages("/scratch/doc".into())] {
+            let error = from_reply(
+                Reply::Parsed {
+                    title: None,
+                    text: String::new(),
+                    pages: Vec::new(),
+                    scanned: vec![WireScanned {
+                        number: 1,
+                        heading_path: Vec::new(),
+                        image: Some("/etc/passwd".into()),
+                    }],
+                },
+                &asked,
+            )
+            .unwrap_err();
+            assert_eq!(error.code(), "invalid_pdf", "{asked:?}");
+        }
     }
 
     #[test]
@@ -366,6 +465,19 @@ mod tests {
         assert_eq!(serve_worker(&args(&["x"]), &b""[..], &mut out), 2);
         assert!(worker_limits(&args(&["10", "5000"])).is_none());
         assert!(worker_limits(&args(&["10", "x", "1073741824"])).is_none());
+        assert!(worker_limits(&args(&["10", "5000", "1073741824", "images"])).is_none());
+        assert_eq!(
+            worker_limits(&args(&["10", "5000", "1073741824", "images", "/scratch/d"]))
+                .unwrap()
+                .scanned,
+            Scanned::SaveImages("/scratch/d".into())
+        );
+        assert_eq!(
+            worker_limits(&args(&["10", "5000", "1073741824", "accept"]))
+                .unwrap()
+                .scanned,
+            Scanned::Accept
+        );
         // A memory budget below what the parser thread's stack reserves.
         let small = (MIN_WORKER_MEMORY_BYTES - 1).to_string();
         assert!(worker_limits(&args(&["10", "5000", &small])).is_none());

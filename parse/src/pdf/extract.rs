@@ -2,13 +2,16 @@
 
 use std::time::Instant;
 
+use std::path::{Path, PathBuf};
+
 use pdf_oxide::PdfDocument;
 use pdf_oxide::error::Error as PdfError;
+use pdf_oxide::extractors::ImageData;
 use pdf_oxide::outline::{Destination, OutlineItem};
 
 use super::clean::{clean_page_text, strip_running_lines};
-use super::{PdfLimits, over_budget, reason};
-use crate::parse::{Page, ParseError, ParsedDocument};
+use super::{PdfLimits, Scanned, over_budget, reason};
+use crate::parse::{Page, ParseError, ParsedDocument, ScannedPage};
 
 /// Outline items read at most; the rest of a larger outline is ignored.
 const MAX_OUTLINE_ITEMS: usize = 10_000;
@@ -16,6 +19,8 @@ const MAX_OUTLINE_ITEMS: usize = 10_000;
 const MAX_OUTLINE_DEPTH: usize = 8;
 /// Longest outline title kept, in chars.
 const MAX_TITLE_CHARS: usize = 200;
+/// Largest page image saved for OCR, in pixels (as an image upload's cap).
+const MAX_PAGE_IMAGE_PIXELS: u64 = 100_000_000;
 
 /// Reads every page's text of the PDF in `bytes`, checking `limits` (page cap first, then
 /// `deadline` between pages). Runs on the caller's thread with no guard: [`super::parse_pdf`]
@@ -65,9 +70,32 @@ pub fn extract_pdf(
     strip_running_lines(&mut page_texts);
     let mut text = String::new();
     let mut pages = Vec::new();
+    let mut scanned_pages = Vec::new();
     for ((index, _), page_text) in texts.iter().zip(page_texts) {
         let index = *index;
         if page_text.is_empty() {
+            let heading_path = headings.get(index).cloned().unwrap_or_default();
+            let number = (index + 1) as u32;
+            match &limits.scanned {
+                Scanned::SaveImages(folder) => {
+                    if Instant::now() >= deadline {
+                        return Err(over_budget(limits));
+                    }
+                    // A page without an image it can read is blank, not a scan.
+                    if let Some(image) = save_page_image(&document, index, folder)? {
+                        scanned_pages.push(ScannedPage {
+                            number,
+                            heading_path,
+                            image: Some(image),
+                        });
+                    }
+                }
+                Scanned::Refuse | Scanned::Accept => scanned_pages.push(ScannedPage {
+                    number,
+                    heading_path,
+                    image: None,
+                }),
+            }
             continue;
         }
         if !text.is_empty() {
@@ -82,7 +110,7 @@ pub fn extract_pdf(
             heading_path: headings.get(index).cloned().unwrap_or_default(),
         });
     }
-    if pages.is_empty() {
+    if pages.is_empty() && limits.scanned == Scanned::Refuse {
         return Err(ParseError::NoTextLayer);
     }
     Ok(ParsedDocument {
@@ -91,7 +119,47 @@ pub fn extract_pdf(
         markdown: false,
         encoding: "PDF",
         pages,
+        scanned_pages,
     })
+}
+
+/// Saves the largest image of page `index` in `folder` as `page-N.jpg` (a JPEG stream, as
+/// stored) or `page-N.png`; `None` when the page has no image the parser can read.
+fn save_page_image(
+    document: &PdfDocument,
+    index: usize,
+    folder: &Path,
+) -> Result<Option<PathBuf>, ParseError> {
+    let Ok(images) = document.extract_images(index) else {
+        return Ok(None);
+    };
+    let Some(largest) = images
+        .into_iter()
+        .filter(|image| {
+            u64::from(image.width()) * u64::from(image.height()) <= MAX_PAGE_IMAGE_PIXELS
+        })
+        .max_by_key(|image| u64::from(image.width()) * u64::from(image.height()))
+    else {
+        return Ok(None);
+    };
+    let (bytes, extension) = match largest.data() {
+        ImageData::Jpeg(bytes) => (bytes.clone(), "jpg"),
+        ImageData::Raw { .. } => match largest.to_png_bytes() {
+            Ok(bytes) => (bytes, "png"),
+            Err(_) => return Ok(None),
+        },
+    };
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let path = folder.join(format!("page-{}.{extension}", index + 1));
+    std::fs::write(&path, bytes).map_err(|error| {
+        ParseError::InvalidPdf(format!(
+            "the image of page {} could not be saved for OCR: {error}",
+            index + 1
+        ))
+    })?;
+    Ok(Some(path))
 }
 
 /// The parser's error as ours: a locked document, or one we cannot read.

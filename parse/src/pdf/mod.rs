@@ -18,7 +18,9 @@
 //!
 //! Failures are [`ParseError`]s with their own codes: `encrypted_pdf` (a password is needed;
 //! an empty user password opens by itself), `invalid_pdf`, `pdf_too_large` (page cap or time
-//! budget) and `no_text_layer` (scanned pages: OCR comes later).
+//! budget) and `no_text_layer` (no page has text and [`PdfLimits::scanned`] refuses scans:
+//! no OCR engine). Pages without text are listed with their saved images
+//! ([`Scanned::SaveImages`]) for the OCR engine the ingestion pipeline calls.
 
 mod child;
 mod clean;
@@ -47,6 +49,24 @@ pub struct PdfLimits {
     /// capped there, `RLIMIT_AS`); a PDF that needs more fails with `pdf_too_large`. Only a
     /// worker is held to it: a thread of the node cannot be.
     pub worker_memory_bytes: u64,
+    /// What becomes of pages without a text layer.
+    pub scanned: Scanned,
+}
+
+/// What a parse does with pages that have no text layer (scans). Each is listed in
+/// [`ParsedDocument::scanned_pages`] whatever the choice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Scanned {
+    /// A PDF where no page has text is `no_text_layer` (no OCR engine to read it).
+    #[default]
+    Refuse,
+    /// A PDF where no page has text is a document with empty text and every page scanned
+    /// (an OCR engine will read them; used to check an upload).
+    Accept,
+    /// As `Accept`, and each scanned page's largest image is saved in this folder
+    /// (`page-N.png` or `page-N.jpg`) for OCR; a page without an image it can read is left out
+    /// of the scanned pages (a blank page).
+    SaveImages(PathBuf),
 }
 
 impl Default for PdfLimits {
@@ -56,6 +76,7 @@ impl Default for PdfLimits {
             time_budget: Duration::from_secs(120),
             worker: None,
             worker_memory_bytes: DEFAULT_WORKER_MEMORY_BYTES,
+            scanned: Scanned::Refuse,
         }
     }
 }
@@ -129,7 +150,7 @@ fn over_budget(limits: &PdfLimits) -> ParseError {
 }
 
 /// `message` cut to [`MAX_REASON_CHARS`], for a reason shown to users.
-fn reason(message: &str) -> String {
+pub(crate) fn reason(message: &str) -> String {
     match message.char_indices().nth(MAX_REASON_CHARS) {
         Some((cut, _)) => format!("{}…", &message[..cut]),
         None => message.to_string(),

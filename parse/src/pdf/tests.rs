@@ -122,6 +122,51 @@ fn a_page_without_text_is_no_text_layer() {
 }
 
 #[test]
+fn scanned_pages_are_listed_and_their_images_saved_when_asked() {
+    // Refused by default when no page has text; listed when some page has.
+    let error = parse("notice-scan.pdf").unwrap_err();
+    assert_eq!(error.code(), "no_text_layer", "{error}");
+    let mixed = parse("mixed-scan.pdf").unwrap();
+    assert!(
+        page_text(&mixed, 1).starts_with("Port handbook"),
+        "{mixed:?}"
+    );
+    assert_eq!(mixed.pages.len(), 1);
+    assert_eq!(mixed.scanned_pages.len(), 1);
+    assert_eq!(mixed.scanned_pages[0].number, 2);
+    assert_eq!(mixed.scanned_pages[0].image, None);
+
+    // Accepted (an OCR engine will read it): empty text, every page scanned.
+    let accept = PdfLimits {
+        scanned: Scanned::Accept,
+        ..PdfLimits::default()
+    };
+    let scan = parse_pdf(&fixture("notice-scan.pdf"), &accept).unwrap();
+    assert!(scan.text.is_empty() && scan.pages.is_empty(), "{scan:?}");
+    assert_eq!(scan.scanned_pages.len(), 1);
+
+    // Saved: the page's image, whole, in the folder given.
+    let folder = tempfile::tempdir().unwrap();
+    let save = PdfLimits {
+        scanned: Scanned::SaveImages(folder.path().to_path_buf()),
+        ..PdfLimits::default()
+    };
+    for (name, number) in [("notice-scan.pdf", 1), ("mixed-scan.pdf", 2)] {
+        let parsed = parse_pdf(&fixture(name), &save).unwrap();
+        let page = &parsed.scanned_pages[0];
+        assert_eq!(page.number, number, "{name}");
+        let image = page.image.as_deref().expect("an image saved");
+        assert_eq!(image.parent(), Some(folder.path()), "{name}");
+        let bytes = std::fs::read(image).unwrap();
+        let info = crate::image::check_image(&bytes, &Default::default()).unwrap();
+        assert_eq!((info.width, info.height), (1000, 360), "{name}");
+    }
+    // A page whose only image is 8 × 8 grey is still a scan with its image.
+    let tiny = parse_pdf(&fixture("scanned.pdf"), &save).unwrap();
+    assert!(tiny.scanned_pages[0].image.is_some(), "{tiny:?}");
+}
+
+#[test]
 fn the_page_cap_refuses_before_reading_pages() {
     let limits = PdfLimits {
         max_pages: 2,

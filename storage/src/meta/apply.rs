@@ -107,6 +107,9 @@ impl SledMetaStore {
                     if let Some(count) = update.chunk_count {
                         doc.chunk_count = count;
                     }
+                    if let Some(pages) = update.pages_needing_ocr {
+                        doc.pages_needing_ocr = pages;
+                    }
                     doc.updated_at_ms = *at_ms;
                     let work_key = pending_key(kb_id, &doc.id);
                     if doc.status.is_terminal() {

@@ -18,6 +18,10 @@ pub struct StatusUpdate {
     pub status: DocStatus,
     pub error: Option<String>,
     pub chunk_count: Option<u32>,
+    /// Sets [`DocumentRecord::pages_needing_ocr`] when given; absent in ops written before it
+    /// existed.
+    #[serde(default)]
+    pub pages_needing_ocr: Option<u32>,
 }
 
 /// A metadata change. Ops carry every id and timestamp they need, so applying one is

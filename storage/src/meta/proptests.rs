@@ -141,6 +141,7 @@ fn document(kb_id: String) -> impl Strategy<Value = DocumentRecord> {
                 metadata: BTreeMap::from([("lang".to_string(), "en".to_string())]),
                 created_at_ms: at,
                 updated_at_ms: at,
+                pages_needing_ocr: 0,
             },
         )
 }
@@ -161,6 +162,7 @@ fn status_update() -> impl Strategy<Value = StatusUpdate> {
             status,
             error,
             chunk_count,
+            pages_needing_ocr: None,
         })
 }
 

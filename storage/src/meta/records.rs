@@ -33,15 +33,24 @@ pub struct KbSettings {
     /// existed (then the defaults apply).
     #[serde(default)]
     pub retrieval: RetrievalSettings,
+    /// OCR of images: `auto` (the node's vision model, else tesseract), `off`, `vision` or
+    /// `tesseract`; absent in records written before it existed.
+    #[serde(default = "auto")]
+    pub ocr: String,
 }
 
 fn one() -> u32 {
     1
 }
 
+fn auto() -> String {
+    "auto".into()
+}
+
 impl KbSettings {
     /// The settings of a new KB before the request's own: 256-token chunks overlapping by 32,
-    /// 1,024-token parents, language `auto`, JSON fields `text` and `title`, default retrieval.
+    /// 1,024-token parents, language `auto`, JSON fields `text` and `title`, OCR `auto`,
+    /// default retrieval.
     pub fn new(
         shards: u32,
         replication_factor: u32,
@@ -60,6 +69,7 @@ impl KbSettings {
             json_text_field: "text".into(),
             json_title_field: "title".into(),
             retrieval: RetrievalSettings::default(),
+            ocr: auto(),
         }
     }
 }
@@ -277,6 +287,10 @@ pub struct DocumentRecord {
     pub metadata: Metadata,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
+    /// Pages indexed without their text because it needs OCR and none read it (no engine, or
+    /// a page it could not read); absent in records written before it existed.
+    #[serde(default)]
+    pub pages_needing_ocr: u32,
 }
 
 /// A deleted document: searches never return it; shards purge it.

@@ -35,6 +35,7 @@ fn doc(id: &str, kb_id: &str, hash: &str, external_id: Option<&str>) -> Document
         metadata: Default::default(),
         created_at_ms: 5,
         updated_at_ms: 5,
+        pages_needing_ocr: 0,
     }
 }
 
@@ -176,18 +177,21 @@ fn statuses_counts_delete_and_restart() {
                     status: DocStatus::Ready,
                     error: None,
                     chunk_count: Some(4),
+                    pages_needing_ocr: None,
                 },
                 StatusUpdate {
                     document_id: "d2".into(),
                     status: DocStatus::Failed,
                     error: Some("bad".into()),
                     chunk_count: None,
+                    pages_needing_ocr: None,
                 },
                 StatusUpdate {
                     document_id: "gone".into(),
                     status: DocStatus::Ready,
                     error: None,
                     chunk_count: None,
+                    pages_needing_ocr: None,
                 },
             ],
             at_ms: 7,
@@ -274,6 +278,7 @@ fn op_ids_dedupe_a_retried_op_even_after_later_changes() {
             status: DocStatus::Parsing,
             error: None,
             chunk_count: None,
+            pages_needing_ocr: None,
         }],
         at_ms: 10,
     };
@@ -285,6 +290,7 @@ fn op_ids_dedupe_a_retried_op_even_after_later_changes() {
             status: DocStatus::Ready,
             error: None,
             chunk_count: Some(4),
+            pages_needing_ocr: None,
         }],
         at_ms: 20,
     };
@@ -802,12 +808,14 @@ fn pending_work_follows_registration_status_reassignment_and_deletes() {
                 status: DocStatus::Ready,
                 error: None,
                 chunk_count: Some(1),
+                pages_needing_ocr: None,
             },
             StatusUpdate {
                 document_id: "d3".into(),
                 status: DocStatus::Embedding,
                 error: None,
                 chunk_count: None,
+                pages_needing_ocr: None,
             },
         ],
         at_ms: 6,
@@ -874,6 +882,7 @@ fn each_committed_start_of_processing_counts_as_an_attempt_and_survives_a_reopen
             status,
             error: None,
             chunk_count: None,
+            pages_needing_ocr: None,
         }],
         at_ms: 5,
     };
@@ -957,6 +966,7 @@ fn a_store_without_the_pending_index_builds_it_when_opened() {
                 status: DocStatus::Failed,
                 error: Some("bad".into()),
                 chunk_count: None,
+                pages_needing_ocr: None,
             }],
             at_ms: 6,
         })

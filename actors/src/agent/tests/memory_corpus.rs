@@ -88,6 +88,7 @@ impl MemoryCorpus {
             metadata: Default::default(),
             created_at_ms: 0,
             updated_at_ms: 0,
+            pages_needing_ocr: 0,
         };
         let chunk = ChunkView {
             chunk_id: chunk_id(&id, 0),

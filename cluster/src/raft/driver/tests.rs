@@ -346,6 +346,7 @@ async fn three_nodes_elect_replicate_and_dedupe_retries() {
         metadata: Default::default(),
         created_at_ms: 2,
         updated_at_ms: 2,
+        pages_needing_ocr: 0,
     };
     cluster
         .write(&Proposal::new(MetaOp::RegisterDocuments {
@@ -360,6 +361,7 @@ async fn three_nodes_elect_replicate_and_dedupe_retries() {
             status,
             error: None,
             chunk_count: None,
+            pages_needing_ocr: None,
         }],
         at_ms: 3,
     };
