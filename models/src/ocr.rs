@@ -5,8 +5,8 @@
 //!   holding the instruction and the image as a `data:` URI (`image_url` content part),
 //!   `temperature` 0; the answer's `choices[0].message.content` is the text.
 //! - **tesseract**: the `tesseract` CLI (Debian `tesseract-ocr`, plus `tesseract-ocr-chi-sim`
-//!   for Chinese), run as `tesseract stdin stdout -l LANGS`, the image on its stdin, killed at
-//!   the timeout.
+//!   for Chinese), run as `tesseract stdin stdout -l LANGS` with `OMP_THREAD_LIMIT=1`, the
+//!   image on its stdin, killed at the timeout.
 //!
 //! [`Ocr`] holds the engines a node has, picks one for a KB's `ocr` setting
 //! ([`Ocr::engine_for`]), bounds the images in flight on the node (`max_in_flight`), and
@@ -337,6 +337,10 @@ impl Ocr {
             .ok_or_else(|| OcrError::Unavailable("tesseract is not installed".into()))?;
         let mut child = tokio::process::Command::new(&tesseract.command)
             .args(["stdin", "stdout", "-l", &tesseract.languages])
+            // One thread per run: pages run side by side (`max_in_flight`), and tesseract's
+            // OpenMP threads on top of that oversubscribe the cores (tesseract's own advice
+            // for parallel runs).
+            .env("OMP_THREAD_LIMIT", "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
