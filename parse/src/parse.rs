@@ -190,6 +190,20 @@ pub struct ParsedDocument {
     /// The PDF's pages without a text layer (scans): their text needs OCR. Empty for other
     /// formats.
     pub scanned_pages: Vec<ScannedPage>,
+    /// Pictures of a Word or PowerPoint file, for OCR: each sits in `text` as a paragraph of
+    /// its own holding its marker, which the caller replaces with the picture's text (or
+    /// removes). Empty for other formats.
+    pub pictures: Vec<Picture>,
+}
+
+/// A picture in a document's text (see [`ParsedDocument::pictures`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Picture {
+    /// The paragraph's text in [`ParsedDocument::text`]: `[sift-picture-N]`.
+    pub marker: String,
+    /// `image/png`, `image/jpeg`, `image/tiff` or `image/webp`.
+    pub media_type: &'static str,
+    pub bytes: Vec<u8>,
 }
 
 /// A PDF page without a text layer (see [`crate::pdf::Scanned`]).
@@ -582,6 +596,7 @@ pub fn parse_document(
         encoding,
         pages: Vec::new(),
         scanned_pages: Vec::new(),
+        pictures: Vec::new(),
     })
 }
 

@@ -103,6 +103,10 @@ fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(repo_root().join("tests/fixtures/ocr").join(name)).unwrap()
 }
 
+fn office_fixture(name: &str) -> Vec<u8> {
+    std::fs::read(repo_root().join("tests/fixtures/office").join(name)).unwrap()
+}
+
 fn pdf_fixture(name: &str) -> Vec<u8> {
     std::fs::read(repo_root().join("tests/fixtures/pdf").join(name)).unwrap()
 }
@@ -276,6 +280,32 @@ async fn images_are_read_by_the_vision_model_and_found_by_their_text() {
     );
     *vision.delay.lock().unwrap() = Duration::ZERO;
 
+    // Pictures of Word and PowerPoint files: read where they stand.
+    for name in ["pictured.docx", "pictured.pptx"] {
+        let calls_before = vision.calls.lock().unwrap().len();
+        let added = client.upload_ok("scans", name, office_fixture(name)).await;
+        let id = added["id"].as_str().unwrap().to_string();
+        let record = client.wait_document("scans", &id, WAIT).await;
+        assert_eq!(record["status"], "ready", "{name}: {record}");
+        assert_eq!(
+            vision.calls.lock().unwrap().len(),
+            calls_before + 1,
+            "{name}"
+        );
+        let text = chunks_of(&client, "scans", &id)
+            .await
+            .iter()
+            .map(|chunk| chunk["text"].as_str().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(text.contains("Pilots board vessels"), "{name}: {text}");
+        assert!(
+            text.contains("Pier head") || text.contains("pier head"),
+            "{name}: {text}"
+        );
+        assert!(!text.contains("sift-picture"), "{name}: {text}");
+    }
+
     // Bad input, refused at the door with nothing stored.
     let before = client.list_all_documents("scans", 100).await.len();
     let message = client
@@ -336,6 +366,20 @@ async fn images_are_read_by_the_vision_model_and_found_by_their_text() {
         .await
         .expect_error(422, "no_text_layer");
     assert!(message.contains("OCR"), "{message}");
+    // A Word file's picture without an engine: its text is indexed, the picture's marker is not.
+    let pictured = client
+        .upload_ok("no-ocr", "pictured.docx", office_fixture("pictured.docx"))
+        .await;
+    let pictured_id = pictured["id"].as_str().unwrap().to_string();
+    let record = client.wait_document("no-ocr", &pictured_id, WAIT).await;
+    assert_eq!(record["status"], "ready", "{record}");
+    let text = chunks_of(&client, "no-ocr", &pictured_id).await;
+    let text = serde_json::to_string(&text).unwrap();
+    assert!(text.contains("The notice below is posted"), "{text}");
+    assert!(
+        !text.contains("sift-picture") && !text.contains("Pilots"),
+        "{text}"
+    );
 }
 
 /// `tesseract` on the PATH (as `.ci/run` installs it) reads the notice; without it, a KB that

@@ -16,7 +16,7 @@ use sift_storage::meta::{
 };
 use tracing::{info, instrument, warn};
 
-use sift_models::ocr::OcrEngine;
+use sift_models::ocr::{OcrEngine, OcrError};
 
 use super::chunk::{ChunkerConfig, chunk_document, chunk_pages};
 use super::handoff::{self, Fetched};
@@ -319,6 +319,7 @@ async fn run_works(
     })
     .await?;
     recognize_scanned_pages(context, kb, &mut works, deferred).await;
+    recognize_pictures(context, kb, &mut works, deferred).await;
     record_stage("parse", stage);
 
     let mut works = set_stage(context, kb, works, DocStatus::Chunking).await?;
@@ -585,6 +586,7 @@ async fn recognize_images(
                     encoding: "OCR",
                     pages: Vec::new(),
                     scanned_pages: Vec::new(),
+                    pictures: Vec::new(),
                 });
             }
             Err(error) if error.is_transient() => {
@@ -637,6 +639,61 @@ async fn recognize_scanned_pages(
         }
         if let Some(folder) = work.ocr_folder.take() {
             let _ = tokio::fs::remove_dir_all(&folder).await;
+        }
+    }
+}
+
+/// Reads the pictures of the Word and PowerPoint documents among `works` with the KB's OCR
+/// engine, a document's pictures at once within the engine's node-wide bound, and puts each
+/// one's text where its marker paragraph stands. Without an engine, and for a picture the
+/// engine refuses, the marker is removed. An engine away (after its retries) defers the
+/// document.
+async fn recognize_pictures(
+    context: &Arc<NodeContext>,
+    kb: &KbRecord,
+    works: &mut [Work],
+    deferred: &mut Deferred,
+) {
+    let ocr = &context.options.ocr;
+    let engine = ocr.engine_for(&kb.settings.ocr).ok();
+    for work in works.iter_mut() {
+        let pictures = match work.parsed.as_mut() {
+            Some(parsed) if work.failure.is_none() => std::mem::take(&mut parsed.pictures),
+            _ => continue,
+        };
+        if pictures.is_empty() {
+            continue;
+        }
+        let read: Vec<std::result::Result<String, OcrError>> = match engine {
+            None => pictures.iter().map(|_| Ok(String::new())).collect(),
+            Some(engine) => {
+                join_all(
+                    pictures
+                        .iter()
+                        .map(|picture| ocr.recognize(engine, &picture.bytes, picture.media_type)),
+                )
+                .await
+            }
+        };
+        if let Some(error) = read
+            .iter()
+            .find_map(|outcome| outcome.as_ref().err().filter(|error| error.is_transient()))
+        {
+            warn!(document_id = %work.record.id, %error, "OCR unavailable for now");
+            work.deferred = true;
+            deferred.add(work.record.id.clone(), &error.to_string());
+            work.parsed = None;
+            continue;
+        }
+        let Some(parsed) = work.parsed.as_mut() else {
+            continue;
+        };
+        for (picture, outcome) in pictures.iter().zip(read) {
+            let text = outcome.unwrap_or_else(|error| {
+                warn!(document_id = %work.record.id, %error, "OCR refused a picture");
+                String::new()
+            });
+            parsed.text = parsed.text.replace(&picture.marker, text.trim());
         }
     }
 }

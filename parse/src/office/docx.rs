@@ -15,18 +15,18 @@ use std::collections::HashMap;
 use super::container::{Container, parent_dir, resolve};
 use super::markdown::MarkdownOut;
 use super::xml::{Node, XmlWalker, collapse, root_name, texts_of};
-use super::{OfficeLimits, zip_kind_mismatch};
-use crate::parse::{ParseError, SourceFormat};
+use super::{OfficeLimits, Pictures, zip_kind_mismatch};
+use crate::parse::{ParseError, Picture, SourceFormat};
 
 /// Longest `basedOn` chain followed when resolving a style.
 const MAX_STYLE_CHAIN: usize = 16;
 
-/// Returns the document's title (core properties, else its first `Title` paragraph) and its
-/// Markdown.
+/// Returns the document's title (core properties, else its first `Title` paragraph), its
+/// Markdown and its pictures (each after the paragraph that holds it).
 pub(crate) fn docx_to_markdown(
     bytes: &[u8],
     limits: &OfficeLimits,
-) -> Result<(Option<String>, String), ParseError> {
+) -> Result<(Option<String>, String, Vec<Picture>), ParseError> {
     let mut container = Container::open(bytes, limits)?;
     let main = main_part(&mut container, "word/document.xml")?
         .filter(|part| container.has(part))
@@ -54,8 +54,12 @@ pub(crate) fn docx_to_markdown(
         numbering: &numbering,
         comments: &comments,
     };
-    let (first_title, markdown) = body_to_markdown(&xml, &main, &context)?;
-    Ok((core_title.or(first_title), markdown))
+    let relationships = part_relationships(&mut container, &main)?;
+    let mut pictures = Pictures::default();
+    let (first_title, mut markdown) =
+        body_to_markdown(&xml, &main, &context, &relationships, &mut pictures)?;
+    let pictures = pictures.resolve(&mut container, &mut markdown)?;
+    Ok((core_title.or(first_title), markdown, pictures))
 }
 
 /// The target of the package's `officeDocument` relationship (`default` without one).
@@ -429,6 +433,8 @@ struct Paragraph {
     num_id: Option<String>,
     text: String,
     comments: Vec<String>,
+    /// Relationship ids of its pictures (`a:blip r:embed`).
+    pictures: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -443,6 +449,8 @@ fn body_to_markdown(
     xml: &str,
     part: &str,
     context: &Context<'_>,
+    relationships: &[Relationship],
+    pictures: &mut Pictures,
 ) -> Result<(Option<String>, String), ParseError> {
     let styles = context.styles;
     let comments = context.comments;
@@ -516,6 +524,13 @@ fn body_to_markdown(
                     }
                 }
                 "tbl" => tables.push(Table::default()),
+                "blip" => {
+                    if let (Some(paragraph), Some(id)) =
+                        (paragraphs.last_mut(), node.prefixed_attribute("embed"))
+                    {
+                        paragraph.pictures.push(id.to_string());
+                    }
+                }
                 _ => {}
             },
             Node::Close { name } => match name.as_str() {
@@ -533,6 +548,7 @@ fn body_to_markdown(
                         // A text box inside a paragraph: its text joins the paragraph.
                         push_words(&mut outer.text, &paragraph.text);
                         outer.comments.extend(paragraph.comments);
+                        outer.pictures.extend(paragraph.pictures);
                         continue;
                     }
                     let role = paragraph_role(&paragraph, styles);
@@ -567,6 +583,11 @@ fn body_to_markdown(
                     }
                     for comment in &paragraph.comments {
                         out.paragraph(comment);
+                    }
+                    for id in &paragraph.pictures {
+                        if let Some(picture) = relationships.iter().find(|r| &r.id == id) {
+                            pictures.place(&mut out, picture.target.clone());
+                        }
                     }
                 }
                 "tc" => {

@@ -28,6 +28,11 @@ impl MarkdownOut {
         self.block(&escape_line_start(&text));
     }
 
+    /// A picture's marker, as a paragraph of its own (see [`super::Pictures`]).
+    pub(crate) fn picture(&mut self, marker: &str) {
+        self.block(marker);
+    }
+
     /// A bulleted list item at nesting `level` (0 = outermost).
     pub(crate) fn list_item(&mut self, level: usize, text: &str) {
         self.numbered_item(level, None, text);

@@ -33,7 +33,12 @@ mod xml;
 #[cfg(test)]
 mod tests;
 
-use crate::parse::{ParseError, ParsedDocument, SourceFormat, clean_extracted, trim_blank_lines};
+use self::container::Container;
+use self::markdown::MarkdownOut;
+use crate::image::{ImageLimits, check_image};
+use crate::parse::{
+    ParseError, ParsedDocument, Picture, SourceFormat, clean_extracted, trim_blank_lines,
+};
 
 /// Bounds on the work one Office or EPUB file may cost.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,16 +139,20 @@ pub(crate) fn parse_office(
     check_content(bytes, format)?;
     // The walks here are ours, but calamine and zip are large parsers of hostile input: a panic
     // in one fails this document, not the caller's thread.
-    let (title, markdown, encoding) =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            convert(bytes, format, limits)
-        }))
-        .map_err(|_| {
-            ParseError::InvalidDocument(format!(
-                "the {} parser failed on this file",
-                format_label(format)
-            ))
-        })??;
+    let Converted {
+        title,
+        markdown,
+        encoding,
+        pictures,
+    } = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        convert(bytes, format, limits)
+    }))
+    .map_err(|_| {
+        ParseError::InvalidDocument(format!(
+            "the {} parser failed on this file",
+            format_label(format)
+        ))
+    })??;
     let text = trim_blank_lines(&clean_extracted(&markdown));
     if text.trim().is_empty() {
         return Err(ParseError::Empty);
@@ -151,6 +160,11 @@ pub(crate) fn parse_office(
     let title = title
         .map(|title| clean_extracted(&title).trim().to_string())
         .filter(|title| !title.is_empty());
+    // Markers whose picture was not kept are gone from `text` already.
+    let pictures = pictures
+        .into_iter()
+        .filter(|picture| text.contains(&picture.marker))
+        .collect();
     Ok(ParsedDocument {
         title,
         text,
@@ -158,35 +172,100 @@ pub(crate) fn parse_office(
         encoding,
         pages: Vec::new(),
         scanned_pages: Vec::new(),
+        pictures,
     })
 }
 
-/// The title, Markdown and encoding label of a file whose content matched its format.
+/// Most pictures of one document kept for OCR; the rest are left out.
+const MAX_PICTURES: usize = 200;
+/// Pictures smaller than this on either side (icons, bullets, rules) are left out.
+const MIN_PICTURE_SIDE: u32 = 48;
+
+/// The pictures of a Word or PowerPoint file, collected as its Markdown is written: each
+/// placed gets a marker paragraph, and [`Pictures::resolve`] keeps those whose bytes are an
+/// image OCR can read, removing the other markers.
+#[derive(Debug, Default)]
+pub(crate) struct Pictures {
+    /// (marker, zip path of the picture) in document order.
+    placed: Vec<(String, String)>,
+}
+
+impl Pictures {
+    /// Writes the marker of the picture at zip path `target` into `out`.
+    pub(crate) fn place(&mut self, out: &mut MarkdownOut, target: String) {
+        if self.placed.len() >= MAX_PICTURES {
+            return;
+        }
+        let marker = format!("[sift-picture-{}]", self.placed.len() + 1);
+        out.picture(&marker);
+        self.placed.push((marker, target));
+    }
+
+    /// Reads each placed picture; keeps PNG, JPEG, TIFF and WebP images of a readable size
+    /// (EMF, WMF, SVG and tiny images are left out) and removes the markers of the others from
+    /// `markdown`.
+    pub(crate) fn resolve(
+        self,
+        container: &mut Container<'_>,
+        markdown: &mut String,
+    ) -> Result<Vec<Picture>, ParseError> {
+        let mut kept = Vec::new();
+        for (marker, target) in self.placed {
+            let picture = container.read(&target)?.and_then(|bytes| {
+                let info = check_image(&bytes, &ImageLimits::default()).ok()?;
+                (info.width >= MIN_PICTURE_SIDE && info.height >= MIN_PICTURE_SIDE).then_some(
+                    Picture {
+                        marker: marker.clone(),
+                        media_type: info.media_type,
+                        bytes,
+                    },
+                )
+            });
+            match picture {
+                Some(picture) => kept.push(picture),
+                None => *markdown = markdown.replace(&marker, ""),
+            }
+        }
+        Ok(kept)
+    }
+}
+
+/// What a converter made of a file.
+struct Converted {
+    title: Option<String>,
+    markdown: String,
+    /// The encoding label of [`ParsedDocument::encoding`].
+    encoding: &'static str,
+    pictures: Vec<Picture>,
+}
+
+/// The title, Markdown, encoding label and pictures of a file whose content matched its
+/// format.
 fn convert(
     bytes: &[u8],
     format: SourceFormat,
     limits: &OfficeLimits,
-) -> Result<(Option<String>, String, &'static str), ParseError> {
-    Ok(match format {
+) -> Result<Converted, ParseError> {
+    let (title, markdown, encoding, pictures) = match format {
         SourceFormat::Docx => {
-            let (title, text) = docx::docx_to_markdown(bytes, limits)?;
-            (title, text, "DOCX")
+            let (title, text, pictures) = docx::docx_to_markdown(bytes, limits)?;
+            (title, text, "DOCX", pictures)
         }
         SourceFormat::Pptx => {
-            let (title, text) = pptx::pptx_to_markdown(bytes, limits)?;
-            (title, text, "PPTX")
+            let (title, text, pictures) = pptx::pptx_to_markdown(bytes, limits)?;
+            (title, text, "PPTX", pictures)
         }
         SourceFormat::Xlsx | SourceFormat::Ods => {
             let (title, text) = sheet::workbook_to_markdown(bytes, format, limits)?;
-            (title, text, format_label(format))
+            (title, text, format_label(format), Vec::new())
         }
         SourceFormat::Csv => {
             let (text, encoding) = sheet::csv_to_markdown(bytes, limits)?;
-            (None, text, encoding)
+            (None, text, encoding, Vec::new())
         }
         SourceFormat::Epub => {
             let (title, text) = epub::epub_to_markdown(bytes, limits)?;
-            (title, text, "EPUB")
+            (title, text, "EPUB", Vec::new())
         }
         other => {
             return Err(ParseError::UnsupportedType(format!(
@@ -194,6 +273,12 @@ fn convert(
                 other.as_str()
             )));
         }
+    };
+    Ok(Converted {
+        title,
+        markdown,
+        encoding,
+        pictures,
     })
 }
 

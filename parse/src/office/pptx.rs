@@ -12,15 +12,15 @@ use super::container::Container;
 use super::docx::{core_title, main_part, part_relationships};
 use super::markdown::MarkdownOut;
 use super::xml::{Node, XmlWalker, collapse, texts_of};
-use super::{OfficeLimits, zip_kind_mismatch};
-use crate::parse::{ParseError, SourceFormat};
+use super::{OfficeLimits, Pictures, zip_kind_mismatch};
+use crate::parse::{ParseError, Picture, SourceFormat};
 
-/// Returns the presentation's title (core properties, else the first slide's title) and its
-/// Markdown.
+/// Returns the presentation's title (core properties, else the first slide's title), its
+/// Markdown and its pictures (each after its slide's text).
 pub(crate) fn pptx_to_markdown(
     bytes: &[u8],
     limits: &OfficeLimits,
-) -> Result<(Option<String>, String), ParseError> {
+) -> Result<(Option<String>, String, Vec<Picture>), ParseError> {
     let mut container = Container::open(bytes, limits)?;
     let main = main_part(&mut container, "ppt/presentation.xml")?
         .filter(|part| container.has(part) && part.ends_with("presentation.xml"))
@@ -41,6 +41,7 @@ pub(crate) fn pptx_to_markdown(
         }
     }
     let mut out = MarkdownOut::default();
+    let mut pictures = Pictures::default();
     let mut first_title = None;
     for (index, part) in slide_parts.iter().enumerate() {
         let Some(xml) = container.read_text(part)? else {
@@ -56,7 +57,18 @@ pub(crate) fn pptx_to_markdown(
             None => out.heading(1, &format!("Slide {number}")),
         }
         slide.write(&mut out);
-        for relationship in part_relationships(&mut container, part)? {
+        // The slide's pictures, in the order the slide draws them.
+        let slide_relationships = part_relationships(&mut container, part)?;
+        let mut walker = XmlWalker::new(&xml, part);
+        while let Some(node) = walker.next_node()? {
+            if node.is_open("blip")
+                && let Some(id) = node.prefixed_attribute("embed")
+                && let Some(picture) = slide_relationships.iter().find(|r| r.id == id)
+            {
+                pictures.place(&mut out, picture.target.clone());
+            }
+        }
+        for relationship in slide_relationships {
             if relationship.kind.ends_with("/notesSlide") {
                 let Some(xml) = container.read_text(&relationship.target)? else {
                     continue;
@@ -77,7 +89,9 @@ pub(crate) fn pptx_to_markdown(
         }
     }
     let title = core_title(&mut container)?.or(first_title);
-    Ok((title, out.finish()))
+    let mut markdown = out.finish();
+    let pictures = pictures.resolve(&mut container, &mut markdown)?;
+    Ok((title, markdown, pictures))
 }
 
 /// What a slide (or notes page) shows, in document order.

@@ -760,3 +760,42 @@ fn a_utf16_part_with_its_byte_order_mark_reads() {
         "invalid_document"
     );
 }
+
+#[test]
+fn pictures_of_word_and_powerpoint_files_are_kept_for_ocr_in_place() {
+    let notice = std::fs::read(format!(
+        "{}/../tests/fixtures/ocr/harbour-notice.png",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    for (name, before, after) in [
+        (
+            "pictured.docx",
+            "The notice below is posted at the pier head.",
+            Some("Ask the harbour master for copies."),
+        ),
+        ("pictured.pptx", "# Slide 1: Pier head notice", None),
+    ] {
+        let document = parse(name).unwrap();
+        assert_eq!(document.pictures.len(), 1, "{name}: {document:?}");
+        let picture = &document.pictures[0];
+        assert_eq!(picture.marker, "[sift-picture-1]");
+        assert_eq!(picture.media_type, "image/png");
+        assert_eq!(
+            picture.bytes, notice,
+            "{name}: the picture's bytes as stored"
+        );
+        // The marker is a paragraph of its own, after the text that comes before it.
+        let text = &document.text;
+        let marker = text
+            .find("\n\n[sift-picture-1]")
+            .expect("the marker paragraph");
+        assert!(text[..marker].contains(before), "{name}: {text}");
+        if let Some(after) = after {
+            assert!(text[marker..].contains(after), "{name}: {text}");
+        }
+    }
+    // Files without pictures have none and no marker.
+    let report = parse("report.docx").unwrap();
+    assert!(report.pictures.is_empty() && !report.text.contains("[sift-picture"));
+}

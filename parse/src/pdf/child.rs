@@ -218,6 +218,7 @@ fn from_reply(reply: Reply, asked: &Scanned) -> Result<ParsedDocument, ParseErro
                         image: page.image,
                     })
                     .collect(),
+                pictures: Vec::new(),
             })
         }
         Reply::Failed { code, detail } => Err(match code.as_str() {

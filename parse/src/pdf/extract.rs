@@ -120,6 +120,7 @@ pub fn extract_pdf(
         encoding: "PDF",
         pages,
         scanned_pages,
+        pictures: Vec::new(),
     })
 }
 
