@@ -6,9 +6,10 @@
 //! following `basedOn` chains) becomes a heading; a paragraph with numbering (its own or its
 //! style's) becomes a list item at its level; tables become pipe tables (a nested table is
 //! flattened into its cell). A comment is written after the paragraph that carries its
-//! reference, so it is indexed under the same heading. Deleted revisions (`w:delText`), field
-//! codes and the `mc:Fallback` copies of drawings are left out; headers, footers and footnotes
-//! are not read.
+//! reference, so it is indexed under the same heading. A picture (`a:blip`) of a paragraph is
+//! placed after it as a marker for OCR ([`super::Pictures`]). Deleted revisions (`w:delText`),
+//! field codes and the `mc:Fallback` copies of drawings are left out; headers, footers and
+//! footnotes, and the pictures of tables, are not read.
 
 use std::collections::HashMap;
 

@@ -6,7 +6,8 @@
 //! (unless the paragraph turns bullets off), other text boxes as paragraphs, tables as pipe
 //! tables. The slide's speaker notes (`Speaker notes: ...`) and comments (`Comment: ...`, old
 //! and modern comment parts) follow under the same heading, so a hit on them names the slide.
-//! Slide numbers, dates and footers are left out.
+//! The slide's pictures follow its text as markers for OCR ([`super::Pictures`]). Slide
+//! numbers, dates and footers are left out.
 
 use super::container::Container;
 use super::docx::{core_title, main_part, part_relationships};
