@@ -45,17 +45,19 @@ subprocess.run(command, check=True)
 EOF
 "$convert" "$work/page.png" -depth 8 gray:"$work/page.gray"
 
-# The scanned PDF: PAGES pages, each painting the page image (raw grey, Flate-compressed).
+# The scanned PDF: PAGES pages, each painting the page image (raw grey, Flate-compressed),
+# written by the PDF fixtures' writer (tests/fixtures/pdf/make.py).
 python3 - "$work/page.gray" "$pages" "$work/scan.pdf" <<'EOF'
-import sys, zlib
+import sys
+sys.path.insert(0, "tests/fixtures/pdf")
+from make import write_pdf
 pixels, count, out_path = open(sys.argv[1], "rb").read(), int(sys.argv[2]), sys.argv[3]
-stream = zlib.compress(pixels)
 objects = [b"<< /Type /Catalog /Pages 2 0 R >>", None]
 kids = []
 for page in range(count):
     image = len(objects) + 1
     objects.append((b"/Type /XObject /Subtype /Image /Width 2480 /Height 3508 "
-                    b"/ColorSpace /DeviceGray /BitsPerComponent 8 /Filter /FlateDecode", stream))
+                    b"/ColorSpace /DeviceGray /BitsPerComponent 8", pixels))
     objects.append((b"", b"q 595 0 0 842 0 0 cm /Im1 Do Q"))
     kids.append(len(objects) + 1)
     objects.append(b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 595 842] "
@@ -63,21 +65,7 @@ for page in range(count):
                    % (image, image + 1))
 objects[1] = b"<< /Type /Pages /Kids [%s] /Count %d >>" % (
     b" ".join(b"%d 0 R" % k for k in kids), count)
-out = bytearray(b"%PDF-1.7\n")
-offsets = []
-for number, body in enumerate(objects, start=1):
-    offsets.append(len(out))
-    out += b"%d 0 obj\n" % number
-    if isinstance(body, tuple):
-        out += b"<< %s /Length %d >>\nstream\n" % (body[0], len(body[1])) + body[1] + b"\nendstream"
-    else:
-        out += body
-    out += b"\nendobj\n"
-xref = len(out)
-out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-open(out_path, "wb").write(out)
+write_pdf(out_path, objects, compress=True)
 EOF
 
 now() { python3 -c 'import time; print(time.monotonic())'; }

@@ -120,37 +120,6 @@ async fn chunks_of(client: &sift_tests::ApiClient, kb: &str, id: &str) -> Vec<Va
     answer["chunks"].as_array().cloned().unwrap_or_default()
 }
 
-/// A PNG of `width` × `height` with a valid header and no pixels.
-fn png_header(width: u32, height: u32) -> Vec<u8> {
-    let mut ihdr = b"IHDR".to_vec();
-    ihdr.extend_from_slice(&width.to_be_bytes());
-    ihdr.extend_from_slice(&height.to_be_bytes());
-    ihdr.extend_from_slice(&[8, 0, 0, 0, 0]);
-    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
-    png.extend_from_slice(&13u32.to_be_bytes());
-    png.extend_from_slice(&ihdr);
-    png.extend_from_slice(&crc32(&ihdr).to_be_bytes());
-    png.extend_from_slice(&0u32.to_be_bytes());
-    png.extend_from_slice(b"IDAT");
-    png.extend_from_slice(&crc32(b"IDAT").to_be_bytes());
-    png
-}
-
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in bytes {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
-}
-
 async fn node_with_vision(base_url: &str) -> (tempfile::TempDir, InProcessNode) {
     let dir = sift_tests::temp_dir();
     let mut config = Config::for_test(&dir.path().join("node"));
@@ -309,7 +278,7 @@ async fn images_are_read_by_the_vision_model_and_found_by_their_text() {
     // Bad input, refused at the door with nothing stored.
     let before = client.list_all_documents("scans", 100).await.len();
     let message = client
-        .upload("scans", "huge.png", png_header(30_000, 30_000))
+        .upload("scans", "huge.png", fixture("huge-30000.png"))
         .await
         .expect_error(422, "image_too_large");
     assert!(message.contains("30000 × 30000"), "{message}");

@@ -67,6 +67,15 @@ struct Work {
 }
 
 impl Work {
+    /// An OCR engine away (after its retries): the document stays pending and is tried
+    /// again, its parse dropped.
+    fn defer_for_ocr(&mut self, deferred: &mut Deferred, error: &dyn std::fmt::Display) {
+        warn!(document_id = %self.record.id, %error, "OCR unavailable for now");
+        self.deferred = true;
+        self.parsed = None;
+        deferred.add(self.record.id.clone(), &error.to_string());
+    }
+
     fn fail(&mut self, reason: impl Into<String>) {
         if self.failure.is_none() {
             self.failure = Some(reason.into());
@@ -589,11 +598,7 @@ async fn recognize_images(
                     pictures: Vec::new(),
                 });
             }
-            Err(error) if error.is_transient() => {
-                warn!(document_id = %work.record.id, %error, "OCR unavailable for now");
-                work.deferred = true;
-                deferred.add(work.record.id.clone(), &error.to_string());
-            }
+            Err(error) if error.is_transient() => work.defer_for_ocr(deferred, &error),
             Err(error) => work.fail(format!("{}: {error}", error.code())),
         }
     }
@@ -679,10 +684,7 @@ async fn recognize_pictures(
             .iter()
             .find_map(|outcome| outcome.as_ref().err().filter(|error| error.is_transient()))
         {
-            warn!(document_id = %work.record.id, %error, "OCR unavailable for now");
-            work.deferred = true;
-            deferred.add(work.record.id.clone(), &error.to_string());
-            work.parsed = None;
+            work.defer_for_ocr(deferred, error);
             continue;
         }
         let Some(parsed) = work.parsed.as_mut() else {
@@ -740,10 +742,7 @@ async fn read_scanned_pages(
             Ok(Some(_)) => {} // read, and blank
             Ok(None) => needing += 1,
             Err(error) if error.is_transient() => {
-                warn!(document_id = %work.record.id, %error, "OCR unavailable for now");
-                work.deferred = true;
-                work.parsed = None;
-                deferred.add(work.record.id.clone(), &error.to_string());
+                work.defer_for_ocr(deferred, &error);
                 return;
             }
             Err(error) => {

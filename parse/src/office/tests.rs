@@ -507,7 +507,14 @@ fn hand_made_bomb(entries: &[(&str, &[u8])], big_name: &str, size: usize) -> Vec
         central.extend(header(0x0201_4b50, true));
     };
     for (name, data) in entries {
-        add(&mut out, name, 0, crc32(data), data, data.len() as u32);
+        add(
+            &mut out,
+            name,
+            0,
+            crc32fast::hash(data),
+            data,
+            data.len() as u32,
+        );
     }
     add(&mut out, big_name, 8, 0, &bits.bytes, inflated);
     let central_offset = out.len() as u32;
@@ -521,21 +528,6 @@ fn hand_made_bomb(entries: &[(&str, &[u8])], big_name: &str, size: usize) -> Vec
     out.extend(central_offset.to_le_bytes());
     out.extend(0u16.to_le_bytes());
     out
-}
-
-fn crc32(data: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in data {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
 }
 
 #[test]
