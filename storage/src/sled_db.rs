@@ -175,9 +175,16 @@ mod tests {
         // What a snapshot write that failed with ENOSPC leaves: an empty `.generating` file,
         // named after a later log position than any finished snapshot.
         std::fs::write(dir.path().join("snap.7FFFFFFFFFFFFFFF.generating"), b"").unwrap();
-        // sled alone refuses the database.
+        // sled alone refuses the database (once the dropped handle's threads let go of the
+        // lock: a bare `config.open()` on a loaded machine can meet the lock instead, which
+        // failed a CI run).
         let config = sled::Config::new().path(dir.path());
-        assert!(matches!(config.open(), Err(sled::Error::Corruption { .. })));
+        let refused = open_waiting(&config, LOCK_WAIT);
+        assert!(
+            matches!(refused, Err(sled::Error::Corruption { .. })),
+            "{:?}",
+            refused.map(|_| ())
+        );
         let db = open(&config).unwrap();
         assert_eq!(db.len(), 100);
         assert_eq!(db.get(7u32.to_be_bytes()).unwrap().unwrap(), b"kept");
