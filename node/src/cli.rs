@@ -549,7 +549,8 @@ pub fn serve_config(args: &ServeArgs) -> anyhow::Result<Config> {
 }
 
 /// A node run from the `sift` binary parses each PDF in a child process of that binary
-/// (`sift __parse-pdf`), killed at the parse budget (ADR 0024). Nodes inside other programs
+/// (`sift __parse pdf ...`; an `.xls` workbook too, ADR 0030), killed at the parse budget
+/// (ADR 0024). Nodes inside other programs
 /// (tests) keep the guarded thread: their binary is no parse worker.
 pub fn parse_pdfs_in_workers(config: &mut Config) {
     match std::env::current_exe() {

@@ -34,9 +34,9 @@ pub mod views;
 /// The `sift` binary's entry point (also used by test binaries that run the real CLI).
 pub fn main_entry() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some(sift_actors::ingest::pdf::WORKER_COMMAND) {
+    if args.first().map(String::as_str) == Some(sift_actors::ingest::parse_worker::WORKER_COMMAND) {
         // A parse worker of a node (hidden from the CLI): no logging, no runtime.
-        let status = sift_actors::ingest::pdf::serve_worker(
+        let status = sift_actors::ingest::parse_worker::serve_worker(
             &args[1..],
             std::io::stdin().lock(),
             std::io::stdout().lock(),

@@ -48,8 +48,8 @@ pub enum SourceFormat {
 /// The extensions [`SourceFormat::from_file_name`] knows, for messages and folder walks.
 pub const SUPPORTED_EXTENSIONS: &[&str] = &[
     "txt", "text", "md", "markdown", "html", "htm", "json", "jsonl", "ndjson", "pdf", "docx",
-    "pptx", "xlsx", "xlsm", "ods", "csv", "tsv", "epub", "png", "jpg", "jpeg", "tif", "tiff",
-    "webp",
+    "pptx", "xlsx", "xlsm", "xls", "ods", "csv", "tsv", "epub", "png", "jpg", "jpeg", "tif",
+    "tiff", "webp",
 ];
 
 impl SourceFormat {
@@ -498,10 +498,10 @@ pub fn parse_document(
 ) -> Result<ParsedDocument, ParseError> {
     match format {
         SourceFormat::Pdf => return crate::pdf::parse_pdf(bytes, &options.pdf),
+        SourceFormat::Xls => return crate::office::parse_xls(bytes, &options.office, &options.pdf),
         SourceFormat::Docx
         | SourceFormat::Pptx
         | SourceFormat::Xlsx
-        | SourceFormat::Xls
         | SourceFormat::Ods
         | SourceFormat::Csv
         | SourceFormat::Epub => {

@@ -1,7 +1,7 @@
 //! PDF ingestion (issue 17, first increment): uploads, pages on chunks, hits and citations,
 //! bad PDFs refused with their codes, `sift ingest` of a folder with PDFs in it, and the parse
-//! worker process of a node run from the `sift` binary, killed when a PDF makes it spin, and
-//! held to its memory budget when a PDF inflates.
+//! worker process of a node run from the `sift` binary, killed when a PDF (or an `.xls`
+//! workbook) makes it spin, and held to its memory budget when a PDF inflates.
 //!
 //! The fixtures are `tests/fixtures/pdf/` (made by its `make.py`; see its README).
 
@@ -17,6 +17,11 @@ const KB: &str = "manuals";
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = repo_root().join("tests/fixtures/pdf").join(name);
+    std::fs::read(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+}
+
+fn office_fixture(name: &str) -> Vec<u8> {
+    let path = repo_root().join("tests/fixtures/office").join(name);
     std::fs::read(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
 }
 
@@ -316,7 +321,7 @@ fn child_processes(pid: u32) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_process_parses_pdfs_in_workers_and_kills_one_that_spins() {
+async fn a_node_process_parses_pdfs_and_xls_in_workers_and_kills_those_that_spin() {
     let dir = sift_tests::temp_dir();
     let mut node = NodeProcess::start(
         &dir.path().join("node"),
@@ -367,6 +372,40 @@ async fn a_node_process_parses_pdfs_in_workers_and_kills_one_that_spins() {
     assert_eq!(answer["hits"][0]["pages"], pages(2, 2), "{answer:#}");
     assert_eq!(answer["hits"][0]["heading_path"], json!(["Optics"]));
     assert!(child_processes(node.pid()).is_empty());
+
+    // An Excel 97-2003 workbook goes through a worker too: calamine loops on this one's
+    // sector chain (found by fuzzing), copying as it goes, so its worker either runs into
+    // its memory cap or is killed at the budget, whichever comes first.
+    let message = client
+        .upload(KB, "loops.xls", office_fixture("calamine-cfb-loop.xls"))
+        .await
+        .expect_error(422, "document_too_large");
+    assert!(
+        message.contains("pdf_parse_timeout_ms") || message.contains("pdf_worker_memory_mb"),
+        "{message}"
+    );
+    assert!(child_processes(node.pid()).is_empty());
+    let added = client
+        .upload_ok(KB, "inventory.xls", office_fixture("inventory.xls"))
+        .await;
+    let record = client
+        .wait_document(KB, added["id"].as_str().unwrap(), WAIT)
+        .await;
+    assert_eq!(record["status"], "ready", "{record}");
+    let answer = client
+        .search(
+            KB,
+            json!({ "query": "Tidewater Forge supplier", "top_k": 3 }),
+        )
+        .await;
+    assert!(
+        answer["hits"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Row 2: Name: Tidewater Forge; Country: Norway"),
+        "{answer:#}"
+    );
+    assert_eq!(answer["hits"][0]["heading_path"], json!(["Suppliers"]));
     node.stop();
 }
 

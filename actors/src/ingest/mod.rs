@@ -11,4 +11,5 @@ pub mod raw_store;
 pub mod worker;
 
 /// Format parsers and the chunker live in the light `sift-parse` crate (fuzzed on their own).
+pub use sift_parse::worker as parse_worker;
 pub use sift_parse::{chunk, image, office, parse, pdf};

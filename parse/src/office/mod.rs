@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `.docx` ([`docx`]) | paragraph styles `Title`, `Heading 1`-`9` (or an outline level) | lists, tables, comments after the paragraph they mark |
 //! | `.pptx` ([`pptx`]) | `# Slide N: title` per slide | bullets, tables, speaker notes and comments under their slide |
-//! | `.xlsx` `.ods` `.csv` ([`sheet`]) | `# sheet name` | one record per row: `Row N: Header: value; ...` |
+//! | `.xlsx` `.xls` `.ods` `.csv` ([`sheet`]) | `# sheet name` | one record per row: `Row N: Header: value; ...` |
 //! | `.epub` ([`epub`]) | the chapters' own HTML headings | lists, tables (through the HTML converter) |
 //!
 //! Zip containers are untrusted: [`container::Container`] refuses more than
@@ -17,10 +17,15 @@
 //! the archive declares), so a zip bomb fails with `document_too_large`. Spreadsheets stop at
 //! [`OfficeLimits::max_rows`] rows and [`OfficeLimits::max_cells`] cells.
 //!
-//! The content must be what the name says ([`sniff`]): an old binary `.doc`/`.ppt`/`.xls` (an
-//! OLE compound file) is `unsupported_type` naming the format; a `.docx` that is really a PDF, plain
+//! The content must be what the name says ([`sniff`]): an old binary `.doc`/`.ppt` (an OLE
+//! compound file) is `unsupported_type` naming the format; a `.docx` that is really a PDF, plain
 //! text or a spreadsheet is refused with `content_mismatch` naming what it is, rather than
 //! parsed as something else (the document's recorded format and its file name would disagree).
+//!
+//! An Excel 97-2003 workbook (`.xls`) is read by calamine's OLE reader, which loops without
+//! end on a crafted sector chain (found by fuzzing): [`parse_xls`] runs it in a parse worker
+//! process killed at the time budget ([`crate::worker`], ADR 0030), or on a guarded thread
+//! abandoned at the budget when there is no worker program.
 
 mod container;
 mod docx;
@@ -39,6 +44,8 @@ use crate::image::{ImageLimits, check_image};
 use crate::parse::{
     ParseError, ParsedDocument, Picture, SourceFormat, clean_extracted, trim_blank_lines,
 };
+use crate::pdf::PdfLimits;
+use crate::worker::{Abandoned, on_guarded_thread};
 
 /// Bounds on the work one Office or EPUB file may cost.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,20 +104,14 @@ pub fn legacy_office_format(file_name: &str) -> Option<&'static str> {
     match extension.to_ascii_lowercase().as_str() {
         "doc" | "dot" => Some("a Word 97-2003 document (.doc)"),
         "ppt" | "pps" | "pot" => Some("a PowerPoint 97-2003 presentation (.ppt)"),
-        "xls" | "xlt" => Some(LEGACY_EXCEL),
         _ => None,
     }
 }
-
-/// How [`legacy_office_format`] names an old binary Excel workbook.
-const LEGACY_EXCEL: &str = "an Excel 97-2003 workbook (.xls)";
 
 /// The newer format to save an old binary one (as [`legacy_office_format`] names it) as.
 pub fn legacy_save_as(format_name: &str) -> &'static str {
     if format_name.contains("Word") {
         ".docx"
-    } else if format_name.contains("Excel") {
-        ".xlsx"
     } else {
         ".pptx"
     }
@@ -121,22 +122,67 @@ pub fn legacy_office_message(format_name: &str, save_as: &str) -> String {
     format!("{format_name} is an old binary format that is not supported: save it as {save_as}")
 }
 
-/// Parses an Office, spreadsheet or EPUB file of `format` under `limits`.
+/// Parses an Office, spreadsheet or EPUB file of `format` under `limits` (an `.xls`
+/// workbook: see [`parse_xls`]).
 pub(crate) fn parse_office(
     bytes: &[u8],
     format: SourceFormat,
     limits: &OfficeLimits,
 ) -> Result<ParsedDocument, ParseError> {
-    if format == SourceFormat::Xls {
-        // calamine's reader of OLE files loops without end on a crafted sector chain (found
-        // by the parse_office fuzz target) and panics on truncated files; Office parsing runs
-        // in the node process, so `.xls` is refused until it runs in a worker (ADR 0026).
-        return Err(ParseError::UnsupportedType(legacy_office_message(
-            LEGACY_EXCEL,
-            ".xlsx",
-        )));
-    }
     check_content(bytes, format)?;
+    parse_checked(bytes, format, limits)
+}
+
+/// Parses an Excel 97-2003 workbook under `limits`, in the worker process of `process` when
+/// it names one (killed past its budget, its memory capped), else on a guarded thread
+/// abandoned at the budget.
+pub(crate) fn parse_xls(
+    bytes: &[u8],
+    limits: &OfficeLimits,
+    process: &PdfLimits,
+) -> Result<ParsedDocument, ParseError> {
+    check_content(bytes, SourceFormat::Xls)?;
+    if let Some(program) = &process.worker {
+        return crate::worker::parse_xls_in_child(program, bytes, limits, process);
+    }
+    let owned = bytes.to_vec();
+    let thread_limits = limits.clone();
+    let parsed = on_guarded_thread(
+        "sift-xls",
+        XLS_STACK_BYTES,
+        process.time_budget,
+        move || parse_checked(&owned, SourceFormat::Xls, &thread_limits),
+    );
+    match parsed {
+        Ok(result) => result,
+        Err(Abandoned::OverBudget) => Err(ParseError::DocumentTooLarge(format!(
+            "parsing it takes longer than the {} s budget (pdf_parse_timeout_ms)",
+            process.time_budget.as_secs_f64()
+        ))),
+        Err(Abandoned::Panicked(_)) => Err(ParseError::InvalidDocument(
+            "the XLS parser failed on this file".into(),
+        )),
+        Err(Abandoned::Lost(detail)) => Err(ParseError::InvalidDocument(detail)),
+    }
+}
+
+/// What a parse worker runs for an `.xls` job: the parse itself, in this process.
+pub(crate) fn parse_xls_here(
+    bytes: &[u8],
+    limits: &OfficeLimits,
+) -> Result<ParsedDocument, ParseError> {
+    parse_office(bytes, SourceFormat::Xls, limits)
+}
+
+/// Stack of the thread an `.xls` workbook is parsed on without a worker.
+const XLS_STACK_BYTES: usize = 8 * 1024 * 1024;
+
+/// Parses a file whose content [`check_content`] accepted.
+fn parse_checked(
+    bytes: &[u8],
+    format: SourceFormat,
+    limits: &OfficeLimits,
+) -> Result<ParsedDocument, ParseError> {
     // The walks here are ours, but calamine and zip are large parsers of hostile input: a panic
     // in one fails this document, not the caller's thread.
     let Converted {
@@ -255,7 +301,7 @@ fn convert(
             let (title, text, pictures) = pptx::pptx_to_markdown(bytes, limits)?;
             (title, text, "PPTX", pictures)
         }
-        SourceFormat::Xlsx | SourceFormat::Ods => {
+        SourceFormat::Xlsx | SourceFormat::Xls | SourceFormat::Ods => {
             let (title, text) = sheet::workbook_to_markdown(bytes, format, limits)?;
             (title, text, format_label(format), Vec::new())
         }

@@ -16,7 +16,7 @@
 
 use std::io::Cursor;
 
-use calamine::{Data, Ods, Reader, Xlsx};
+use calamine::{Data, Ods, Reader, Xls, Xlsx};
 
 use super::OfficeLimits;
 use super::container::Container;
@@ -60,6 +60,13 @@ pub(crate) fn workbook_to_markdown(
             check_ods_repeats(&content, limits)?;
             container.check_every_entry()?;
             let workbook = Ods::new(Cursor::new(bytes)).map_err(invalid)?;
+            read_ranges(workbook, &mut records)?;
+        }
+        SourceFormat::Xls => {
+            // An OLE compound file, not a zip: no container caps apply. Its sheets are bounded
+            // by the format (65,536 rows by 256 columns), and this runs in a parse worker whose
+            // memory is capped (`super::parse_xls`).
+            let workbook = Xls::new(Cursor::new(bytes)).map_err(invalid)?;
             read_ranges(workbook, &mut records)?;
         }
         other => {

@@ -11,7 +11,7 @@
 //! before any page is read and a time budget checked between pages and enforced by the caller's
 //! wait. A page that never finishes cannot be stopped from inside the process, so a node run
 //! from the `sift` binary parses each PDF in a child process that is killed at the budget
-//! ([`child`], [`PdfLimits::worker`]), with its address space capped
+//! ([`crate::worker`], [`PdfLimits::worker`]), with its address space capped
 //! ([`PdfLimits::worker_memory_bytes`]) so that a decompression bomb ends the worker, not the
 //! node's memory; without one (a node inside a test binary) the caller
 //! gives up on the thread at the budget and leaves it to end on its own.
@@ -22,18 +22,17 @@
 //! no OCR engine). Pages without text are listed with their saved images
 //! ([`Scanned::SaveImages`]) for the OCR engine the ingestion pipeline calls.
 
-mod child;
 mod clean;
 mod extract;
 
 use std::path::PathBuf;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::parse::{ParseError, ParsedDocument};
+use crate::worker::{Abandoned, on_guarded_thread};
 
-pub use self::child::{MIN_WORKER_MEMORY_BYTES, WORKER_COMMAND, serve_worker};
 pub use self::extract::extract_pdf;
+pub use crate::worker::MIN_WORKER_MEMORY_BYTES;
 
 /// Bounds on the work one PDF may cost.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,8 +41,9 @@ pub struct PdfLimits {
     pub max_pages: usize,
     /// Longest parsing may take, all pages together (`pdf_too_large` past it).
     pub time_budget: Duration,
-    /// The program to parse in (the `sift` binary, run as `sift __parse-pdf`): each PDF is
-    /// parsed in a child process killed at the budget. `None`: on a guarded thread here.
+    /// The program to parse in (the `sift` binary, run as `sift __parse pdf ...`): each PDF
+    /// (and each `.xls` workbook, under the same budget and memory cap) is parsed in a child
+    /// process killed at the budget. `None`: on a guarded thread here.
     pub worker: Option<PathBuf>,
     /// Memory a worker may take beyond what it holds when it starts (its address space is
     /// capped there, `RLIMIT_AS`); a PDF that needs more fails with `pdf_too_large`. Only a
@@ -91,7 +91,7 @@ pub const DEFAULT_WORKER_MEMORY_BYTES: u64 = 1 << 30;
 const PARSER_STACK_BYTES: usize = 64 * 1024 * 1024;
 
 /// Extra wait past the budget for the parser to notice it at a page boundary.
-const BUDGET_GRACE: Duration = Duration::from_secs(1);
+pub(crate) const BUDGET_GRACE: Duration = Duration::from_secs(1);
 
 /// Longest message of the parser kept in an `invalid_pdf` reason.
 const MAX_REASON_CHARS: usize = 300;
@@ -100,49 +100,37 @@ const MAX_REASON_CHARS: usize = 300;
 /// else on a guarded thread (see the module docs).
 pub fn parse_pdf(bytes: &[u8], limits: &PdfLimits) -> Result<ParsedDocument, ParseError> {
     match &limits.worker {
-        Some(program) => child::parse_in_child(program, bytes, limits),
+        Some(program) => crate::worker::parse_pdf_in_child(program, bytes, limits),
         None => parse_on_thread(bytes, limits),
     }
 }
 
 /// Parses `bytes` on a thread with a big stack, inside `catch_unwind`, waiting at most the
 /// budget (plus [`BUDGET_GRACE`]) for it.
-fn parse_on_thread(bytes: &[u8], limits: &PdfLimits) -> Result<ParsedDocument, ParseError> {
+pub(crate) fn parse_on_thread(
+    bytes: &[u8],
+    limits: &PdfLimits,
+) -> Result<ParsedDocument, ParseError> {
     let owned = bytes.to_vec();
     let thread_limits = limits.clone();
     let deadline = Instant::now() + limits.time_budget;
-    // Capacity 1: the parser never blocks on sending, even after the caller gave up.
-    let (sender, receiver) = mpsc::sync_channel(1);
-    std::thread::Builder::new()
-        .name("sift-pdf".into())
-        .stack_size(PARSER_STACK_BYTES)
-        .spawn(move || {
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                extract_pdf(owned, &thread_limits, deadline)
-            }));
-            let _ = sender.send(outcome);
-        })
-        .map_err(|error| ParseError::InvalidPdf(format!("no thread to parse it on: {error}")))?;
-    match receiver.recv_timeout(limits.time_budget + BUDGET_GRACE) {
-        Ok(Ok(result)) => result,
-        Ok(Err(panic)) => {
-            let detail = panic
-                .downcast_ref::<&str>()
-                .map(|message| message.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "no message".into());
-            Err(ParseError::InvalidPdf(reason(&format!(
-                "the parser failed on it ({detail})"
-            ))))
-        }
-        Err(mpsc::RecvTimeoutError::Timeout) => Err(over_budget(limits)),
-        Err(mpsc::RecvTimeoutError::Disconnected) => Err(ParseError::InvalidPdf(
-            "the parser stopped without an answer".into(),
-        )),
+    let parsed = on_guarded_thread(
+        "sift-pdf",
+        PARSER_STACK_BYTES,
+        limits.time_budget + BUDGET_GRACE,
+        move || extract_pdf(owned, &thread_limits, deadline),
+    );
+    match parsed {
+        Ok(result) => result,
+        Err(Abandoned::Panicked(detail)) => Err(ParseError::InvalidPdf(reason(&format!(
+            "the parser failed on it ({detail})"
+        )))),
+        Err(Abandoned::OverBudget) => Err(over_budget(limits)),
+        Err(Abandoned::Lost(detail)) => Err(ParseError::InvalidPdf(detail)),
     }
 }
 
-fn over_budget(limits: &PdfLimits) -> ParseError {
+pub(crate) fn over_budget(limits: &PdfLimits) -> ParseError {
     ParseError::PdfTooLarge(format!(
         "parsing it takes longer than the {} s budget (pdf_parse_timeout_ms)",
         limits.time_budget.as_secs_f64()
