@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::JsonMap;
 
 /// The pages a chunk, hit or citation lies on (1-based, inclusive): `{"first": 2, "last": 3}`.
-/// Documents with pages (PDF) have them; other formats have `null` in their place.
+/// Documents with pages (PDF; a PowerPoint deck, a page a slide) have them; other formats
+/// have `null` in their place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PageRange {
     pub first: u32,

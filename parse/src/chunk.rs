@@ -233,6 +233,40 @@ pub fn chunk_pages(text: &str, pages: &[Page], config: &ChunkerConfig) -> Chunke
     chunk_sections(text, &sections, config)
 }
 
+/// Cuts a Markdown document whose pages are known (a PowerPoint deck: a page a slide) into
+/// children and parents with Markdown's structure awareness (headings, tables, lists, code),
+/// each section split where a page starts, so that no child crosses a page and every chunk
+/// knows its pages, as [`chunk_pages`] does for plain text. A block belongs to the page its
+/// first byte is on; text outside every page has no page.
+pub fn chunk_markdown_pages(text: &str, pages: &[Page], config: &ChunkerConfig) -> Chunked {
+    let page_at = |offset: usize| {
+        pages
+            .iter()
+            .find(|page| page.start <= offset && offset < page.end)
+            .map(|page| page.number)
+    };
+    let mut sections: Vec<Section> = Vec::new();
+    for section in markdown_sections(text) {
+        let mut current: Option<Section> = None;
+        for block in section.blocks {
+            let page = page_at(block.start);
+            match current.as_mut() {
+                Some(open) if open.page == page => open.blocks.push(block),
+                _ => {
+                    sections.extend(current.take());
+                    current = Some(Section {
+                        path: section.path.clone(),
+                        blocks: vec![block],
+                        page,
+                    });
+                }
+            }
+        }
+        sections.extend(current);
+    }
+    chunk_sections(text, &sections, config)
+}
+
 /// Packs the blocks of `sections` (in text order, non-empty) into children and parents.
 fn chunk_sections(text: &str, sections: &[Section], config: &ChunkerConfig) -> Chunked {
     let bound = config.chunk_tokens + config.min_tail_tokens + config.overlap_tokens;
@@ -445,7 +479,7 @@ struct Block {
 struct Section {
     path: Vec<String>,
     blocks: Vec<Block>,
-    /// The page the section is (a PDF's, [`chunk_pages`]).
+    /// The page the section is on ([`chunk_pages`], [`chunk_markdown_pages`]).
     page: Option<u32>,
 }
 
@@ -1746,5 +1780,44 @@ mod tests {
             prop_assert!(chunked.children.iter().all(|child| !child.body.trim().is_empty()));
             prop_assert!(chunked.parents.iter().all(|parent| !parent.text.trim().is_empty()));
         }
+    }
+
+    #[test]
+    fn markdown_pages_split_a_section_where_a_page_starts_and_keep_tables_whole() {
+        let first = "# Lighthouses\n\nThe Skerryvore light stands on a reef.\n\n";
+        let second = "The keepers rowed out each month.\n\n| Light | Range |\n|---|---|\n| Skerryvore | 18 |\n";
+        let text = format!("{first}{second}");
+        let pages = vec![
+            Page {
+                number: 1,
+                start: 0,
+                end: first.len(),
+                heading_path: Vec::new(),
+            },
+            Page {
+                number: 2,
+                start: first.len(),
+                end: text.len(),
+                heading_path: Vec::new(),
+            },
+        ];
+        let chunked = chunk_markdown_pages(&text, &pages, &config(400, 0, 2000));
+        let on = |needle: &str| {
+            chunked
+                .children
+                .iter()
+                .find(|child| child.body.contains(needle))
+                .unwrap_or_else(|| panic!("{needle}: {chunked:#?}"))
+        };
+        assert_eq!(on("reef").pages, Some((1, 1)));
+        assert_eq!(on("keepers").pages, Some((2, 2)));
+        assert!(on("| Light | Range |").body.contains("| Skerryvore | 18 |"));
+        for child in &chunked.children {
+            let (first_page, last_page) = child.pages.expect("every chunk has its page");
+            assert_eq!(first_page, last_page);
+            assert_eq!(child.heading_path, ["Lighthouses"]);
+            assert!(!(child.body.contains("reef") && child.body.contains("keepers")));
+        }
+        assert_eq!(chunked.parents[0].pages, Some((1, 2)));
     }
 }

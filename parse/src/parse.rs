@@ -184,8 +184,9 @@ pub struct ParsedDocument {
     /// The detected source encoding, as named by `encoding_rs` ("UTF-8", "GBK", "Big5", ...);
     /// `"PDF"` for a PDF.
     pub encoding: &'static str,
-    /// Where each page's text lies in `text` (PDF); empty for formats without pages. Chunks
-    /// never cross a page boundary when it is given.
+    /// Where each page's text lies in `text` (a PDF's pages; a PowerPoint deck's slides, a
+    /// page a slide); empty for formats without pages. Chunks never cross a page boundary
+    /// when it is given.
     pub pages: Vec<Page>,
     /// The PDF's pages without a text layer (scans): their text needs OCR. Empty for other
     /// formats.
@@ -194,6 +195,31 @@ pub struct ParsedDocument {
     /// its own holding its marker, which the caller replaces with the picture's text (or
     /// removes). Empty for other formats.
     pub pictures: Vec<Picture>,
+}
+
+impl ParsedDocument {
+    /// Puts `replacement` where `marker` (a picture's marker paragraph, see
+    /// [`ParsedDocument::pictures`]) stands in `text`, and moves the page ranges after it by
+    /// the difference, so that they still hold their pages' text. Nothing happens when the
+    /// marker is not in the text.
+    pub fn replace_marker(&mut self, marker: &str, replacement: &str) {
+        let Some(start) = self.text.find(marker) else {
+            return;
+        };
+        let end = start + marker.len();
+        self.text.replace_range(start..end, replacement);
+        let moved = |offset: usize| {
+            if offset >= end {
+                offset - marker.len() + replacement.len()
+            } else {
+                offset
+            }
+        };
+        for page in &mut self.pages {
+            page.start = moved(page.start);
+            page.end = moved(page.end);
+        }
+    }
 }
 
 /// A picture in a document's text (see [`ParsedDocument::pictures`]).
@@ -1643,5 +1669,41 @@ mod tests {
         let (text, _) =
             decode_text(b"page one of the report\x0cpage two of the report\x1a").unwrap();
         assert_eq!(text, "page one of the report\npage two of the report");
+    }
+
+    #[test]
+    fn replacing_a_marker_keeps_the_page_ranges_on_their_pages() {
+        let text = "# Slide 1\n\n[sift-picture-1]\n\n# Slide 2\n\n[sift-picture-2]\n";
+        let second = text.find("# Slide 2").unwrap();
+        let page = |number, start, end| Page {
+            number,
+            start,
+            end,
+            heading_path: Vec::new(),
+        };
+        let mut parsed = ParsedDocument {
+            title: None,
+            text: text.to_string(),
+            markdown: true,
+            encoding: "PPTX",
+            pages: vec![page(1, 0, second), page(2, second, text.len())],
+            scanned_pages: Vec::new(),
+            pictures: Vec::new(),
+        };
+        parsed.replace_marker("[sift-picture-1]", "HARBOUR NOTICE: the pier is closed");
+        parsed.replace_marker("[sift-picture-2]", "");
+        parsed.replace_marker("[sift-picture-3]", "never placed");
+        let slides: Vec<&str> = parsed
+            .pages
+            .iter()
+            .map(|page| &parsed.text[page.start..page.end])
+            .collect();
+        assert_eq!(
+            slides,
+            [
+                "# Slide 1\n\nHARBOUR NOTICE: the pier is closed\n\n",
+                "# Slide 2\n\n\n"
+            ]
+        );
     }
 }

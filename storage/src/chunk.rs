@@ -53,7 +53,7 @@ pub struct ParentRecord {
     pub text: String,
     /// Character offsets `[start, end)` in the document's extracted text.
     pub span: (u32, u32),
-    /// The pages of its children (PDF); `None` for documents without pages. Last field: a
+    /// The pages of its children (PDF, PowerPoint slides); `None` for documents without pages. Last field: a
     /// record stored before pages existed decodes without it (see `chunk_store`).
     pub pages: Option<PageRange>,
 }
@@ -72,7 +72,7 @@ pub struct ChunkRecord {
     pub span: (u32, u32),
     /// L2-normalised embedding of the chunk.
     pub vector: Vec<f32>,
-    /// The page it lies on (PDF); `None` for documents without pages. Last field: a record
+    /// The page it lies on (PDF, PowerPoint slide); `None` for documents without pages. Last field: a record
     /// stored before pages existed decodes without it (see `chunk_store`).
     pub pages: Option<PageRange>,
 }
@@ -116,7 +116,7 @@ pub struct ChunkView {
     pub parent_text: Option<String>,
     pub heading_path: Vec<String>,
     pub span: (u32, u32),
-    /// `{"first", "last"}` for a document with pages (PDF), else `null`.
+    /// `{"first", "last"}` for a document with pages (PDF, slides), else `null`.
     pub pages: Option<PageRange>,
     pub metadata: Metadata,
 }

@@ -261,13 +261,21 @@ async fn images_are_read_by_the_vision_model_and_found_by_their_text() {
             calls_before + 1,
             "{name}"
         );
-        let text = chunks_of(&client, "scans", &id)
-            .await
+        let chunks = chunks_of(&client, "scans", &id).await;
+        let text = chunks
             .iter()
             .map(|chunk| chunk["text"].as_str().unwrap_or_default().to_string())
             .collect::<Vec<_>>()
             .join("\n");
         assert!(text.contains("Pilots board vessels"), "{name}: {text}");
+        // A slide's picture text stays on its slide (a page of the deck).
+        let expected_pages = match name {
+            "pictured.pptx" => json!({ "first": 1, "last": 1 }),
+            _ => Value::Null,
+        };
+        for chunk in &chunks {
+            assert_eq!(chunk["pages"], expected_pages, "{name}: {chunk:#}");
+        }
         assert!(
             text.contains("Pier head") || text.contains("pier head"),
             "{name}: {text}"

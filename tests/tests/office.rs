@@ -88,13 +88,14 @@ async fn each_office_format_is_searchable_under_its_heading_path() {
         "{hit:#}"
     );
 
-    // PowerPoint: notes and comments under their slide's title.
+    // PowerPoint: notes and comments under their slide's title; a slide is a page.
     let hit = hit_with(&client, "raft snapshot format", "raft snapshot").await;
     assert_eq!(
         hit["heading_path"],
         json!(["Slide 2: Storage Engine"]),
         "{hit:#}"
     );
+    assert_eq!(hit["pages"], json!({ "first": 2, "last": 2 }), "{hit:#}");
     assert!(
         hit["text"]
             .as_str()
@@ -108,6 +109,7 @@ async fn each_office_format_is_searchable_under_its_heading_path() {
     )
     .await;
     assert_eq!(hit["heading_path"], json!(["Slide 3: Latency Budget"]));
+    assert_eq!(hit["pages"], json!({ "first": 3, "last": 3 }), "{hit:#}");
 
     // Spreadsheets: a record per row, with its header, under the sheet's name (the three
     // workbooks, .xlsx, .xls and .ods, hold the same rows).

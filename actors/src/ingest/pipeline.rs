@@ -18,7 +18,7 @@ use tracing::{info, instrument, warn};
 
 use sift_models::ocr::{OcrEngine, OcrError};
 
-use super::chunk::{ChunkerConfig, chunk_document, chunk_pages};
+use super::chunk::{ChunkerConfig, chunk_document, chunk_markdown_pages, chunk_pages};
 use super::handoff::{self, Fetched};
 use super::image::{ImageLimits, check_image};
 use super::parse::{Page, ParseOptions, ParsedDocument, ScannedPage, SourceFormat, parse_document};
@@ -342,6 +342,8 @@ async fn run_works(
             let chunked = match unpanicked("chunking", || {
                 if parsed.pages.is_empty() {
                     chunk_document(&parsed.text, parsed.markdown, &config)
+                } else if parsed.markdown {
+                    chunk_markdown_pages(&parsed.text, &parsed.pages, &config)
                 } else {
                     chunk_pages(&parsed.text, &parsed.pages, &config)
                 }
@@ -695,7 +697,7 @@ async fn recognize_pictures(
                 warn!(document_id = %work.record.id, %error, "OCR refused a picture");
                 String::new()
             });
-            parsed.text = parsed.text.replace(&picture.marker, text.trim());
+            parsed.replace_marker(&picture.marker, text.trim());
         }
     }
 }

@@ -211,12 +211,16 @@ fn parse_checked(
         .into_iter()
         .filter(|picture| text.contains(&picture.marker))
         .collect();
+    let pages = match format {
+        SourceFormat::Pptx => pptx::slide_pages(&text),
+        _ => Vec::new(),
+    };
     Ok(ParsedDocument {
         title,
         text,
         markdown: true,
         encoding,
-        pages: Vec::new(),
+        pages,
         scanned_pages: Vec::new(),
         pictures,
     })

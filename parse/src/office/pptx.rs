@@ -14,7 +14,7 @@ use super::docx::{core_title, main_part, part_relationships};
 use super::markdown::MarkdownOut;
 use super::xml::{Node, XmlWalker, collapse, texts_of};
 use super::{OfficeLimits, Pictures, zip_kind_mismatch};
-use crate::parse::{ParseError, Picture, SourceFormat};
+use crate::parse::{Page, ParseError, Picture, SourceFormat};
 
 /// Returns the presentation's title (core properties, else the first slide's title), its
 /// Markdown and its pictures (each after its slide's text).
@@ -323,4 +323,45 @@ fn add_shape(shapes: &mut Shapes, shape: Shape) {
             }
         }
     }
+}
+
+/// The slides of a deck's Markdown as pages: each from its `# Slide N` heading to the next
+/// one (or the end), numbered by its slide. Only the converter writes a line starting with
+/// `# ` (text starting with `#` is escaped), and slide numbers only grow.
+pub(crate) fn slide_pages(text: &str) -> Vec<Page> {
+    let mut starts: Vec<(u32, usize)> = Vec::new();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let number = line
+            .strip_prefix("# Slide ")
+            .map(|rest| {
+                rest.trim_end()
+                    .split(':')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .and_then(|digits| digits.parse::<u32>().ok());
+        if let Some(number) = number
+            && starts.last().is_none_or(|(last, _)| *last < number)
+        {
+            starts.push((number, offset));
+        }
+        offset += line.len();
+    }
+    let ends = starts
+        .iter()
+        .skip(1)
+        .map(|(_, start)| *start)
+        .chain(std::iter::once(text.len()));
+    starts
+        .iter()
+        .zip(ends)
+        .map(|((number, start), end)| Page {
+            number: *number,
+            start: *start,
+            end,
+            heading_path: Vec::new(),
+        })
+        .collect()
 }

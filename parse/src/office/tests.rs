@@ -7,7 +7,7 @@ use std::time::Instant;
 use zip::write::SimpleFileOptions;
 
 use super::*;
-use crate::chunk::{ChunkerConfig, chunk_document};
+use crate::chunk::{ChunkerConfig, chunk_document, chunk_markdown_pages};
 use crate::parse::{ParseOptions, parse_document};
 
 /// A fixture of `tests/fixtures/office/`.
@@ -193,6 +193,33 @@ fn pptx_gives_each_slide_a_heading_with_its_notes_comments_and_tables() {
         child_with(&chunked, "| Rerank | 25 |").heading_path,
         ["Slide 3: Latency Budget"]
     );
+}
+
+#[test]
+fn a_decks_slides_are_its_pages_and_its_chunks_know_them() {
+    let document = parse("deck.pptx").unwrap();
+    let numbers: Vec<u32> = document.pages.iter().map(|page| page.number).collect();
+    assert_eq!(numbers, [1, 2, 3]);
+    for page in &document.pages {
+        let text = &document.text[page.start..page.end];
+        assert!(
+            text.starts_with(&format!("# Slide {}", page.number)),
+            "{text:?}"
+        );
+        assert_eq!(text.matches("# Slide ").count(), 1, "{text:?}");
+    }
+    assert_eq!(document.pages.last().unwrap().end, document.text.len());
+    let chunked = chunk_markdown_pages(&document.text, &document.pages, &ChunkerConfig::default());
+    let raft = child_with(&chunked, "raft snapshot");
+    assert_eq!(raft.pages, Some((2, 2)));
+    assert_eq!(raft.heading_path, ["Slide 2: Storage Engine"]);
+    let table = child_with(&chunked, "| Rerank | 25 |");
+    assert_eq!(table.pages, Some((3, 3)));
+    // The table is whole, as Markdown chunking keeps it.
+    assert!(table.body.contains("| Stage |"), "{}", table.body);
+    assert!(chunked.children.iter().all(|child| child.pages.is_some()));
+    // A Word document has no pages.
+    assert!(parse("report.docx").unwrap().pages.is_empty());
 }
 
 const INVENTORY_MARKDOWN: &str = "\
