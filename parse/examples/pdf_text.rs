@@ -1,7 +1,8 @@
 //! Extracts the text of PDFs as ingestion does (`sift_parse::pdf::parse_pdf`, guarded, default
 //! limits but the page cap) and times it: `pdf_text OUT_DIR FILE...` writes `OUT_DIR/NAME.txt`
-//! (pages separated by a form feed, as `pdftotext` does) and prints `NAME PAGES SECONDS` or
-//! `NAME error CODE` per file. `scripts/pdf-bench.py` compares it with `pdftotext`.
+//! (pages separated by a form feed, as `pdftotext` does) and prints `NAME PAGES SECONDS
+//! SCANNED` (SCANNED: the pages left to OCR, without text or with a garbled text layer, as
+//! `2,5` or `-`) or `NAME error CODE` per file. `scripts/pdf-bench.py` compares it with `pdftotext`.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -42,7 +43,17 @@ fn main() {
                 if let Err(error) = std::fs::write(&out, pages.join("\n\u{c}")) {
                     eprintln!("{}: {error}", out.display());
                 }
-                println!("{name} {last} {seconds:.6}");
+                let scanned: Vec<String> = document
+                    .scanned_pages
+                    .iter()
+                    .map(|page| page.number.to_string())
+                    .collect();
+                let scanned = if scanned.is_empty() {
+                    "-".to_string()
+                } else {
+                    scanned.join(",")
+                };
+                println!("{name} {last} {seconds:.6} {scanned}");
             }
             Err(error) => println!("{name} error {} {seconds:.6}", error.code()),
         }

@@ -281,8 +281,9 @@ pub enum ParseError {
     #[error("the PDF is too large: {0}")]
     PdfTooLarge(String),
     #[error(
-        "the PDF has no text layer (scanned pages?), and no OCR engine reads it for this \
-         knowledge base (configure [ocr] on the node, or the KB's `ocr` setting)"
+        "the PDF has no usable text layer (scanned pages, or fonts whose text does not map to \
+         characters), and no OCR engine reads it for this knowledge base (configure [ocr] on \
+         the node, or the KB's `ocr` setting)"
     )]
     NoTextLayer,
     /// A damaged Office, spreadsheet or EPUB file (a bad zip, malformed XML, a missing part).

@@ -249,6 +249,36 @@ async fn images_are_read_by_the_vision_model_and_found_by_their_text() {
     );
     *vision.delay.lock().unwrap() = Duration::ZERO;
 
+    // A PDF whose pages 2 and 3 have a garbled text layer over the scan: read as scans, the
+    // garbage left out.
+    let calls_before = vision.calls.lock().unwrap().len();
+    let garbled = client
+        .upload_ok("scans", "garbled.pdf", pdf_fixture("garbled-scan.pdf"))
+        .await;
+    let garbled_id = garbled["id"].as_str().unwrap().to_string();
+    let record = client.wait_document("scans", &garbled_id, WAIT).await;
+    assert_eq!(record["status"], "ready", "{record}");
+    assert_eq!(record["pages_needing_ocr"], 0, "{record}");
+    assert_eq!(vision.calls.lock().unwrap().len(), calls_before + 2);
+    let chunks = chunks_of(&client, "scans", &garbled_id).await;
+    for page in [2, 3] {
+        assert!(
+            chunks.iter().any(|chunk| chunk["pages"]["first"] == page
+                && chunk["text"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("Pilots board vessels")),
+            "page {page}: {chunks:#?}"
+        );
+    }
+    assert!(
+        chunks.iter().all(|chunk| {
+            let text = chunk["text"].as_str().unwrap_or_default();
+            !text.contains("1RWLFH") && !text.contains('\u{E04E}')
+        }),
+        "{chunks:#?}"
+    );
+
     // Pictures of Word and PowerPoint files: read where they stand.
     for name in ["pictured.docx", "pictured.pptx"] {
         let calls_before = vision.calls.lock().unwrap().len();

@@ -10,6 +10,7 @@ use pdf_oxide::extractors::ImageData;
 use pdf_oxide::outline::{Destination, OutlineItem};
 
 use super::clean::{clean_page_text, strip_running_lines};
+use super::garbled::is_garbled;
 use super::{PdfLimits, Scanned, over_budget, reason};
 use crate::parse::{Page, ParseError, ParsedDocument, ScannedPage};
 
@@ -73,7 +74,9 @@ pub fn extract_pdf(
     let mut scanned_pages = Vec::new();
     for ((index, _), page_text) in texts.iter().zip(page_texts) {
         let index = *index;
-        if page_text.is_empty() {
+        // A garbled text layer (fonts without a usable map to characters) is no text: the
+        // page goes to OCR as a scan does, its text left out.
+        if page_text.is_empty() || is_garbled(&page_text) {
             let heading_path = headings.get(index).cloned().unwrap_or_default();
             let number = (index + 1) as u32;
             match &limits.scanned {

@@ -24,6 +24,7 @@
 
 mod clean;
 mod extract;
+mod garbled;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -167,6 +167,35 @@ fn scanned_pages_are_listed_and_their_images_saved_when_asked() {
 }
 
 #[test]
+fn pages_whose_text_layer_is_garbled_go_to_ocr_as_scans_do() {
+    // Page 2's invisible layer maps to the Private Use Area, page 3's is glyph numbers read
+    // as letters; both paint the notice as an image.
+    let document = parse("garbled-scan.pdf").unwrap();
+    assert_eq!(document.pages.len(), 1, "{document:?}");
+    assert!(document.text.starts_with("Port handbook"), "{document:?}");
+    let scanned: Vec<u32> = document
+        .scanned_pages
+        .iter()
+        .map(|page| page.number)
+        .collect();
+    assert_eq!(scanned, [2, 3]);
+    let folder = tempfile::tempdir().unwrap();
+    let save = PdfLimits {
+        scanned: Scanned::SaveImages(folder.path().to_path_buf()),
+        ..PdfLimits::default()
+    };
+    let parsed = parse_pdf(&fixture("garbled-scan.pdf"), &save).unwrap();
+    for page in &parsed.scanned_pages {
+        let image = std::fs::read(page.image.as_deref().expect("its image saved")).unwrap();
+        let info = crate::image::check_image(&image, &Default::default()).unwrap();
+        assert_eq!((info.width, info.height), (1000, 360));
+    }
+    // The garbled text is nowhere in the document.
+    assert!(!parsed.text.contains('\u{E04E}'), "{parsed:?}");
+    assert!(!parsed.text.contains("1RWLFH"), "{parsed:?}");
+}
+
+#[test]
 fn the_page_cap_refuses_before_reading_pages() {
     let limits = PdfLimits {
         max_pages: 2,
