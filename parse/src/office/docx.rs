@@ -443,6 +443,33 @@ struct Table {
     rows: Vec<Vec<String>>,
     row: Vec<String>,
     cell: String,
+    /// Grid columns the open cell spans (`w:gridSpan`), when more than one.
+    span: Option<usize>,
+    /// The open cell continues a vertical merge (`w:vMerge` without `restart`).
+    continues: bool,
+}
+
+/// Most grid columns one cell may span: a larger `w:gridSpan` is taken as this.
+const MAX_CELL_SPAN: usize = 64;
+
+impl Table {
+    /// Ends the open cell. A merged cell's text stands in every grid cell it covers, as
+    /// python-docx reads it, so that each column of the Markdown table lines up with its
+    /// header and each row holds its own values.
+    fn end_cell(&mut self) {
+        let mut cell = std::mem::take(&mut self.cell);
+        if std::mem::take(&mut self.continues)
+            && cell.trim().is_empty()
+            && let Some(above) = self.rows.last().and_then(|row| row.get(self.row.len()))
+        {
+            cell = above.clone();
+        }
+        let span = self.span.take().unwrap_or(1);
+        for _ in 1..span {
+            self.row.push(cell.clone());
+        }
+        self.row.push(cell);
+    }
 }
 
 /// Walks the main part; returns the first `Title` paragraph's text and the Markdown.
@@ -525,6 +552,19 @@ fn body_to_markdown(
                     }
                 }
                 "tbl" => tables.push(Table::default()),
+                "gridSpan" => {
+                    if let Some(table) = tables.last_mut() {
+                        table.span = node
+                            .attribute("val")
+                            .and_then(|v| v.parse::<usize>().ok())
+                            .map(|span| span.clamp(1, MAX_CELL_SPAN));
+                    }
+                }
+                "vMerge" => {
+                    if let Some(table) = tables.last_mut() {
+                        table.continues = node.attribute("val") != Some("restart");
+                    }
+                }
                 "blip" => {
                     if let (Some(paragraph), Some(id)) =
                         (paragraphs.last_mut(), node.prefixed_attribute("embed"))
@@ -593,8 +633,7 @@ fn body_to_markdown(
                 }
                 "tc" => {
                     if let Some(table) = tables.last_mut() {
-                        let cell = std::mem::take(&mut table.cell);
-                        table.row.push(cell);
+                        table.end_cell();
                     }
                 }
                 "tr" => {

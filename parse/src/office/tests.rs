@@ -784,6 +784,36 @@ fn a_utf16_part_with_its_byte_order_mark_reads() {
 }
 
 #[test]
+fn merged_table_cells_stand_in_every_grid_cell_they_cover() {
+    let cell = |text: &str, properties: &str| {
+        format!("<w:tc><w:tcPr>{properties}</w:tcPr><w:p><w:r><w:t>{text}</w:t></w:r></w:p></w:tc>")
+    };
+    let row = |cells: &[String]| format!("<w:tr>{}</w:tr>", cells.concat());
+    let table = [
+        row(&[cell("Berth", ""), cell("Vessel", ""), cell("Tonnes", "")]),
+        row(&[
+            cell("North quay", "<w:vMerge w:val=\"restart\"/>"),
+            cell("Ardmore", "<w:gridSpan w:val=\"2\"/>"),
+        ]),
+        row(&[cell("", "<w:vMerge/>"), cell("Skerry", ""), cell("340", "")]),
+    ]
+    .concat();
+    // A span past the cap stops at it.
+    let wide = row(&[cell("x", "<w:gridSpan w:val=\"100000\"/>")]);
+    let xml = format!(
+        "<w:document xmlns:w=\"w\"><w:body><w:tbl>{table}</w:tbl><w:tbl>{wide}</w:tbl>\
+         </w:body></w:document>"
+    );
+    let docx = zip_of(&[("word/document.xml", xml.as_bytes())]);
+    let text = parse_as(&docx, SourceFormat::Docx).unwrap().text;
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "| Berth | Vessel | Tonnes |", "{text}");
+    assert_eq!(lines[2], "| North quay | Ardmore | Ardmore |", "{text}");
+    assert_eq!(lines[3], "| North quay | Skerry | 340 |", "{text}");
+    assert_eq!(lines[5].matches("| x ").count(), 64, "{text}"); // MAX_CELL_SPAN
+}
+
+#[test]
 fn pictures_of_word_and_powerpoint_files_are_kept_for_ocr_in_place() {
     let notice = std::fs::read(format!(
         "{}/../tests/fixtures/ocr/harbour-notice.png",
