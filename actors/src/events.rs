@@ -19,6 +19,9 @@ pub struct DocumentEvent {
     /// While scanned pages are read by OCR (status `parsing`): how many of how many are done.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ocr_pages: Option<PageProgress>,
+    /// While a PDF's pages are read (status `parsing`): how many of how many are done.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parse_pages: Option<PageProgress>,
 }
 
 /// Pages done of a stage that goes page by page.
@@ -40,6 +43,7 @@ impl DocumentEvent {
             deleted: false,
             pages_needing_ocr: record.pages_needing_ocr,
             ocr_pages: None,
+            parse_pages: None,
         }
     }
 

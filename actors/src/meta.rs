@@ -141,6 +141,7 @@ impl MetaHandle {
             deleted: true,
             pages_needing_ocr: 0,
             ocr_pages: None,
+            parse_pages: None,
         });
     }
 

@@ -594,6 +594,8 @@ impl Config {
                 },
                 // Chosen per parse by whether the KB has an OCR engine.
                 scanned: sift_actors::ingest::pdf::Scanned::Refuse,
+                // Set per parse to send the document's events.
+                report: Default::default(),
             },
             max_kbs: file.max_kbs.unwrap_or(defaults.max_kbs),
             max_shards_per_node: file

@@ -39,7 +39,8 @@ pub fn main_entry() -> std::process::ExitCode {
         let status = sift_actors::ingest::parse_worker::serve_worker(
             &args[1..],
             std::io::stdin().lock(),
-            std::io::stdout().lock(),
+            // Unlocked: the parse thread writes progress lines while the main one waits.
+            std::io::stdout(),
         );
         return std::process::ExitCode::from(status);
     }

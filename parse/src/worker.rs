@@ -5,7 +5,8 @@
 //! until it ends. With a worker program set ([`PdfLimits::worker`]: a node started from the
 //! `sift` binary sets it to that binary), each PDF and each `.xls` workbook is parsed by
 //! `sift __parse pdf ...` or `sift __parse xls ...`: the bytes go in on stdin, the worker
-//! parses them and writes one JSON [`Reply`] on stdout. The parent waits until the budget
+//! parses them and writes JSON lines on stdout: a [`Reply::Progress`] as pages are read (the
+//! parent hands them to [`PdfLimits::report`]), then the one [`Reply`] that ends it. The parent waits until the budget
 //! (plus a grace period) and kills the worker past it, so a hang costs one budget of one
 //! core, and an abort, a stack overflow or an allocation failure inside the parser ends the
 //! worker, not the node. The worker caps its own address space at what it holds when it
@@ -18,17 +19,19 @@
 //! calamine's reader of OLE compound files on a crafted sector chain.
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::office::OfficeLimits;
 use crate::parse::{Page, ParseError, ParsedDocument, ScannedPage};
-use crate::pdf::{BUDGET_GRACE, PdfLimits, Scanned, over_budget, parse_on_thread, reason};
+use crate::pdf::{
+    BUDGET_GRACE, PageReport, PdfLimits, Scanned, over_budget, parse_on_thread, reason,
+};
 
 /// The first argument that makes the `sift` binary a parse worker; the second names the job
 /// (`pdf` or `xls`).
@@ -50,9 +53,14 @@ const ALLOCATION_FAILED: &str = "memory allocation of";
 /// 64 MiB of address space.
 pub const MIN_WORKER_MEMORY_BYTES: u64 = 128 << 20;
 
-/// What a worker writes on stdout.
+/// What a worker writes on stdout, one JSON value a line: progress, then the answer.
 #[derive(Debug, Serialize, Deserialize)]
 enum Reply {
+    /// Pages read so far (a step of [`PageReport`]); more lines follow.
+    Progress {
+        done: u32,
+        total: u32,
+    },
     Parsed {
         title: Option<String>,
         text: String,
@@ -144,6 +152,7 @@ impl Job {
                     worker: None,
                     worker_memory_bytes: memory,
                     scanned,
+                    report: PageReport::default(),
                 };
                 Some((Job::Pdf(limits), memory))
             }
@@ -248,7 +257,7 @@ fn run_job(
             let _ = stdin.write_all(&input);
         }
     });
-    let reader = read_on_thread(child.stdout.take(), MAX_REPLY_BYTES);
+    let reader = read_replies(child.stdout.take(), process.report.clone());
     let errors = read_on_thread(child.stderr.take(), MAX_STDERR_BYTES);
     let status = loop {
         match child.try_wait() {
@@ -277,6 +286,33 @@ fn run_job(
             describe(status)
         ))),
     }
+}
+
+/// Reads a worker's stdout on a thread of its own: hands each progress line to `report` as
+/// it comes and gives back the last line, the answer (at most [`MAX_REPLY_BYTES`] in all).
+fn read_replies(
+    pipe: Option<impl Read + Send + 'static>,
+    report: PageReport,
+) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let Some(pipe) = pipe else {
+            return Vec::new();
+        };
+        let mut lines = BufReader::new(pipe.take(MAX_REPLY_BYTES));
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match lines.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => return line,
+                Ok(_) if line.starts_with(b"{\"Progress\"") => {
+                    if let Ok(Reply::Progress { done, total }) = serde_json::from_slice(&line) {
+                        report.tell(done, total);
+                    }
+                }
+                Ok(_) => return line,
+            }
+        }
+    })
 }
 
 /// Reads at most `limit` bytes of a child's pipe on a thread of its own.
@@ -360,6 +396,8 @@ fn from_reply(reply: Reply, job: &Job) -> Result<ParsedDocument, ParseError> {
                 pictures: Vec::new(),
             })
         }
+        Reply::Progress { .. } => Err(job
+            .unreadable("the parse worker ended after a progress line, without its answer".into())),
         Reply::Failed { code, detail } => Err(match code.as_str() {
             "encrypted_pdf" => ParseError::EncryptedPdf,
             "no_text_layer" => ParseError::NoTextLayer,
@@ -385,7 +423,7 @@ fn describe(status: ExitStatus) -> String {
 /// limits, as [`Job::to_args`] writes them); caps this process's address space (see the
 /// module docs), reads the file from `input`, parses it, writes the reply to `output`.
 /// Returns the process's exit status: 2 for bad arguments, 3 when the cap could not be set.
-pub fn serve_worker(args: &[String], input: impl Read, output: impl Write) -> u8 {
+pub fn serve_worker(args: &[String], input: impl Read, output: impl Write + Send + 'static) -> u8 {
     let Some((job, memory)) = Job::from_args(args) else {
         return 2;
     };
@@ -395,14 +433,28 @@ pub fn serve_worker(args: &[String], input: impl Read, output: impl Write) -> u8
     answer(&job, input, output)
 }
 
-/// Parses the file read from `input` as `job` says and writes the [`Reply`] to `output`.
-fn answer(job: &Job, input: impl Read, mut output: impl Write) -> u8 {
+/// Parses the file read from `input` as `job` says and writes the [`Reply`] lines to
+/// `output`: progress as pages are read, then the answer.
+fn answer(job: &Job, input: impl Read, output: impl Write + Send + 'static) -> u8 {
     let mut bytes = Vec::new();
     if input.take(u64::MAX).read_to_end(&mut bytes).is_err() {
         return 1;
     }
+    // The parse thread writes progress while this one waits for its answer.
+    let output = Arc::new(Mutex::new(output));
     let parsed = match job {
-        Job::Pdf(limits) => parse_on_thread(&bytes, limits),
+        Job::Pdf(limits) => {
+            let progress = Arc::clone(&output);
+            let limits = PdfLimits {
+                report: PageReport::new(move |done, total| {
+                    if let Ok(mut out) = progress.lock() {
+                        let _ = write_line(&mut *out, &Reply::Progress { done, total });
+                    }
+                }),
+                ..limits.clone()
+            };
+            parse_on_thread(&bytes, &limits)
+        }
         // The parent kills this process at the budget: no thread to give up on here.
         Job::Xls(limits) => crate::office::parse_xls_here(&bytes, limits),
     };
@@ -442,13 +494,21 @@ fn answer(job: &Job, input: impl Read, mut output: impl Write) -> u8 {
             },
         },
     };
-    let written = serde_json::to_writer(&mut output, &reply)
-        .map_err(std::io::Error::from)
-        .and_then(|()| output.flush());
+    let written = match output.lock() {
+        Ok(mut out) => write_line(&mut *out, &reply),
+        Err(_) => Err(std::io::Error::other("the output lock is poisoned")),
+    };
     match written {
         Ok(()) => 0,
         Err(_) => 1,
     }
+}
+
+/// Writes `reply` as one JSON line and flushes it.
+fn write_line(output: &mut impl Write, reply: &Reply) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *output, reply).map_err(std::io::Error::from)?;
+    output.write_all(b"\n")?;
+    output.flush()
 }
 
 /// How a parse on a guarded thread ended, when it did not give its result.
@@ -534,6 +594,38 @@ mod tests {
 
     fn encode(reply: &Reply) -> Vec<u8> {
         serde_json::to_vec(reply).unwrap()
+    }
+
+    /// An output the test reads back after the worker wrote to it.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Shared {
+        fn bytes(&self) -> Vec<u8> {
+            self.0.lock().unwrap().clone()
+        }
+
+        /// The last line: the answer.
+        fn reply(&self) -> Reply {
+            let bytes = self.bytes();
+            let last = bytes
+                .trim_ascii_end()
+                .rsplit(|b| *b == b'\n')
+                .next()
+                .unwrap();
+            serde_json::from_slice(last).unwrap()
+        }
     }
 
     fn args(list: &[&str]) -> Vec<String> {
@@ -711,8 +803,8 @@ mod tests {
 
     #[test]
     fn the_worker_answers_bad_arguments_and_bad_input_clearly() {
-        let mut out = Vec::new();
-        assert_eq!(serve_worker(&args(&["x"]), &b""[..], &mut out), 2);
+        let out = Shared::default();
+        assert_eq!(serve_worker(&args(&["x"]), &b""[..], out.clone()), 2);
         for bad in [
             &["pdf", "10", "5000"][..],
             &["pdf", "10", "x", "1073741824"],
@@ -728,7 +820,7 @@ mod tests {
         let small = (MIN_WORKER_MEMORY_BYTES - 1).to_string();
         assert!(Job::from_args(&args(&["pdf", "10", "5000", &small])).is_none());
         assert!(Job::from_args(&args(&["xls", "5000", &small, "7", "70"])).is_none());
-        assert!(out.is_empty());
+        assert!(out.bytes().is_empty());
         // (serve_worker would cap this test process's memory: `answer` is what it runs next.)
         for (job, input, code) in [
             (
@@ -743,14 +835,52 @@ mod tests {
             ),
         ] {
             let (job, _) = Job::from_args(&args(job)).unwrap();
-            out.clear();
-            assert_eq!(answer(&job, input, &mut out), 0);
-            let Reply::Failed { code: got, .. } = serde_json::from_slice(&out).unwrap() else {
-                panic!("a reply of failure: {}", String::from_utf8_lossy(&out));
+            let out = Shared::default();
+            assert_eq!(answer(&job, input, out.clone()), 0);
+            let Reply::Failed { code: got, .. } = out.reply() else {
+                panic!(
+                    "a reply of failure: {}",
+                    String::from_utf8_lossy(&out.bytes())
+                );
             };
             assert_eq!(got, code);
         }
         assert!(address_space_now().unwrap() > 0);
+    }
+
+    #[test]
+    fn a_worker_reports_each_page_and_the_parent_hands_them_on() {
+        let pdf = std::fs::read(format!(
+            "{}/../tests/fixtures/pdf/three-pages.pdf",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        let (job, _) = Job::from_args(&args(&["pdf", "10", "5000", "1073741824"])).unwrap();
+        let out = Shared::default();
+        assert_eq!(answer(&job, &pdf[..], out.clone()), 0);
+        let written = out.bytes();
+        let lines: Vec<&[u8]> = written.trim_ascii_end().split(|b| *b == b'\n').collect();
+        assert_eq!(lines.len(), 4, "{}", String::from_utf8_lossy(&written));
+        for (index, line) in lines[..3].iter().enumerate() {
+            let Ok(Reply::Progress { done, total }) = serde_json::from_slice(line) else {
+                panic!("a progress line: {}", String::from_utf8_lossy(line));
+            };
+            assert_eq!((done, total), (index as u32 + 1, 3));
+        }
+        assert!(matches!(out.reply(), Reply::Parsed { pages, .. } if pages.len() == 3));
+
+        // The parent's reader: the progress goes to the report, the answer comes back.
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let report = {
+            let told = Arc::clone(&told);
+            PageReport::new(move |done, total| told.lock().unwrap().push((done, total)))
+        };
+        let answer = read_replies(Some(std::io::Cursor::new(written.clone())), report)
+            .join()
+            .unwrap();
+        assert_eq!(*told.lock().unwrap(), [(1, 3), (2, 3), (3, 3)]);
+        let parsed = from_reply(serde_json::from_slice(&answer).unwrap(), &job).unwrap();
+        assert_eq!(parsed.pages.len(), 3);
     }
 
     #[test]

@@ -132,6 +132,9 @@ async fn node_with_vision(base_url: &str) -> (tempfile::TempDir, InProcessNode) 
     });
     config.ocr.timeout = Duration::from_secs(10);
     config.ocr.retries = 2;
+    // One ingestion worker: a document queued behind another waits for it (the parse
+    // progress check below follows a PDF's events before its parse starts).
+    config.options.ingest_workers = 1;
     let node = InProcessNode::start_with(config).await;
     (dir, node)
 }
@@ -248,6 +251,45 @@ async fn images_are_read_by_the_vision_model_and_found_by_their_text() {
         "{pages:?}"
     );
     *vision.delay.lock().unwrap() = Duration::ZERO;
+
+    // Parsing reports a PDF's pages in its events too. The PDF waits behind an image that the
+    // model reads slowly, so its events are followed before its parse starts.
+    *vision.delay.lock().unwrap() = Duration::from_millis(1500);
+    let slow = client
+        .upload_ok("scans", "notice-again.png", png.clone())
+        .await;
+    let pdf = client
+        .upload_ok(
+            "scans",
+            "harbour-lights.pdf",
+            pdf_fixture("three-pages.pdf"),
+        )
+        .await;
+    let pdf_id = pdf["id"].as_str().unwrap().to_string();
+    let mut stream = sift_tests::sse::SseReader::open(client.request(
+        reqwest::Method::GET,
+        &format!("/v1/kbs/scans/documents/{pdf_id}/events"),
+    ))
+    .await;
+    let events = stream.until("ready").await;
+    let progress: Vec<&Value> = events
+        .iter()
+        .filter_map(|event| event.data.get("parse_pages"))
+        .collect();
+    assert_eq!(
+        progress,
+        [
+            &json!({ "done": 1, "total": 3 }),
+            &json!({ "done": 2, "total": 3 }),
+            &json!({ "done": 3, "total": 3 }),
+        ],
+        "{events:#?}"
+    );
+    *vision.delay.lock().unwrap() = Duration::ZERO;
+    let slow = client
+        .wait_document("scans", slow["id"].as_str().unwrap(), WAIT)
+        .await;
+    assert_eq!(slow["status"], "ready", "{slow}");
 
     // A PDF whose pages 2 and 3 have a garbled text layer over the scan: read as scans, the
     // garbage left out.

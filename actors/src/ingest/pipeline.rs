@@ -22,12 +22,12 @@ use super::chunk::{ChunkerConfig, chunk_document, chunk_markdown_pages, chunk_pa
 use super::handoff::{self, Fetched};
 use super::image::{ImageLimits, check_image};
 use super::parse::{Page, ParseOptions, ParsedDocument, ScannedPage, SourceFormat, parse_document};
-use super::pdf::PdfLimits;
-use super::pdf::Scanned;
+use super::pdf::{PageReport, PdfLimits, Scanned};
 use super::queue::IngestJob;
 use crate::context::NodeContext;
 use crate::error::{Result, SiftError};
 use crate::events::{DocumentEvent, PageProgress};
+use crate::meta::MetaHandle;
 
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -291,6 +291,7 @@ async fn run_works(
         .is_ok()
         .then(|| context.scratch.clone());
     let debug_faults = context.options.debug_faults;
+    let meta = context.meta.clone();
     works = blocking(move || {
         for work in &mut works {
             if work.parsed.is_some() || work.failure.is_some() || work.deferred {
@@ -312,6 +313,9 @@ async fn run_works(
                     std::fs::create_dir_all(&folder).map_err(|e| SiftError::Storage(e.into()))?;
                     options.pdf.scanned = Scanned::SaveImages(folder.clone());
                     work.ocr_folder = Some(folder);
+                }
+                if format == SourceFormat::Pdf {
+                    options.pdf.report = parse_pages_report(&meta, &work.record);
                 }
                 Ok(unpanicked("parsing", || {
                     parse_document(&bytes, format, &options)
@@ -604,6 +608,19 @@ async fn recognize_images(
             Err(error) => work.fail(format!("{}: {error}", error.code())),
         }
     }
+}
+
+/// Sends a document event with `parse_pages` as a PDF's pages are read.
+fn parse_pages_report(meta: &MetaHandle, record: &DocumentRecord) -> PageReport {
+    let meta = meta.clone();
+    let mut event = DocumentEvent::from_record(record);
+    event.status = DocStatus::Parsing;
+    event.progress = crate::events::progress(DocStatus::Parsing);
+    PageReport::new(move |done, total| {
+        let mut event = event.clone();
+        event.parse_pages = Some(PageProgress { done, total });
+        meta.send_progress(event);
+    })
 }
 
 /// Reads the scanned pages of the PDFs among `works` with the KB's OCR engine (their images

@@ -65,6 +65,7 @@ pub fn extract_pdf(
             }
         };
         texts.push((index, clean_page_text(&raw)));
+        limits.report.page_read(index as u32 + 1, page_count as u32);
     }
     // Running headers and footers are known only once every page is read.
     let mut page_texts: Vec<String> = texts.iter_mut().map(|(_, t)| std::mem::take(t)).collect();

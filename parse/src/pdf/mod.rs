@@ -27,6 +27,7 @@ mod extract;
 mod garbled;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::parse::{ParseError, ParsedDocument};
@@ -52,7 +53,60 @@ pub struct PdfLimits {
     pub worker_memory_bytes: u64,
     /// What becomes of pages without a text layer.
     pub scanned: Scanned,
+    /// Told of the pages as they are read.
+    pub report: PageReport,
 }
+
+/// Told of a PDF's pages as they are read, `(pages read, pages in all)`: after every page of
+/// a PDF of up to [`REPORTED_STEPS`] pages, after every `pages / REPORTED_STEPS`-th of a
+/// longer one, and after the last. Called on the parsing thread (or, with a worker, on the
+/// thread that reads its replies). It is no limit: two reports never make limits differ.
+#[derive(Clone, Default)]
+pub struct PageReport(Option<Arc<dyn Fn(u32, u32) + Send + Sync>>);
+
+/// Most reports of one PDF's pages, the last one aside.
+pub const REPORTED_STEPS: u32 = 50;
+
+impl PageReport {
+    pub fn new(report: impl Fn(u32, u32) + Send + Sync + 'static) -> Self {
+        PageReport(Some(Arc::new(report)))
+    }
+
+    /// Page `done` of `total` is read: tells it when it is a step (see the type's docs).
+    pub(crate) fn page_read(&self, done: u32, total: u32) {
+        if let Some(report) = &self.0 {
+            let step = (total / REPORTED_STEPS).max(1);
+            if done == total || done % step == 0 {
+                report(done, total);
+            }
+        }
+    }
+
+    /// Tells `(done, total)` as it is (a worker's report, already a step).
+    pub(crate) fn tell(&self, done: u32, total: u32) {
+        if let Some(report) = &self.0 {
+            report(done, total);
+        }
+    }
+}
+
+impl std::fmt::Debug for PageReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "PageReport(set)"
+        } else {
+            "PageReport(none)"
+        })
+    }
+}
+
+impl PartialEq for PageReport {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for PageReport {}
 
 /// What a parse does with pages that have no text layer (scans). Each is listed in
 /// [`ParsedDocument::scanned_pages`] whatever the choice.
@@ -78,6 +132,7 @@ impl Default for PdfLimits {
             worker: None,
             worker_memory_bytes: DEFAULT_WORKER_MEMORY_BYTES,
             scanned: Scanned::Refuse,
+            report: PageReport::default(),
         }
     }
 }
