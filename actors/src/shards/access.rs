@@ -411,16 +411,13 @@ impl ShardAccess {
             return self.write_local(kb_id, shard, documents).await;
         }
         for batch in split_by_size(documents) {
+            let timeout = write_timeout(self.options.remote_write_timeout, &batch);
             let rpc = ShardRpc::Write {
                 kb_id: kb_id.to_string(),
                 shard,
                 documents: batch,
             };
-            match self
-                .peers
-                .call(node, &rpc, self.options.remote_write_timeout)
-                .await?
-            {
+            match self.peers.call(node, &rpc, timeout).await? {
                 ShardReply::Written => {}
                 other => return Err(unexpected(other)),
             }
@@ -438,11 +435,13 @@ impl ShardAccess {
     ) -> Result<(), ShardError> {
         let started = std::time::Instant::now();
         let mut backoff = Duration::from_millis(50);
+        let timeout = write_timeout(self.options.local_write_timeout, &documents);
         loop {
             let documents = documents.clone();
             let unavailable = match self
-                .local_call(kb_id, shard, self.options.local_write_timeout, |reply| {
-                    ShardMessage::Write { documents, reply }
+                .local_call(kb_id, shard, timeout, |reply| ShardMessage::Write {
+                    documents,
+                    reply,
                 })
                 .await
             {
@@ -557,6 +556,19 @@ pub(crate) fn unexpected(reply: ShardReply) -> ShardError {
     }
 }
 
+/// Time a write is allowed per chunk on top of its base timeout. A replica inserts a few
+/// hundred chunks a second into its HNSW graph on a loaded 2-core machine (run I2); this
+/// leaves ten times that. Without it, a document of 90,000 chunks (an 85 MB CSV) outlasted
+/// the 300 s local timeout: the job re-queued it while its replica went on inserting, and
+/// wrote it again, holding both copies in memory.
+const WRITE_TIME_PER_CHUNK: Duration = Duration::from_millis(20);
+
+/// The timeout of a write of `documents`: `base` plus [`WRITE_TIME_PER_CHUNK`] a chunk.
+fn write_timeout(base: Duration, documents: &[DocumentWrite]) -> Duration {
+    let chunks: usize = documents.iter().map(|document| document.chunks.len()).sum();
+    base.saturating_add(WRITE_TIME_PER_CHUNK.saturating_mul(chunks.min(u32::MAX as usize) as u32))
+}
+
 /// Splits a write into requests of at most [`WRITE_BATCH_BYTES`] (one document may exceed it
 /// alone: a document is never split).
 fn split_by_size(documents: Vec<DocumentWrite>) -> Vec<Vec<DocumentWrite>> {
@@ -582,4 +594,48 @@ fn split_by_size(documents: Vec<DocumentWrite>) -> Vec<Vec<DocumentWrite>> {
         batches.push(batch);
     }
     batches
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sift_storage::chunk::{ChunkRecord, DocumentEntry};
+
+    fn document(chunks: usize) -> DocumentWrite {
+        DocumentWrite {
+            entry: DocumentEntry {
+                document_id: "d".into(),
+                external_id: None,
+                title: "t".into(),
+                metadata: Default::default(),
+            },
+            parents: Vec::new(),
+            chunks: (0..chunks)
+                .map(|position| ChunkRecord {
+                    position: position as u32,
+                    parent_position: 0,
+                    text: String::new(),
+                    heading_path: Vec::new(),
+                    span: (0, 0),
+                    vector: Vec::new(),
+                    pages: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_write_has_time_for_each_of_its_chunks() {
+        let base = Duration::from_secs(300);
+        assert_eq!(write_timeout(base, &[]), base);
+        assert_eq!(
+            write_timeout(base, &[document(10), document(40)]),
+            base + Duration::from_secs(1)
+        );
+        // The 90,000 chunks of an 85 MB CSV: half an hour more, not five minutes in all.
+        assert_eq!(
+            write_timeout(base, &[document(90_000)]),
+            base + Duration::from_secs(1_800)
+        );
+    }
 }

@@ -76,7 +76,7 @@ impl PageReport {
     pub(crate) fn page_read(&self, done: u32, total: u32) {
         if let Some(report) = &self.0 {
             let step = (total / REPORTED_STEPS).max(1);
-            if done == total || done % step == 0 {
+            if done == total || done.is_multiple_of(step) {
                 report(done, total);
             }
         }
