@@ -5,11 +5,12 @@
 //! English whatever the UI language, or by an outline level on the style or the paragraph,
 //! following `basedOn` chains) becomes a heading; a paragraph with numbering (its own or its
 //! style's) becomes a list item at its level; tables become pipe tables (a nested table is
-//! flattened into its cell). A comment is written after the paragraph that carries its
-//! reference, so it is indexed under the same heading. A picture (`a:blip`) of a paragraph is
-//! placed after it as a marker for OCR ([`super::Pictures`]). Deleted revisions (`w:delText`),
-//! field codes and the `mc:Fallback` copies of drawings are left out; headers, footers and
-//! footnotes, and the pictures of tables, are not read.
+//! flattened into its cell; a merged cell stands in every grid cell it covers). A comment is
+//! written after the paragraph that carries its reference, so it is indexed under the same
+//! heading. A picture (`a:blip`) of a paragraph is placed after it as a marker for OCR
+//! ([`super::Pictures`]); the comments and pictures of a table's cells follow the table.
+//! Deleted revisions (`w:delText`), field codes and the `mc:Fallback` copies of drawings are
+//! left out; headers, footers and footnotes are not read.
 
 use std::collections::HashMap;
 
@@ -489,8 +490,10 @@ fn body_to_markdown(
     let mut title = None;
     let mut paragraphs: Vec<Paragraph> = Vec::new();
     let mut tables: Vec<Table> = Vec::new();
-    // Comments of paragraphs inside a table, written after the table.
+    // Comments and pictures of paragraphs inside a table, written after the table (a marker
+    // paragraph inside a cell would break the table).
     let mut table_comments: Vec<String> = Vec::new();
+    let mut table_pictures: Vec<String> = Vec::new();
     let mut in_text = false;
     let mut skip_depth = 0usize;
     while let Some(node) = walker.next_node()? {
@@ -583,6 +586,7 @@ fn body_to_markdown(
                     if let Some(table) = tables.last_mut() {
                         push_words(&mut table.cell, &paragraph.text);
                         table_comments.extend(paragraph.comments);
+                        table_pictures.extend(paragraph.pictures);
                         continue;
                     }
                     if let Some(outer) = paragraphs.last_mut() {
@@ -664,6 +668,11 @@ fn body_to_markdown(
                         out.table(&table.rows);
                         for comment in table_comments.drain(..) {
                             out.paragraph(&comment);
+                        }
+                        for id in table_pictures.drain(..) {
+                            if let Some(picture) = relationships.iter().find(|r| r.id == id) {
+                                pictures.place(&mut out, picture.target.clone());
+                            }
                         }
                     }
                 }

@@ -814,6 +814,37 @@ fn merged_table_cells_stand_in_every_grid_cell_they_cover() {
 }
 
 #[test]
+fn a_picture_in_a_word_table_cell_follows_the_table() {
+    let notice = std::fs::read(format!(
+        "{}/../tests/fixtures/ocr/harbour-notice.png",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let document = "<w:document xmlns:w=\"w\" xmlns:a=\"a\" xmlns:r=\"r\"><w:body>\
+        <w:tbl><w:tr><w:tc><w:p><w:r><w:t>Notice board</w:t></w:r></w:p></w:tc>\
+        <w:tc><w:p><w:r><w:drawing><a:blip r:embed=\"rId5\"/></w:drawing></w:r></w:p></w:tc>\
+        </w:tr></w:tbl><w:p><w:r><w:t>After the table.</w:t></w:r></w:p></w:body></w:document>";
+    let relationships = "<Relationships><Relationship Id=\"rId5\" \
+        Type=\"http://schemas.openxmlformats.org/officeDocument/2006/relationships/image\" \
+        Target=\"media/image1.png\"/></Relationships>";
+    let docx = zip_of(&[
+        ("word/document.xml", document.as_bytes()),
+        ("word/_rels/document.xml.rels", relationships.as_bytes()),
+        ("word/media/image1.png", &notice),
+    ]);
+    let parsed = parse_as(&docx, SourceFormat::Docx).unwrap();
+    assert_eq!(parsed.pictures.len(), 1, "{parsed:?}");
+    assert_eq!(parsed.pictures[0].bytes, notice);
+    let table = parsed.text.find("| Notice board |").expect("the table");
+    let marker = parsed
+        .text
+        .find("\n\n[sift-picture-1]\n\n")
+        .expect("the marker paragraph");
+    let after = parsed.text.find("After the table.").unwrap();
+    assert!(table < marker && marker < after, "{}", parsed.text);
+}
+
+#[test]
 fn pictures_of_word_and_powerpoint_files_are_kept_for_ocr_in_place() {
     let notice = std::fs::read(format!(
         "{}/../tests/fixtures/ocr/harbour-notice.png",
