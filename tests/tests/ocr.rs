@@ -255,9 +255,14 @@ async fn images_are_read_by_the_vision_model_and_found_by_their_text() {
     // Parsing reports a PDF's pages in its events too. The PDF waits behind an image that the
     // model reads slowly, so its events are followed before its parse starts.
     *vision.delay.lock().unwrap() = Duration::from_millis(1500);
+    // Other bytes than the first PNG's (a duplicate would not be ingested at all): the same
+    // image with bytes after its end.
+    let mut other_png = png.clone();
+    other_png.extend_from_slice(b"bytes after IEND");
     let slow = client
-        .upload_ok("scans", "notice-again.png", png.clone())
+        .upload_ok("scans", "notice-again.png", other_png)
         .await;
+    assert_eq!(slow["duplicate"], false, "{slow}");
     let pdf = client
         .upload_ok(
             "scans",

@@ -58,8 +58,8 @@ pub struct PdfLimits {
 }
 
 /// Told of a PDF's pages as they are read, `(pages read, pages in all)`: after every page of
-/// a PDF of up to [`REPORTED_STEPS`] pages, after every `pages / REPORTED_STEPS`-th of a
-/// longer one, and after the last. Called on the parsing thread (or, with a worker, on the
+/// a PDF of up to [`REPORTED_STEPS`] pages; of a longer one, after every `s`-th page, `s` the
+/// smallest step that makes at most [`REPORTED_STEPS`] reports, and after the last. Called on the parsing thread (or, with a worker, on the
 /// thread that reads its replies). It is no limit: two reports never make limits differ.
 #[derive(Clone, Default)]
 pub struct PageReport(Option<Arc<dyn Fn(u32, u32) + Send + Sync>>);
@@ -75,7 +75,7 @@ impl PageReport {
     /// Page `done` of `total` is read: tells it when it is a step (see the type's docs).
     pub(crate) fn page_read(&self, done: u32, total: u32) {
         if let Some(report) = &self.0 {
-            let step = (total / REPORTED_STEPS).max(1);
+            let step = total.div_ceil(REPORTED_STEPS).max(1);
             if done == total || done.is_multiple_of(step) {
                 report(done, total);
             }

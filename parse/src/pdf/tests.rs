@@ -1,3 +1,4 @@
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -238,4 +239,35 @@ fn a_pdf_that_hangs_the_parser_is_given_up_at_the_budget() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// The pages `page_read` tells of for a PDF of `total` pages.
+fn told(total: u32) -> Vec<u32> {
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let report = {
+        let told = Arc::clone(&told);
+        PageReport::new(move |done, _| told.lock().unwrap().push(done))
+    };
+    for done in 1..=total {
+        report.page_read(done, total);
+    }
+    told.lock().unwrap().clone()
+}
+
+#[test]
+fn a_report_tells_of_every_page_or_of_steps_and_the_last() {
+    assert_eq!(told(3), [1, 2, 3]);
+    assert_eq!(told(50).len(), 50);
+    for total in [51, 99, 100, 566, 2_000] {
+        let pages = told(total);
+        assert!(
+            pages.len() <= REPORTED_STEPS as usize + 1,
+            "{total}: {}",
+            pages.len()
+        );
+        assert_eq!(pages.last(), Some(&total));
+        assert!(pages.windows(2).all(|pair| pair[0] < pair[1]));
+    }
+    // Nothing is told without a report, and nothing breaks.
+    PageReport::default().page_read(1, 1);
 }
