@@ -47,6 +47,15 @@ impl DocumentEvent {
         }
     }
 
+    /// An event of `record` in its parsing stage (OCR and parse progress are set on it).
+    pub fn parsing(record: &DocumentRecord) -> Self {
+        DocumentEvent {
+            status: DocStatus::Parsing,
+            progress: progress(DocStatus::Parsing),
+            ..DocumentEvent::from_record(record)
+        }
+    }
+
     /// Whether no further event will follow for this document.
     pub fn is_final(&self) -> bool {
         self.deleted || self.status.is_terminal()

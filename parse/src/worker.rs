@@ -30,7 +30,8 @@ use serde::{Deserialize, Serialize};
 use crate::office::OfficeLimits;
 use crate::parse::{Page, ParseError, ParsedDocument, ScannedPage};
 use crate::pdf::{
-    BUDGET_GRACE, PageReport, PdfLimits, Scanned, over_budget, parse_on_thread, reason,
+    BUDGET_GRACE, PageReport, PdfLimits, Scanned, budget_detail, over_budget, parse_on_thread,
+    reason,
 };
 
 /// The first argument that makes the `sift` binary a parse worker; the second names the job
@@ -174,10 +175,7 @@ impl Job {
     fn over_budget(&self, process: &PdfLimits) -> ParseError {
         match self {
             Job::Pdf(_) => over_budget(process),
-            Job::Xls(_) => ParseError::DocumentTooLarge(format!(
-                "parsing it takes longer than the {} s budget (pdf_parse_timeout_ms)",
-                process.time_budget.as_secs_f64()
-            )),
+            Job::Xls(_) => ParseError::DocumentTooLarge(budget_detail(process)),
         }
     }
 

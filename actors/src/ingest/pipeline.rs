@@ -613,9 +613,7 @@ async fn recognize_images(
 /// Sends a document event with `parse_pages` as a PDF's pages are read.
 fn parse_pages_report(meta: &MetaHandle, record: &DocumentRecord) -> PageReport {
     let meta = meta.clone();
-    let mut event = DocumentEvent::from_record(record);
-    event.status = DocStatus::Parsing;
-    event.progress = crate::events::progress(DocStatus::Parsing);
+    let event = DocumentEvent::parsing(record);
     PageReport::new(move |done, total| {
         let mut event = event.clone();
         event.parse_pages = Some(PageProgress { done, total });
@@ -742,9 +740,7 @@ async fn read_scanned_pages(
         let media_type = check_image(&bytes, limits)?.media_type;
         let text = ocr.recognize(engine, &bytes, media_type).await?;
         let done = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        let mut event = DocumentEvent::from_record(record);
-        event.status = DocStatus::Parsing;
-        event.progress = crate::events::progress(DocStatus::Parsing);
+        let mut event = DocumentEvent::parsing(record);
         event.ocr_pages = Some(PageProgress { done, total });
         context.meta.send_progress(event);
         Ok::<_, SiftError>(Some(text))

@@ -44,7 +44,7 @@ use crate::image::{ImageLimits, check_image};
 use crate::parse::{
     ParseError, ParsedDocument, Picture, SourceFormat, clean_extracted, trim_blank_lines,
 };
-use crate::pdf::PdfLimits;
+use crate::pdf::{PdfLimits, budget_detail};
 use crate::worker::{Abandoned, on_guarded_thread};
 
 /// Bounds on the work one Office or EPUB file may cost.
@@ -155,10 +155,7 @@ pub(crate) fn parse_xls(
     );
     match parsed {
         Ok(result) => result,
-        Err(Abandoned::OverBudget) => Err(ParseError::DocumentTooLarge(format!(
-            "parsing it takes longer than the {} s budget (pdf_parse_timeout_ms)",
-            process.time_budget.as_secs_f64()
-        ))),
+        Err(Abandoned::OverBudget) => Err(ParseError::DocumentTooLarge(budget_detail(process))),
         Err(Abandoned::Panicked(_)) => Err(ParseError::InvalidDocument(
             "the XLS parser failed on this file".into(),
         )),

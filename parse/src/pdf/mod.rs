@@ -187,10 +187,15 @@ pub(crate) fn parse_on_thread(
 }
 
 pub(crate) fn over_budget(limits: &PdfLimits) -> ParseError {
-    ParseError::PdfTooLarge(format!(
+    ParseError::PdfTooLarge(budget_detail(limits))
+}
+
+/// Why a parse past the budget of `limits` failed (a PDF's, or an `.xls` workbook's).
+pub(crate) fn budget_detail(limits: &PdfLimits) -> String {
+    format!(
         "parsing it takes longer than the {} s budget (pdf_parse_timeout_ms)",
         limits.time_budget.as_secs_f64()
-    ))
+    )
 }
 
 /// `message` cut to [`MAX_REASON_CHARS`], for a reason shown to users.
