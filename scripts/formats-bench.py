@@ -77,17 +77,22 @@ def children(pid):
 
 
 class Watcher(threading.Thread):
-    """The largest VmRSS of any child process of `pid`, sampled every 20 ms."""
+    """The largest VmRSS of any child process of `pid`, and of the node in each stage of the
+    document (`stage`, set by the caller as it polls), sampled every 20 ms."""
 
     def __init__(self, pid):
         super().__init__(daemon=True)
         self.pid, self.peak_child_kib, self.stop = pid, 0, False
+        self.stage, self.peak_by_stage = "uploading", {}
 
     def run(self):
         while not self.stop:
             for child in children(self.pid):
                 rss = status_kib(child, "VmRSS") or 0
                 self.peak_child_kib = max(self.peak_child_kib, rss)
+            rss = status_kib(self.pid, "VmRSS") or 0
+            stage = self.stage
+            self.peak_by_stage[stage] = max(self.peak_by_stage.get(stage, 0), rss)
             time.sleep(0.02)
 
 
@@ -143,13 +148,16 @@ def run(name, path, hash_embeddings, work, extra_env=None):
     node = subprocess.Popen([SIFT, "serve", "--config", config, "--data-dir",
                              os.path.join(data, "data"), "--listen", f"127.0.0.1:{PORT}"],
                             env=env, stdout=log, stderr=log)
-    try:
+    def wait_ready():
         for _ in range(600):
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{PORT}/readyz", timeout=1)
                 break
             except OSError:
                 time.sleep(0.2)
+
+    try:
+        wait_ready()
         kb = {"name": "big"}
         if hash_embeddings:
             kb["embedding_model"] = "hash"
@@ -169,6 +177,7 @@ def run(name, path, hash_embeddings, work, extra_env=None):
             doc = added["documents"][0]["id"]
             while True:
                 record = request("GET", f"/v1/kbs/big/documents/{doc}", key)
+                watcher.stage = record["status"]
                 if record["status"] in ("ready", "failed"):
                     break
                 time.sleep(0.2)
@@ -176,14 +185,30 @@ def run(name, path, hash_embeddings, work, extra_env=None):
             watcher.stop = True
             outcome = record["status"] + (f" ({record.get('error')})" if record.get("error") else "")
         peak = status_kib(node.pid, "VmHWM")
+        settled = status_kib(node.pid, "VmRSS")
         stages = stage_seconds(key)
         size = os.path.getsize(path)
         print(f"== {name}: {os.path.basename(path)}, {size / 1e6:.1f} MB")
         print(f"   outcome: {outcome}; {record.get('chunk_count', 0)} chunks; "
               f"{elapsed:.1f} s upload to the end")
         print("   stages (s): " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(stages.items())))
-        print(f"   node RSS: idle {idle / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB; "
+        print(f"   node RSS: idle {idle / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB, "
+              f"after {settled / 1024:.0f} MiB; "
               f"largest parse worker seen: {watcher.peak_child_kib / 1024:.0f} MiB")
+        print("   node RSS peak by document status (MiB): " + ", ".join(
+            f"{stage} {kib / 1024:.0f}" for stage, kib in watcher.peak_by_stage.items()))
+        if record.get("status") == "ready":
+            # The same data at rest: the node restarted on it, after one search.
+            node.terminate()
+            node.wait()
+            node = subprocess.Popen([SIFT, "serve", "--config", config, "--data-dir",
+                                     os.path.join(data, "data"), "--listen",
+                                     f"127.0.0.1:{PORT}"], env=env, stdout=log, stderr=log)
+            wait_ready()
+            request("POST", "/v1/kbs/big/search", key, {"query": "harbour light", "top_k": 5})
+            time.sleep(2.0)
+            print(f"   node RSS restarted on the data, after a search: "
+                  f"{status_kib(node.pid, 'VmRSS') / 1024:.0f} MiB")
         return elapsed, stages
     finally:
         node.terminate()
@@ -242,6 +267,8 @@ def write_xlsx(path, rows):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--csv-rows", type=int, default=180_000,
+                        help="rows of the csv100 workload (180,000 make about 100 MB)")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="sift-formats-")
     embed = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts/embed-server.py"),
@@ -259,7 +286,7 @@ def main():
                 True, work)
         if wanted("csv100"):
             path = os.path.join(work, "log-100mb.csv")
-            write_csv(path, 180_000)
+            write_csv(path, args.csv_rows)
             run("csv100", path, True, work)
         if wanted("xlsx100"):
             path = os.path.join(work, "log-100mb.xlsx")

@@ -28,6 +28,9 @@ pub struct NodeOptions {
     /// Starts of processing a document may have that never finish (the process died meanwhile)
     /// before it is failed with `crashed_processing` instead of being tried again.
     pub ingest_max_attempts: u32,
+    /// A document of more chunks is embedded and written in slices of this many, so that
+    /// the node never holds all of its vectors, nor a shard write of all of it, at once.
+    pub ingest_slice_chunks: usize,
     /// Page cap and parse-time budget of one PDF (`pdf_max_pages`, `pdf_parse_timeout_ms`).
     /// The OCR engines of this node, for image documents (KB setting `ocr`).
     pub ocr: std::sync::Arc<sift_models::ocr::Ocr>,
@@ -75,6 +78,7 @@ impl Default for NodeOptions {
             ingest_queue_capacity: 256,
             ingest_workers: 2,
             ingest_max_attempts: 3,
+            ingest_slice_chunks: 1024,
             ocr: std::sync::Arc::new(sift_models::ocr::Ocr::none()),
             pdf_limits: sift_parse::pdf::PdfLimits::default(),
             max_kbs: 1000,

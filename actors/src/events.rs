@@ -22,9 +22,13 @@ pub struct DocumentEvent {
     /// While a PDF's pages are read (status `parsing`): how many of how many are done.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parse_pages: Option<PageProgress>,
+    /// While a document of many chunks is embedded and written in slices (status
+    /// `embedding`): how many of its chunks are done.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub embedded_chunks: Option<PageProgress>,
 }
 
-/// Pages done of a stage that goes page by page.
+/// Items (pages, chunks) done of a stage that goes step by step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct PageProgress {
     pub done: u32,
@@ -44,6 +48,7 @@ impl DocumentEvent {
             pages_needing_ocr: record.pages_needing_ocr,
             ocr_pages: None,
             parse_pages: None,
+            embedded_chunks: None,
         }
     }
 

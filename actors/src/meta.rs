@@ -142,6 +142,7 @@ impl MetaHandle {
             pages_needing_ocr: 0,
             ocr_pages: None,
             parse_pages: None,
+            embedded_chunks: None,
         });
     }
 

@@ -96,6 +96,8 @@ pub struct FileConfig {
     pub ingest_workers: Option<usize>,
     /// Interrupted starts of processing after which a document fails (`crashed_processing`).
     pub ingest_max_attempts: Option<u32>,
+    /// Chunks above which a document is embedded and written in slices of this many.
+    pub ingest_slice_chunks: Option<usize>,
     /// A PDF with more pages is refused with `pdf_too_large` (default 2000).
     pub pdf_max_pages: Option<usize>,
     /// Longest parsing one PDF may take before it fails with `pdf_too_large` (ms, default
@@ -461,6 +463,9 @@ impl Config {
             file.ingest_max_attempts =
                 Some(u32::try_from(v).context("SIFT_INGEST_MAX_ATTEMPTS is too large")?);
         }
+        if let Some(v) = parse_count("SIFT_INGEST_SLICE_CHUNKS")? {
+            file.ingest_slice_chunks = Some(v);
+        }
         if let Some(v) = parse_count("SIFT_PDF_MAX_PAGES")? {
             file.pdf_max_pages = Some(v);
         }
@@ -580,6 +585,9 @@ impl Config {
             ingest_max_attempts: file
                 .ingest_max_attempts
                 .unwrap_or(defaults.ingest_max_attempts),
+            ingest_slice_chunks: file
+                .ingest_slice_chunks
+                .unwrap_or(defaults.ingest_slice_chunks),
             pdf_limits: sift_actors::ingest::pdf::PdfLimits {
                 max_pages: file.pdf_max_pages.unwrap_or(defaults.pdf_limits.max_pages),
                 time_budget: file
@@ -649,6 +657,7 @@ impl Config {
         if options.ingest_queue_capacity == 0
             || options.ingest_workers == 0
             || options.ingest_max_attempts == 0
+            || options.ingest_slice_chunks == 0
             || options.max_kbs == 0
             || options.max_shards_per_node == 0
             || options.search_permits_per_shard == 0
@@ -656,7 +665,8 @@ impl Config {
             || options.pdf_limits.time_budget.is_zero()
         {
             bail!(
-                "ingest_queue_capacity, ingest_workers, ingest_max_attempts, max_kbs, \
+                "ingest_queue_capacity, ingest_workers, ingest_max_attempts, \
+                 ingest_slice_chunks, max_kbs, \
                  max_shards_per_node, search_permits_per_shard, pdf_max_pages and \
                  pdf_parse_timeout_ms must be at least 1"
             );
@@ -969,8 +979,13 @@ fn check_upper_bounds(
     connections: &sift_cluster::http_server::ConnectionLimits,
     max_bulk_documents: usize,
 ) -> anyhow::Result<()> {
-    let counts: [(&str, Option<usize>, usize); 13] = [
+    let counts: [(&str, Option<usize>, usize); 14] = [
         ("ingest_workers", Some(options.ingest_workers), 256),
+        (
+            "ingest_slice_chunks",
+            Some(options.ingest_slice_chunks),
+            1 << 20,
+        ),
         (
             "ingest_queue_capacity",
             Some(options.ingest_queue_capacity),
@@ -1271,6 +1286,7 @@ mod tests {
             "max_connections_per_ip",
             "max_bulk_documents",
             "ingest_max_attempts",
+            "ingest_slice_chunks",
             "pdf_max_pages",
             "pdf_parse_timeout_ms",
             "shard_deadline_ms",

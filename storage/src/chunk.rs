@@ -85,6 +85,50 @@ pub struct DocumentWrite {
     pub chunks: Vec<ChunkRecord>,
 }
 
+/// A slice of a document too large to write at once: some of its chunks (vectors included)
+/// and parents. A shard replica stores a slice durably but keeps it out of search, listings
+/// and exports until a [`DocumentCommit`] makes the document's slices its live version.
+/// Writing a slice again replaces what an earlier slice put at the same positions, so a retry
+/// is harmless.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DocumentSlice {
+    pub document_id: String,
+    pub parents: Vec<ParentRecord>,
+    pub chunks: Vec<ChunkRecord>,
+}
+
+/// Makes the slices written for `entry.document_id` its live version, replacing any earlier
+/// one: chunk positions `0..chunk_count` and parent positions `0..parent_count` must all have
+/// been written (a replica that missed a slice refuses the commit).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DocumentCommit {
+    pub entry: DocumentEntry,
+    pub chunk_count: u32,
+    pub parent_count: u32,
+}
+
+/// One write to a shard replica.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ShardWrite {
+    /// Whole documents, each replacing any earlier version of its id.
+    Documents(Vec<DocumentWrite>),
+    /// A slice of a large document, not searchable until its commit.
+    Slice(DocumentSlice),
+    /// The end of a document written in slices.
+    Commit(DocumentCommit),
+}
+
+impl ShardWrite {
+    /// The chunks the replica stores or indexes for this write (what its time grows with).
+    pub fn chunk_count(&self) -> usize {
+        match self {
+            ShardWrite::Documents(documents) => documents.iter().map(|d| d.chunks.len()).sum(),
+            ShardWrite::Slice(slice) => slice.chunks.len(),
+            ShardWrite::Commit(commit) => commit.chunk_count as usize,
+        }
+    }
+}
+
 /// Restricts a search to some documents and/or metadata values, applied inside the shard
 /// before ranking (so it still fills `k`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

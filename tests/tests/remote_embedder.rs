@@ -29,6 +29,10 @@ struct Service {
     /// While set, every request is answered 503 (an outage).
     down: AtomicBool,
     refused: AtomicUsize,
+    /// Once this many texts were embedded (0: never), the service goes down.
+    down_after_texts: AtomicUsize,
+    /// Once this many texts were embedded (0: never), it answers with 32 dimensions.
+    resized_after_texts: AtomicUsize,
 }
 
 /// FNV-1a: a stable hash, so vectors are the same on every run.
@@ -63,6 +67,19 @@ async fn embeddings(
     Json(request): Json<Value>,
 ) -> Result<Json<Value>, (StatusCode, Json<Value>)> {
     service.requests.fetch_add(1, Ordering::SeqCst);
+    let texts = service.texts.load(Ordering::SeqCst);
+    let reached = |after: &AtomicUsize| {
+        let after = after.load(Ordering::SeqCst);
+        after != 0 && texts >= after
+    };
+    if reached(&service.down_after_texts) {
+        service.down_after_texts.store(0, Ordering::SeqCst);
+        service.down.store(true, Ordering::SeqCst);
+    }
+    if reached(&service.resized_after_texts) {
+        service.resized_after_texts.store(0, Ordering::SeqCst);
+        service.dimension.store(32, Ordering::SeqCst);
+    }
     if service.down.load(Ordering::SeqCst) {
         service.refused.fetch_add(1, Ordering::SeqCst);
         let error =
@@ -142,10 +159,21 @@ const DOCUMENTS: [(&str, &str, &str); 4] = [
 /// A node whose remote embedder "fake" is the service at `base_url`, retrying each request
 /// `max_retries` times.
 async fn start_node(dir: &tempfile::TempDir, base_url: String, max_retries: u32) -> InProcessNode {
+    start_node_with(dir, base_url, max_retries, None).await
+}
+
+/// [`start_node`], writing documents of more than `slice_chunks` chunks in slices.
+async fn start_node_with(
+    dir: &tempfile::TempDir,
+    base_url: String,
+    max_retries: u32,
+    slice_chunks: Option<usize>,
+) -> InProcessNode {
     let mut file = FileConfig {
         data_dir: Some(dir.path().join("data")),
         listen: Some("127.0.0.1:0".into()),
         admin_key: Some(sift_node::config::TEST_ADMIN_KEY.into()),
+        ingest_slice_chunks: slice_chunks,
         ..FileConfig::default()
     };
     let remote = RemoteEmbedderConfig {
@@ -340,5 +368,186 @@ async fn documents_wait_out_an_embedding_service_outage_and_are_indexed_when_it_
         )
         .await;
     assert_eq!(document_ids(&answer)[0], ids[3], "{answer}");
+    node.shutdown().await;
+}
+
+/// A keeper's log of `entries` paragraphs, each naming its own landmark (`LANDMARKS`).
+fn keepers_log(entries: usize) -> String {
+    (0..entries)
+        .map(|i| {
+            format!(
+                "Entry {i}. The keeper climbed to the lantern gallery at dusk and wrote that \
+                 the {} stood clear against the evening sky, the tide turning slowly over the \
+                 reef while the lamp was trimmed, the lens polished and the log kept up to date.",
+                LANDMARKS[i % LANDMARKS.len()]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
+const LANDMARKS: [&str; 24] = [
+    "abbey",
+    "barn",
+    "causeway",
+    "dovecote",
+    "estuary",
+    "ferry",
+    "granary",
+    "harbour",
+    "inn",
+    "jetty",
+    "kiln",
+    "lock",
+    "mill",
+    "netloft",
+    "orchard",
+    "pier",
+    "quarry",
+    "rectory",
+    "smithy",
+    "tollhouse",
+    "viaduct",
+    "weir",
+    "yard",
+    "zigzag",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_document_is_written_in_slices_and_an_outage_half_way_is_waited_out() {
+    let service = Arc::new(Service::default());
+    service.dimension.store(64, Ordering::SeqCst);
+    let base_url = start_service(service.clone()).await;
+    let dir = temp_dir();
+    // Slices of 4 chunks; no retries inside the embedder.
+    let node = start_node_with(&dir, base_url, 0, Some(4)).await;
+    let client = node.client();
+    client
+        .create_kb(json!({
+            "name": KB, "shards": 1, "embedding_model": "fake", "chunk_tokens": 32,
+            "chunk_overlap_tokens": 0, "parent_tokens": 128,
+        }))
+        .await;
+
+    // The service goes away after two slices of the long document.
+    let texts_before = service.texts.load(Ordering::SeqCst);
+    service
+        .down_after_texts
+        .store(texts_before + 8, Ordering::SeqCst);
+    let ids = client
+        .bulk_add(
+            KB,
+            &[
+                text_document("log", "Keeper's log", &keepers_log(24)),
+                text_document("note", "A note", "The lamp oil arrives on Tuesdays."),
+            ],
+        )
+        .await;
+    let started = std::time::Instant::now();
+    while service.refused.load(Ordering::SeqCst) < 1 {
+        assert!(started.elapsed() < WAIT, "the outage was never met");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Its first slices are written, and out of sight: no search finds them.
+    let record = client.document(KB, &ids[0]).await;
+    assert_ne!(record["status"], "ready", "{record}");
+    assert_ne!(record["status"], "failed", "{record}");
+    // (BM25 only: a dense query would need the service.)
+    let answer = client
+        .search(
+            KB,
+            json!({ "query": "keeper lantern gallery abbey", "channels": ["bm25"] }),
+        )
+        .await;
+    assert!(
+        !document_ids(&answer).contains(&ids[0]),
+        "a document half written is found: {answer}"
+    );
+
+    // The service returns; the document is written again from its first slice, and each
+    // slice reports its chunks in the document's events.
+    let mut events = sift_tests::sse::SseReader::open(client.request(
+        reqwest::Method::GET,
+        &format!("/v1/kbs/{KB}/documents/{}/events", ids[0]),
+    ))
+    .await;
+    service.down.store(false, Ordering::SeqCst);
+    let seen = events.until("ready").await;
+    let record = client.document(KB, &ids[0]).await;
+    assert_eq!(record["status"], "ready", "{record}");
+    let total = record["chunk_count"].as_u64().unwrap();
+    assert!(total > 12, "{total} chunks: more than three slices");
+    let done: Vec<u64> = seen
+        .iter()
+        .filter_map(|event| event.data.get("embedded_chunks"))
+        .map(|progress| {
+            assert_eq!(progress["total"].as_u64(), Some(total), "{progress}");
+            progress["done"].as_u64().unwrap()
+        })
+        .collect();
+    // (An attempt that met the outage again may have reported its first slices before.)
+    let expected: Vec<u64> = (1..=total.div_ceil(4))
+        .map(|i| (i * 4).min(total))
+        .collect();
+    assert!(done.ends_with(&expected), "{done:?}: {seen:#?}");
+
+    // Every chunk, in order, each with its parent; the first and last entries are found.
+    let chunks = client
+        .get(&format!("/v1/kbs/{KB}/documents/{}/chunks", ids[0]))
+        .await
+        .expect(200);
+    let chunks = chunks["chunks"].as_array().unwrap();
+    assert_eq!(chunks.len() as u64, total);
+    for (position, chunk) in chunks.iter().enumerate() {
+        assert_eq!(chunk["position"].as_u64(), Some(position as u64), "{chunk}");
+        assert!(
+            chunk["parent_text"].as_str().is_some_and(|p| !p.is_empty()),
+            "{chunk}"
+        );
+    }
+    // The first entry is in the first slice, the last in the last.
+    for (query, slice) in [("abbey", 0..4), ("zigzag", total - 4..total)] {
+        let answer = client
+            .search(
+                KB,
+                json!({ "query": query, "channels": ["bm25"], "top_k": 1 }),
+            )
+            .await;
+        let hit = &answer["hits"][0];
+        assert_eq!(
+            hit["document_id"].as_str(),
+            Some(ids[0].as_str()),
+            "{answer}"
+        );
+        let position = hit["position"].as_u64().unwrap();
+        assert!(slice.contains(&position), "{query}: {answer}");
+    }
+    let note = client.document(KB, &ids[1]).await;
+    assert_eq!(note["status"], "ready", "{note}");
+
+    // A long document whose embeddings change dimension half way fails with the reason;
+    // the first stays as it was.
+    let texts_before = service.texts.load(Ordering::SeqCst);
+    service
+        .resized_after_texts
+        .store(texts_before + 8, Ordering::SeqCst);
+    let failing = client
+        .bulk_add(KB, &[text_document("log2", "Second log", &keepers_log(20))])
+        .await;
+    let record = client.wait_document(KB, &failing[0], WAIT).await;
+    assert_eq!(record["status"], "failed", "{record}");
+    assert!(
+        record["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("dimension"),
+        "{record}"
+    );
+    service.dimension.store(64, Ordering::SeqCst);
+    let answer = client
+        .search(KB, json!({ "query": "zigzag", "channels": ["bm25"] }))
+        .await;
+    let found: std::collections::BTreeSet<String> = document_ids(&answer).into_iter().collect();
+    assert_eq!(found, [ids[0].clone()].into(), "{answer}");
     node.shutdown().await;
 }

@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::join_all;
-use sift_storage::chunk::{ChunkRecord, DocumentEntry, DocumentWrite, PageRange, ParentRecord};
+use sift_storage::chunk::{
+    ChunkRecord, DocumentCommit, DocumentEntry, DocumentSlice, DocumentWrite, PageRange,
+    ParentRecord, ShardWrite,
+};
 use sift_storage::meta::{
     DocSource, DocStatus, DocumentRecord, KbRecord, MetaOp, MetaOutcome, StatusUpdate,
 };
@@ -28,6 +31,7 @@ use crate::context::NodeContext;
 use crate::error::{Result, SiftError};
 use crate::events::{DocumentEvent, PageProgress};
 use crate::meta::MetaHandle;
+use crate::shards::ShardError;
 
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -54,8 +58,11 @@ struct Work {
     attempts: u32,
     parsed: Option<ParsedDocument>,
     write: Option<DocumentWrite>,
-    /// Texts to embed, one per child chunk.
-    embed_texts: Vec<String>,
+    /// The title put before each chunk's text when it is embedded (a document's own title,
+    /// or a text document's given one).
+    embed_title: Option<String>,
+    /// The chunks of a document written in slices (its `write` gives them up as it goes).
+    sliced_chunks: Option<u32>,
     failure: Option<String>,
     /// A transient error (a shard unreachable, no quorum) stopped this document: it stays
     /// pending and is tried again.
@@ -74,6 +81,12 @@ impl Work {
         self.deferred = true;
         self.parsed = None;
         deferred.add(self.record.id.clone(), &error.to_string());
+    }
+
+    /// The chunks it has (or had, when written in slices).
+    fn chunk_count(&self) -> Option<u32> {
+        self.sliced_chunks
+            .or_else(|| Some(self.write.as_ref()?.chunks.len() as u32))
     }
 
     fn fail(&mut self, reason: impl Into<String>) {
@@ -200,7 +213,8 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<Deferred> {
                 attempts: pending.attempts,
                 parsed: None,
                 write: None,
-                embed_texts: Vec::new(),
+                embed_title: None,
+                sliced_chunks: None,
                 failure: None,
                 deferred: false,
                 ocr_folder: None,
@@ -229,6 +243,13 @@ async fn run(context: &Arc<NodeContext>, job: &IngestJob) -> Result<Deferred> {
              node stopped or crashed while working on it); it is not tried again"
         );
         fail_unfinished_documents(context, &kb.id, &ids, &reason).await;
+        // A document written in slices may have left some on its replicas.
+        for work in &given_up {
+            context
+                .access
+                .delete(&kb, work.record.shard, &work.record.id)
+                .await;
+        }
     }
 
     // A document whose earlier attempt was interrupted goes alone, so that if it is what
@@ -254,7 +275,6 @@ async fn run_works(
     if works.is_empty() {
         return Ok(());
     }
-    let store = context.meta.store().clone();
 
     // A worker that was handed the document may not hold its raw bytes yet.
     let mut kept = Vec::with_capacity(works.len());
@@ -368,14 +388,7 @@ async fn run_works(
                 }
                 _ => None,
             });
-            work.embed_texts = chunked
-                .children
-                .iter()
-                .map(|child| match &explicit_title {
-                    Some(title) => format!("{title}\n{}", child.text),
-                    None => child.text.clone(),
-                })
-                .collect();
+            work.embed_title = explicit_title.clone();
             let title = explicit_title.unwrap_or_else(|| work.record.title.clone());
             work.write = Some(DocumentWrite {
                 entry: DocumentEntry {
@@ -414,25 +427,41 @@ async fn run_works(
     .await?;
     record_stage("chunk", stage);
 
-    // Embed every chunk of the job in one call (the embedder batches).
+    // A document of many chunks goes on alone, in slices; the others together.
+    let slice_chunks = context.options.ingest_slice_chunks;
+    let (large, works): (Vec<Work>, Vec<Work>) = works.into_iter().partition(|work| {
+        work.failure.is_none()
+            && work
+                .write
+                .as_ref()
+                .is_some_and(|write| write.chunks.len() > slice_chunks)
+    });
+    embed_and_write(context, kb, works, deferred).await?;
+    for work in large {
+        write_in_slices(context, kb, work, deferred).await?;
+    }
+    Ok(())
+}
+
+/// Embeds every chunk of `works` in one call (the embedder batches) and writes each shard's
+/// documents to its replicas, all shards in parallel; then their final statuses.
+async fn embed_and_write(
+    context: &Arc<NodeContext>,
+    kb: &KbRecord,
+    works: Vec<Work>,
+    deferred: &mut Deferred,
+) -> Result<()> {
+    if works.is_empty() {
+        return Ok(());
+    }
     let mut works = set_stage(context, kb, works, DocStatus::Embedding).await?;
     let stage = Instant::now();
-    let embedder = context.embedders.get(&kb.settings.embedding_model)?;
-    if embedder.dimension() != kb.settings.dimension as usize {
-        return Err(SiftError::invalid(
-            "dimension_mismatch",
-            format!(
-                "embedding model {} has dimension {}, the knowledge base expects {}",
-                embedder.model_name(),
-                embedder.dimension(),
-                kb.settings.dimension
-            ),
-        ));
-    }
+    let embedder = kb_embedder(context, kb)?;
     let texts: Vec<String> = works
-        .iter_mut()
+        .iter()
         .filter(|work| work.failure.is_none())
-        .flat_map(|work| std::mem::take(&mut work.embed_texts))
+        .filter_map(|work| Some((work.embed_title.as_deref(), &work.write.as_ref()?.chunks)))
+        .flat_map(|(title, chunks)| chunks.iter().map(move |chunk| embed_text(title, chunk)))
         .collect();
     let text_count = texts.len();
     let mut vectors = context.embed_cached(&embedder, texts).await?.into_iter();
@@ -482,7 +511,13 @@ async fn run_works(
     }
     record_stage("index", stage);
 
-    // Final statuses; documents deleted meanwhile are removed from their shard again.
+    finish(context, kb, works).await
+}
+
+/// Records the final statuses of `works`; documents deleted meanwhile are removed from their
+/// shard again.
+async fn finish(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) -> Result<()> {
+    let store = context.meta.store().clone();
     let updates: Vec<StatusUpdate> = works
         .iter()
         .map(|work| match &work.failure {
@@ -498,7 +533,7 @@ async fn run_works(
                 document_id: work.record.id.clone(),
                 status: DocStatus::Ready,
                 error: None,
-                chunk_count: work.write.as_ref().map(|w| w.chunks.len() as u32),
+                chunk_count: work.chunk_count(),
                 pages_needing_ocr: Some(work.pages_needing_ocr),
             },
         })
@@ -541,12 +576,176 @@ async fn run_works(
         works
             .iter()
             .filter(|w| w.failure.is_none() && !w.deferred)
-            .filter_map(|w| w.write.as_ref())
-            .map(|w| w.chunks.len() as u64)
+            .filter_map(Work::chunk_count)
+            .map(u64::from)
             .sum(),
     );
     info!(ready, failed, "ingestion job done");
     Ok(())
+}
+
+/// Embeds and writes one document of many chunks in slices of `ingest_slice_chunks`: each
+/// slice's texts are embedded and its chunks and parents written to the shard's replicas
+/// (durable there, not searchable), then a commit makes the whole document live on each
+/// replica at once. The node holds one slice's vectors at a time and no shard write is
+/// larger than a slice. A failure removes the slices written; a transient one leaves them
+/// to the retry, which writes them again.
+async fn write_in_slices(
+    context: &Arc<NodeContext>,
+    kb: &KbRecord,
+    work: Work,
+    deferred: &mut Deferred,
+) -> Result<()> {
+    let Some(mut work) = set_stage(context, kb, vec![work], DocStatus::Embedding)
+        .await?
+        .pop()
+    else {
+        return Ok(()); // deleted meanwhile
+    };
+    let Some(write) = work.write.as_mut() else {
+        return Ok(());
+    };
+    let total = write.chunks.len() as u32;
+    work.sliced_chunks = Some(total);
+    let entry = write.entry.clone();
+    let parent_count = write.parents.len() as u32;
+    let mut chunks = std::mem::take(&mut write.chunks).into_iter();
+    let mut parents = std::mem::take(&mut write.parents).into_iter().peekable();
+    let shard = work.record.shard;
+    let stage = Instant::now();
+    let written = async {
+        let embedder = kb_embedder(context, kb)?;
+        let slice_chunks = context.options.ingest_slice_chunks;
+        let mut done = 0u32;
+        let mut event = DocumentEvent::from_record(&work.record);
+        event.status = DocStatus::Embedding;
+        event.progress = crate::events::progress(DocStatus::Embedding);
+        loop {
+            let mut slice: Vec<ChunkRecord> = chunks.by_ref().take(slice_chunks).collect();
+            // The parents its chunks name first; the last slice takes any left.
+            let last_parent = slice.iter().map(|chunk| chunk.parent_position).max();
+            let slice_parents: Vec<ParentRecord> = match last_parent {
+                Some(last) => {
+                    std::iter::from_fn(|| parents.next_if(|p| p.position <= last)).collect()
+                }
+                None => parents.by_ref().collect(),
+            };
+            if slice.is_empty() && slice_parents.is_empty() {
+                break;
+            }
+            let texts = slice
+                .iter()
+                .map(|chunk| embed_text(work.embed_title.as_deref(), chunk))
+                .collect();
+            let vectors = context.embed_cached(&embedder, texts).await?;
+            for (chunk, vector) in slice.iter_mut().zip(vectors) {
+                chunk.vector = vector;
+            }
+            done += slice.len() as u32;
+            metrics::counter!("sift_ingest_chunks_embedded_total").increment(slice.len() as u64);
+            let slice = DocumentSlice {
+                document_id: entry.document_id.clone(),
+                parents: slice_parents,
+                chunks: slice,
+            };
+            context
+                .access
+                .apply(kb, shard, ShardWrite::Slice(slice))
+                .await?;
+            event.embedded_chunks = Some(PageProgress { done, total });
+            context.meta.send_progress(event.clone());
+        }
+        record_stage("embed", stage);
+        Ok::<_, Stopped>(())
+    }
+    .await;
+    let committed = match written {
+        Ok(()) => {
+            let Some(committing) = set_stage(context, kb, vec![work], DocStatus::Indexing)
+                .await?
+                .pop()
+            else {
+                // Deleted meanwhile: its slices go with it.
+                context.access.delete(kb, shard, &entry.document_id).await;
+                return Ok(());
+            };
+            work = committing;
+            let stage = Instant::now();
+            let commit = DocumentCommit {
+                entry: entry.clone(),
+                chunk_count: total,
+                parent_count,
+            };
+            let outcome = context
+                .access
+                .apply(kb, shard, ShardWrite::Commit(commit))
+                .await
+                .map_err(Stopped::from);
+            record_stage("index", stage);
+            outcome
+        }
+        Err(error) => Err(error),
+    };
+    if let Err(stopped) = committed {
+        if stopped.transient {
+            work.deferred = true;
+            deferred.add(work.record.id.clone(), &stopped.reason);
+        } else {
+            warn!(document_id = %work.record.id, reason = %stopped.reason, "writing a document in slices failed");
+            work.fail(stopped.reason);
+            context.access.delete(kb, shard, &entry.document_id).await;
+        }
+    }
+    finish(context, kb, vec![work]).await
+}
+
+/// Why writing a document in slices stopped, and whether a retry may do better.
+struct Stopped {
+    transient: bool,
+    reason: String,
+}
+
+impl From<SiftError> for Stopped {
+    fn from(error: SiftError) -> Self {
+        Stopped {
+            transient: error.is_transient(),
+            reason: error.to_string(),
+        }
+    }
+}
+
+impl From<ShardError> for Stopped {
+    fn from(error: ShardError) -> Self {
+        Stopped {
+            transient: error.is_transient(),
+            reason: error.to_string(),
+        }
+    }
+}
+
+/// The KB's embedder, checked against the KB's dimension.
+fn kb_embedder(context: &NodeContext, kb: &KbRecord) -> Result<sift_models::embedding::Embedder> {
+    let embedder = context.embedders.get(&kb.settings.embedding_model)?;
+    if embedder.dimension() != kb.settings.dimension as usize {
+        return Err(SiftError::invalid(
+            "dimension_mismatch",
+            format!(
+                "embedding model {} has dimension {}, the knowledge base expects {}",
+                embedder.model_name(),
+                embedder.dimension(),
+                kb.settings.dimension
+            ),
+        ));
+    }
+    Ok(embedder)
+}
+
+/// What is embedded for a chunk: its text, after the document's title when it has one.
+fn embed_text(title: Option<&str>, chunk: &ChunkRecord) -> String {
+    match title {
+        Some(title) => format!("{title}\n{}", chunk.text),
+        None => chunk.text.clone(),
+    }
 }
 
 /// Recognises the text of the image documents among `works` with the KB's OCR engine, all

@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
+use sift_storage::chunk::ShardWrite;
 use sift_storage::meta::{MetaOp, MetaOutcome, ReplicaState};
 use tracing::info;
 
@@ -168,7 +169,9 @@ impl Reconciliation {
                 .increment(documents.len() as u64);
             copied += documents.len();
             if !documents.is_empty() {
-                access.write_local(kb_id, shard, documents).await?;
+                access
+                    .write_local(kb_id, shard, ShardWrite::Documents(documents))
+                    .await?;
             }
         }
         let tombstones = store

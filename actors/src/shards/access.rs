@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use futures::future::{BoxFuture, join_all};
 use ractor::rpc::CallResult;
-use sift_storage::chunk::{ChunkView, DocumentWrite};
+use sift_storage::chunk::{ChunkView, DocumentWrite, ShardWrite};
 use sift_storage::meta::{KbRecord, MetaOp, Replica, ReplicaState};
 use tracing::{info, warn};
 
@@ -277,14 +277,26 @@ impl ShardAccess {
 
     // ---- writes ----
 
-    /// Writes `documents` to every replica of `shard` that is not dead. Ok once
-    /// `write_quorum` active replicas stored them and every replica that failed is marked
-    /// dead; otherwise the reason.
+    /// Writes `documents` to every replica of `shard` that is not dead (see
+    /// [`Self::apply`]).
     pub async fn write(
         &self,
         kb: &KbRecord,
         shard: u32,
         documents: Vec<DocumentWrite>,
+    ) -> Result<(), ShardError> {
+        self.apply(kb, shard, ShardWrite::Documents(documents))
+            .await
+    }
+
+    /// Applies `write` to every replica of `shard` that is not dead. Ok once
+    /// `write_quorum` active replicas applied it and every replica that failed is marked
+    /// dead; otherwise the reason.
+    pub async fn apply(
+        &self,
+        kb: &KbRecord,
+        shard: u32,
+        write: ShardWrite,
     ) -> Result<(), ShardError> {
         let mut written: BTreeSet<u64> = BTreeSet::new();
         let mut kb = kb.clone();
@@ -295,12 +307,12 @@ impl ShardAccess {
                 .filter(|r| r.state != ReplicaState::Dead && !written.contains(&r.node))
                 .collect();
             let writes = targets.iter().map(|replica| {
-                let documents = documents.clone();
+                let write = write.clone();
                 let kb_id = kb.id.clone();
                 async move {
                     (
                         replica.clone(),
-                        self.write_on(replica.node, &kb_id, shard, documents).await,
+                        self.write_on(replica.node, &kb_id, shard, write).await,
                     )
                 }
             });
@@ -405,17 +417,24 @@ impl ShardAccess {
         node: u64,
         kb_id: &str,
         shard: u32,
-        documents: Vec<DocumentWrite>,
+        write: ShardWrite,
     ) -> Result<(), ShardError> {
         if node == self.local_id() {
-            return self.write_local(kb_id, shard, documents).await;
+            return self.write_local(kb_id, shard, write).await;
         }
-        for batch in split_by_size(documents) {
-            let timeout = write_timeout(self.options.remote_write_timeout, &batch);
+        let requests = match write {
+            ShardWrite::Documents(documents) => split_by_size(documents)
+                .into_iter()
+                .map(ShardWrite::Documents)
+                .collect(),
+            other => vec![other],
+        };
+        for write in requests {
+            let timeout = write_timeout(self.options.remote_write_timeout, &write);
             let rpc = ShardRpc::Write {
                 kb_id: kb_id.to_string(),
                 shard,
-                documents: batch,
+                write,
             };
             match self.peers.call(node, &rpc, timeout).await? {
                 ShardReply::Written => {}
@@ -431,16 +450,16 @@ impl ShardAccess {
         &self,
         kb_id: &str,
         shard: u32,
-        documents: Vec<DocumentWrite>,
+        write: ShardWrite,
     ) -> Result<(), ShardError> {
         let started = std::time::Instant::now();
         let mut backoff = Duration::from_millis(50);
-        let timeout = write_timeout(self.options.local_write_timeout, &documents);
+        let timeout = write_timeout(self.options.local_write_timeout, &write);
         loop {
-            let documents = documents.clone();
+            let write = write.clone();
             let unavailable = match self
                 .local_call(kb_id, shard, timeout, |reply| ShardMessage::Write {
-                    documents,
+                    write,
                     reply,
                 })
                 .await
@@ -563,9 +582,9 @@ pub(crate) fn unexpected(reply: ShardReply) -> ShardError {
 /// wrote it again, holding both copies in memory.
 const WRITE_TIME_PER_CHUNK: Duration = Duration::from_millis(20);
 
-/// The timeout of a write of `documents`: `base` plus [`WRITE_TIME_PER_CHUNK`] a chunk.
-fn write_timeout(base: Duration, documents: &[DocumentWrite]) -> Duration {
-    let chunks: usize = documents.iter().map(|document| document.chunks.len()).sum();
+/// The timeout of `write`: `base` plus [`WRITE_TIME_PER_CHUNK`] a chunk.
+fn write_timeout(base: Duration, write: &ShardWrite) -> Duration {
+    let chunks = write.chunk_count();
     base.saturating_add(WRITE_TIME_PER_CHUNK.saturating_mul(chunks.min(u32::MAX as usize) as u32))
 }
 
@@ -627,14 +646,25 @@ mod tests {
     #[test]
     fn a_write_has_time_for_each_of_its_chunks() {
         let base = Duration::from_secs(300);
-        assert_eq!(write_timeout(base, &[]), base);
+        let documents = |documents: Vec<DocumentWrite>| ShardWrite::Documents(documents);
+        assert_eq!(write_timeout(base, &documents(vec![])), base);
         assert_eq!(
-            write_timeout(base, &[document(10), document(40)]),
+            write_timeout(base, &documents(vec![document(10), document(40)])),
             base + Duration::from_secs(1)
         );
         // The 90,000 chunks of an 85 MB CSV: half an hour more, not five minutes in all.
         assert_eq!(
-            write_timeout(base, &[document(90_000)]),
+            write_timeout(base, &documents(vec![document(90_000)])),
+            base + Duration::from_secs(1_800)
+        );
+        // Its commit reads them all back into the indexes: the same time.
+        let commit = ShardWrite::Commit(sift_storage::chunk::DocumentCommit {
+            entry: document(0).entry,
+            chunk_count: 90_000,
+            parent_count: 1,
+        });
+        assert_eq!(
+            write_timeout(base, &commit),
             base + Duration::from_secs(1_800)
         );
     }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use ractor::RpcReplyPort;
 use serde::{Deserialize, Serialize};
-use sift_storage::chunk::{ChunkView, DocumentWrite, ScoredChunk, SearchFilter};
+use sift_storage::chunk::{ChunkView, DocumentWrite, ScoredChunk, SearchFilter, ShardWrite};
 use sift_storage::shard::ShardStats;
 
 use crate::error::Result;
@@ -34,9 +34,10 @@ pub struct LeafResponse {
 }
 
 pub enum ShardMessage {
-    /// Writes documents (all their chunks); durable and searchable when answered.
+    /// Writes whole documents (durable and searchable when answered), a slice of a large
+    /// one (durable, not searchable), or the commit of a document's slices.
     Write {
-        documents: Vec<DocumentWrite>,
+        write: ShardWrite,
         reply: RpcReplyPort<Result<()>>,
     },
     /// Deletes a document; never returned by a search of this shard once answered.

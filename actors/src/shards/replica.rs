@@ -67,12 +67,10 @@ impl Actor for ShardReplica {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            ShardMessage::Write { documents, reply } => {
+            ShardMessage::Write { write, reply } => {
                 let index = state.index.clone();
                 let started = Instant::now();
-                let outcome =
-                    blocking(move || index.write_documents(documents).map_err(SiftError::from))
-                        .await;
+                let outcome = blocking(move || index.write(write).map_err(SiftError::from)).await;
                 metrics::histogram!("sift_shard_write_seconds")
                     .record(started.elapsed().as_secs_f64());
                 let _ = reply.send(outcome);

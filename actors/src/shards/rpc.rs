@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use sift_cluster::raft::RaftHandle;
 use sift_cluster::tls::PeerTls;
 use sift_cluster::transport::{decode_frame, encode_frame};
-use sift_storage::chunk::{ChunkView, DocumentWrite};
+use sift_storage::chunk::{ChunkView, DocumentWrite, ShardWrite};
 use sift_storage::shard::ShardStats;
 
 use super::error::ShardError;
@@ -43,7 +43,7 @@ pub enum ShardRpc {
     Write {
         kb_id: String,
         shard: u32,
-        documents: Vec<DocumentWrite>,
+        write: ShardWrite,
     },
     Delete {
         kb_id: String,

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sift_storage::chunk::DocumentWrite;
+use sift_storage::chunk::ShardWrite;
 use sift_storage::meta::KbRecord;
 use tracing::warn;
 
@@ -59,8 +59,8 @@ impl SiftNode {
             ShardRpc::Write {
                 kb_id,
                 shard,
-                documents,
-            } => self.write(&kb_id, shard, documents).await,
+                write,
+            } => self.write(&kb_id, shard, write).await,
             ShardRpc::Delete {
                 kb_id,
                 shard,
@@ -192,17 +192,12 @@ impl SiftNode {
         .map(ShardReply::Chunks)
     }
 
-    /// `Write`: documents written to the local replica.
-    async fn write(
-        &self,
-        kb_id: &str,
-        shard: u32,
-        documents: Vec<DocumentWrite>,
-    ) -> Result<ShardReply> {
+    /// `Write`: a write applied to the local replica.
+    async fn write(&self, kb_id: &str, shard: u32, write: ShardWrite) -> Result<ShardReply> {
         let kb = self.local_replica(kb_id, shard).await?;
         self.context
             .access
-            .write_local(&kb.id, shard, documents)
+            .write_local(&kb.id, shard, write)
             .await
             .map(|()| ShardReply::Written)
             .map_err(|error| served_failure(&kb.id, shard, error))

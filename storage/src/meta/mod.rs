@@ -71,10 +71,19 @@ pub struct SledMetaStore {
     apply_lock: Mutex<()>,
 }
 
+/// sled's page cache for the metadata database (its default is 1 GiB). The database also
+/// holds the Raft log, the embedding cache and bulk documents' raw texts: a large ingestion
+/// fills it with vectors and texts that are read again seldom.
+const META_CACHE_BYTES: u64 = 128 * 1024 * 1024;
+
 impl SledMetaStore {
     /// Opens (or creates) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Self> {
-        let db = crate::sled_db::open(&sled::Config::new().path(dir))?;
+        let db = crate::sled_db::open(
+            &sled::Config::new()
+                .path(dir)
+                .cache_capacity(META_CACHE_BYTES),
+        )?;
         let tree = db.open_tree("meta")?;
         let store = SledMetaStore {
             db,

@@ -12,6 +12,7 @@
 //! | `vectors`    | internal id (u64, big-endian)         | normalised vector, f32 little-endian    |
 //! | `parents`    | u32 BE id length, document id, u32 BE position | [`ParentRecord`]               |
 //! | `tombstones` | document id                           | [`Tombstone`]                           |
+//! | `slices`     | u32 BE id length, document id, `c` or `p`, u32 BE position | a chunk's internal id (u64 BE); empty for a parent |
 //! | `meta`       | name                                  | u64 big-endian                          |
 
 use std::path::Path;
@@ -80,6 +81,17 @@ pub(crate) struct StoreBatch {
     pub parents: sled::Batch,
     pub tombstones: sled::Batch,
     pub meta: sled::Batch,
+    pub slices: sled::Batch,
+}
+
+/// What the slices written for one document hold so far (see [`crate::chunk::DocumentSlice`]):
+/// their chunks (position, internal id) and parent positions, each in position order. The
+/// records themselves are in the `chunks`, `vectors` and `parents` trees, where no live
+/// document points at them until the commit.
+#[derive(Debug, Default)]
+pub(crate) struct SliceIndex {
+    pub chunks: Vec<(u32, u64)>,
+    pub parents: Vec<u32>,
 }
 
 impl StoreBatch {
@@ -141,6 +153,28 @@ impl StoreBatch {
     pub fn remove_tombstone(&mut self, document_id: &str) {
         self.tombstones.remove(document_id.as_bytes());
     }
+
+    pub fn put_slice_chunk(&mut self, document_id: &str, position: u32, internal_id: u64) {
+        self.slices.insert(
+            slice_key(document_id, SLICE_CHUNK, position),
+            &internal_id.to_be_bytes()[..],
+        );
+    }
+
+    pub fn remove_slice_chunk(&mut self, document_id: &str, position: u32) {
+        self.slices
+            .remove(slice_key(document_id, SLICE_CHUNK, position));
+    }
+
+    pub fn put_slice_parent(&mut self, document_id: &str, position: u32) {
+        self.slices
+            .insert(slice_key(document_id, SLICE_PARENT, position), &[][..]);
+    }
+
+    pub fn remove_slice_parent(&mut self, document_id: &str, position: u32) {
+        self.slices
+            .remove(slice_key(document_id, SLICE_PARENT, position));
+    }
 }
 
 /// Handle on the shard's sled database and its trees.
@@ -152,6 +186,7 @@ pub(crate) struct ChunkStore {
     parents: sled::Tree,
     tombstones: sled::Tree,
     meta: sled::Tree,
+    slices: sled::Tree,
 }
 
 impl ChunkStore {
@@ -171,6 +206,7 @@ impl ChunkStore {
             parents: db.open_tree("parents")?,
             tombstones: db.open_tree("tombstones")?,
             meta: db.open_tree("meta")?,
+            slices: db.open_tree("slices")?,
             db,
         })
     }
@@ -244,6 +280,34 @@ impl ChunkStore {
             .transpose()
     }
 
+    /// The internal id a slice gave the chunk at `position` of `document_id`, if one did.
+    pub fn slice_chunk(&self, document_id: &str, position: u32) -> Result<Option<u64>> {
+        self.slices
+            .get(slice_key(document_id, SLICE_CHUNK, position))?
+            .map(|bytes| decode_u64_be(&bytes))
+            .transpose()
+    }
+
+    /// What the slices of `document_id` written so far hold.
+    pub fn slice_index(&self, document_id: &str) -> Result<SliceIndex> {
+        let prefix = length_prefixed(document_id);
+        let mut index = SliceIndex::default();
+        for item in self.slices.scan_prefix(&prefix) {
+            let (key, value) = item?;
+            let rest = &key[prefix.len()..];
+            let (kind, position) = match rest {
+                [kind, a, b, c, d] => (*kind, u32::from_be_bytes([*a, *b, *c, *d])),
+                _ => return Err(StorageError::Corrupt("a slice key is malformed".to_owned())),
+            };
+            match kind {
+                SLICE_CHUNK => index.chunks.push((position, decode_u64_be(&value)?)),
+                SLICE_PARENT => index.parents.push(position),
+                _ => return Err(StorageError::Corrupt("a slice key is malformed".to_owned())),
+            }
+        }
+        Ok(index)
+    }
+
     /// Calls `visit` for every live document.
     pub fn for_each_document(
         &self,
@@ -290,17 +354,21 @@ impl ChunkStore {
             &self.parents,
             &self.tombstones,
             &self.meta,
+            &self.slices,
         );
         trees
-            .transaction(|(documents, chunks, vectors, parents, tombstones, meta)| {
-                documents.apply_batch(&batch.documents)?;
-                chunks.apply_batch(&batch.chunks)?;
-                vectors.apply_batch(&batch.vectors)?;
-                parents.apply_batch(&batch.parents)?;
-                tombstones.apply_batch(&batch.tombstones)?;
-                meta.apply_batch(&batch.meta)?;
-                Ok::<(), ConflictableTransactionError<StorageError>>(())
-            })
+            .transaction(
+                |(documents, chunks, vectors, parents, tombstones, meta, slices)| {
+                    documents.apply_batch(&batch.documents)?;
+                    chunks.apply_batch(&batch.chunks)?;
+                    vectors.apply_batch(&batch.vectors)?;
+                    parents.apply_batch(&batch.parents)?;
+                    tombstones.apply_batch(&batch.tombstones)?;
+                    meta.apply_batch(&batch.meta)?;
+                    slices.apply_batch(&batch.slices)?;
+                    Ok::<(), ConflictableTransactionError<StorageError>>(())
+                },
+            )
             .map_err(|error| match error {
                 TransactionError::Abort(error) => error,
                 TransactionError::Storage(error) => StorageError::Sled(error),
@@ -314,12 +382,28 @@ impl ChunkStore {
     }
 }
 
-fn parent_key(document_id: &str, position: u32) -> Vec<u8> {
+/// The id's length (u32 BE), then the id: keeps one document's keys from running into
+/// another's.
+fn length_prefixed(document_id: &str) -> Vec<u8> {
     let id = document_id.as_bytes();
-    let mut key = Vec::with_capacity(id.len() + 8);
-    // The length prefix keeps one document's keys from running into another's.
+    let mut key = Vec::with_capacity(id.len() + 9);
     key.extend_from_slice(&u32::try_from(id.len()).unwrap_or(u32::MAX).to_be_bytes());
     key.extend_from_slice(id);
+    key
+}
+
+fn parent_key(document_id: &str, position: u32) -> Vec<u8> {
+    let mut key = length_prefixed(document_id);
+    key.extend_from_slice(&position.to_be_bytes());
+    key
+}
+
+const SLICE_CHUNK: u8 = b'c';
+const SLICE_PARENT: u8 = b'p';
+
+fn slice_key(document_id: &str, kind: u8, position: u32) -> Vec<u8> {
+    let mut key = length_prefixed(document_id);
+    key.push(kind);
     key.extend_from_slice(&position.to_be_bytes());
     key
 }

@@ -19,6 +19,17 @@
 //!    `commit`), then the reader reloads. When `write_documents` returns, both channels see
 //!    the batch.
 //!
+//! A document too large to hold at once is written in slices (`write_slice`), then
+//! committed (`commit_slices`). Each slice is one flushed sled transaction: its chunks,
+//! vectors and parents go into their trees, and the `slices` tree notes which positions were
+//! written (a position written again keeps its internal id). No live document points at them,
+//! so no search, listing or export sees them, and the indexes never hold them. The commit
+//! checks that every position below its counts was written, then writes the document record
+//! (removing the slice notes and any earlier version or tombstone) in one flushed transaction
+//! with a new write sequence, and feeds HNSW and tantivy from the store block by block; replay
+//! after a crash is the same as for a whole write. A delete also removes slices never
+//! committed.
+//!
 //! A delete (`delete_document`) writes a tombstone (and removes the document entry) in one
 //! flushed sled transaction with a new write sequence, hides the chunks in memory (so the HNSW
 //! filter and the BM25 result check drop them at once), then deletes the `document_id` term in
@@ -69,7 +80,8 @@ use self::live_documents::{CompiledFilter, LiveDocument, LiveDocuments};
 use self::text::{TextChunk, TextIndex, TextWriterSlot};
 use self::vector::{HnswParams, VectorIndex};
 use crate::chunk::{
-    ChunkRecord, ChunkView, DocumentEntry, DocumentWrite, ScoredChunk, SearchFilter, chunk_id,
+    ChunkRecord, ChunkView, DocumentCommit, DocumentEntry, DocumentSlice, DocumentWrite,
+    ScoredChunk, SearchFilter, ShardWrite, chunk_id,
 };
 use crate::error::{Result, StorageError};
 
@@ -295,6 +307,226 @@ impl ShardIndex {
         Ok(())
     }
 
+    /// Applies one [`ShardWrite`]: whole documents, a slice, or the commit of a document's
+    /// slices.
+    pub fn write(&self, write: ShardWrite) -> Result<()> {
+        match write {
+            ShardWrite::Documents(documents) => self.write_documents(documents),
+            ShardWrite::Slice(slice) => self.write_slice(slice),
+            ShardWrite::Commit(commit) => self.commit_slices(commit),
+        }
+    }
+
+    /// Stores a slice of a document too large to write at once, durably, out of search,
+    /// listings and exports until [`Self::commit_slices`]. A chunk position written again
+    /// keeps its internal id and gets the new record.
+    #[instrument(skip_all, fields(document_id = %slice.document_id, chunks = slice.chunks.len()))]
+    pub fn write_slice(&self, slice: DocumentSlice) -> Result<()> {
+        let DocumentSlice {
+            document_id,
+            parents,
+            mut chunks,
+        } = slice;
+        if document_id.is_empty() {
+            return Err(StorageError::Invalid("empty document id".to_owned()));
+        }
+        self.check_positions(&document_id, &chunks, &parents)?;
+        for chunk in &mut chunks {
+            chunk.vector = vector::normalised(&chunk.vector, self.config.dimension)?;
+        }
+        let mut writer = self.lock_writer()?;
+        check_not_broken(&writer)?;
+        let mut next_internal_id = writer.counters.next_internal_id;
+        let mut batch = StoreBatch::default();
+        for mut record in chunks {
+            let id = match self.store.slice_chunk(&document_id, record.position)? {
+                Some(id) => id,
+                None => {
+                    next_internal_id += 1;
+                    next_internal_id - 1
+                }
+            };
+            let vector = std::mem::take(&mut record.vector);
+            batch.put_slice_chunk(&document_id, record.position, id);
+            let stored = StoredChunk {
+                document_id: document_id.clone(),
+                record,
+            };
+            batch.put_chunk(id, &stored, &vector)?;
+        }
+        for parent in &parents {
+            batch.put_parent(&document_id, parent)?;
+            batch.put_slice_parent(&document_id, parent.position);
+        }
+        let counters = Counters {
+            next_internal_id,
+            ..writer.counters
+        };
+        batch.set_counters(counters);
+        self.apply_to_store(&mut writer, &batch)?;
+        writer.counters = counters;
+        Ok(())
+    }
+
+    /// Makes the slices written for a document its live version (replacing any earlier one),
+    /// searchable in both channels when this returns. The indexes are fed from the chunk
+    /// store in blocks, so the memory it takes does not grow with the document. Refused when
+    /// a chunk or parent position below the commit's counts was never written.
+    #[instrument(skip_all, fields(document_id = %commit.entry.document_id, chunks = commit.chunk_count))]
+    pub fn commit_slices(&self, commit: DocumentCommit) -> Result<()> {
+        let DocumentCommit {
+            entry,
+            chunk_count,
+            parent_count,
+        } = commit;
+        let document_id = entry.document_id.clone();
+        let mut writer = self.lock_writer()?;
+        self.ensure_text_current(&mut writer)?;
+        let slices = self.store.slice_index(&document_id)?;
+        let chunk_ids: Vec<u64> = slices
+            .chunks
+            .iter()
+            .filter(|(position, _)| *position < chunk_count)
+            .map(|(_, id)| *id)
+            .collect();
+        let parents_written = slices
+            .parents
+            .iter()
+            .filter(|&&position| position < parent_count)
+            .count();
+        if chunk_count == 0
+            || chunk_ids.len() != chunk_count as usize
+            || parents_written != parent_count as usize
+        {
+            return Err(StorageError::Invalid(format!(
+                "document {document_id}: its slices hold {} of its {chunk_count} chunks and \
+                 {parents_written} of its {parent_count} parents; a slice is missing",
+                chunk_ids.len()
+            )));
+        }
+
+        // Step 1: the document record, the slice index gone, any earlier version or
+        // tombstone removed, in one flushed transaction.
+        let sequence = writer.counters.write_sequence + 1;
+        let mut batch = StoreBatch::default();
+        let mut cleared_tombstones = 0u64;
+        let earlier = self.store.document(&document_id)?;
+        let tombstone = self.store.tombstone(&document_id)?;
+        if tombstone.is_some() {
+            batch.remove_tombstone(&document_id);
+            cleared_tombstones = 1;
+        }
+        let (earlier_chunks, earlier_parents) = match (earlier, tombstone) {
+            (Some(stored), _) => (stored.chunk_ids, stored.parent_positions),
+            (None, Some(tombstone)) => (tombstone.internal_ids, tombstone.parent_positions),
+            (None, None) => (Vec::new(), Vec::new()),
+        };
+        for id in earlier_chunks {
+            batch.remove_chunk(id);
+        }
+        // Parent keys are positions: the slices rewrote those below `parent_count`.
+        for position in earlier_parents {
+            if position >= parent_count {
+                batch.remove_parent(&document_id, position);
+            }
+        }
+        for &(position, id) in &slices.chunks {
+            batch.remove_slice_chunk(&document_id, position);
+            if position >= chunk_count {
+                batch.remove_chunk(id);
+            }
+        }
+        for &position in &slices.parents {
+            batch.remove_slice_parent(&document_id, position);
+            if position >= parent_count {
+                batch.remove_parent(&document_id, position);
+            }
+        }
+        batch.put_document(
+            &document_id,
+            &StoredDocument {
+                entry: entry.clone(),
+                chunk_ids: chunk_ids.clone(),
+                parent_positions: (0..parent_count).collect(),
+                write_sequence: sequence,
+            },
+        )?;
+        let counters = Counters {
+            write_sequence: sequence,
+            ..writer.counters
+        };
+        batch.set_counters(counters);
+        self.apply_to_store(&mut writer, &batch)?;
+        writer.counters = counters;
+        self.tombstones
+            .fetch_sub(cleared_tombstones, Ordering::Relaxed);
+
+        // Steps 2 and 3, block by block from the store: HNSW, the live map, then tantivy.
+        for block in chunk_ids.chunks(REBUILD_BLOCK) {
+            let mut points = Vec::with_capacity(block.len());
+            for &id in block {
+                let vector = self.store.vector(id)?.ok_or_else(|| {
+                    StorageError::Corrupt(format!("chunk {id} of {document_id} has no vector"))
+                })?;
+                points.push((vector, id));
+            }
+            self.vectors.insert(&points)?;
+        }
+        self.live_write().insert(LiveDocument::new(
+            document_id.clone(),
+            entry.metadata.clone(),
+            chunk_ids.clone(),
+        ));
+        let added = (|| -> Result<()> {
+            let text_writer = self.text.writer(&mut writer.text_writer)?;
+            self.text.delete_document(text_writer, &document_id);
+            for &id in &chunk_ids {
+                let chunk = self.store.chunk(id)?.ok_or_else(|| {
+                    StorageError::Corrupt(format!("chunk {id} of {document_id} is missing"))
+                })?;
+                self.text
+                    .add_chunk(text_writer, &text_chunk(id, &entry, &chunk.record))?;
+            }
+            Ok(())
+        })();
+        if let Err(error) = added {
+            self.text.rollback(&mut writer.text_writer);
+            writer.text_stale = true;
+            return Err(error);
+        }
+        self.commit_text(&mut writer, sequence)?;
+        self.maybe_snapshot(&mut writer);
+        Ok(())
+    }
+
+    /// Removes what slices of `document_id` stored without a commit (a document given up or
+    /// deleted while it was written in slices). Returns whether there was any.
+    fn drop_slices(&self, writer: &mut Writer, document_id: &str) -> Result<bool> {
+        let slices = self.store.slice_index(document_id)?;
+        if slices.chunks.is_empty() && slices.parents.is_empty() {
+            return Ok(false);
+        }
+        let live_parents: HashSet<u32> = self
+            .store
+            .document(document_id)?
+            .map(|stored| stored.parent_positions.into_iter().collect())
+            .unwrap_or_default();
+        let mut batch = StoreBatch::default();
+        for &(position, id) in &slices.chunks {
+            batch.remove_slice_chunk(document_id, position);
+            batch.remove_chunk(id);
+        }
+        for &position in &slices.parents {
+            batch.remove_slice_parent(document_id, position);
+            // A live version's parent under the same key stays until that version goes.
+            if !live_parents.contains(&position) {
+                batch.remove_parent(document_id, position);
+            }
+        }
+        self.apply_to_store(writer, &batch)?;
+        Ok(true)
+    }
+
     /// Closes the tantivy writer if no write or delete used it for `idle`, so that an idle
     /// shard holds no writer threads or lock file; the next write opens it again. Returns
     /// whether it closed one.
@@ -312,12 +544,14 @@ impl ShardIndex {
     }
 
     /// Deletes a document; no search returns it once this returns. Returns whether it existed.
-    /// Once the tombstone is durable the delete has happened: a failure of the later tantivy
-    /// commit is logged and repaired by replay, not returned.
+    /// Slices written for it without a commit are removed too. Once the tombstone is durable
+    /// the delete has happened: a failure of the later tantivy commit is logged and repaired
+    /// by replay, not returned.
     #[instrument(skip_all, fields(document_id = %document_id))]
     pub fn delete_document(&self, document_id: &str) -> Result<bool> {
         let mut writer = self.lock_writer()?;
         self.ensure_text_current(&mut writer)?;
+        self.drop_slices(&mut writer, document_id)?;
         let Some(sequence) = self.stage_delete(&mut writer, document_id)? else {
             return Ok(false);
         };
@@ -628,29 +862,46 @@ impl ShardIndex {
             if document.entry.document_id.is_empty() {
                 return Err(StorageError::Invalid("empty document id".to_owned()));
             }
-            let mut positions = HashSet::new();
+            self.check_positions(
+                &document.entry.document_id,
+                &document.chunks,
+                &document.parents,
+            )?;
             for chunk in &mut document.chunks {
-                if !positions.insert(chunk.position) {
-                    return Err(StorageError::Invalid(format!(
-                        "document {} has two chunks at position {}",
-                        document.entry.document_id, chunk.position
-                    )));
-                }
                 chunk.vector = vector::normalised(&chunk.vector, self.config.dimension)?;
-            }
-            let mut parent_positions = HashSet::new();
-            for parent in &document.parents {
-                if !parent_positions.insert(parent.position) {
-                    return Err(StorageError::Invalid(format!(
-                        "document {} has two parents at position {}",
-                        document.entry.document_id, parent.position
-                    )));
-                }
             }
             kept.push(document);
         }
         kept.reverse();
         Ok(kept)
+    }
+
+    /// Refuses two chunks, or two parents, at one position.
+    fn check_positions(
+        &self,
+        document_id: &str,
+        chunks: &[ChunkRecord],
+        parents: &[crate::chunk::ParentRecord],
+    ) -> Result<()> {
+        let mut positions = HashSet::new();
+        for chunk in chunks {
+            if !positions.insert(chunk.position) {
+                return Err(StorageError::Invalid(format!(
+                    "document {document_id} has two chunks at position {}",
+                    chunk.position
+                )));
+            }
+        }
+        positions.clear();
+        for parent in parents {
+            if !positions.insert(parent.position) {
+                return Err(StorageError::Invalid(format!(
+                    "document {document_id} has two parents at position {}",
+                    parent.position
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Step 1: the batch goes into the chunk store in one flushed transaction.
@@ -866,11 +1117,7 @@ impl ShardIndex {
     /// Brings tantivy up to the chunk store if a commit is missing (crash or failure), and
     /// refuses to go on if the store itself is in doubt.
     fn ensure_text_current(&self, writer: &mut Writer) -> Result<()> {
-        if let Some(reason) = &writer.broken {
-            return Err(StorageError::Corrupt(format!(
-                "chunk store flush failed earlier ({reason}); reopen the shard"
-            )));
-        }
+        check_not_broken(writer)?;
         if !writer.text_stale {
             return Ok(());
         }
@@ -1062,6 +1309,16 @@ fn live_document(document_id: String, stored: &StoredDocument) -> LiveDocument {
         stored.entry.metadata.clone(),
         stored.chunk_ids.clone(),
     )
+}
+
+/// Refuses to go on after a failed chunk store flush (see [`Writer::broken`]).
+fn check_not_broken(writer: &Writer) -> Result<()> {
+    match &writer.broken {
+        Some(reason) => Err(StorageError::Corrupt(format!(
+            "chunk store flush failed earlier ({reason}); reopen the shard"
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn text_chunk<'a>(id: u64, entry: &'a DocumentEntry, record: &'a ChunkRecord) -> TextChunk<'a> {

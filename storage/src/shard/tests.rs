@@ -7,7 +7,8 @@ use tempfile::TempDir;
 
 use super::{ShardConfig, ShardIndex};
 use crate::chunk::{
-    ChunkRecord, DocumentEntry, DocumentWrite, Metadata, ParentRecord, ScoredChunk, SearchFilter,
+    ChunkRecord, DocumentCommit, DocumentEntry, DocumentSlice, DocumentWrite, Metadata,
+    ParentRecord, ScoredChunk, SearchFilter, ShardWrite,
 };
 use crate::error::StorageError;
 
@@ -1416,4 +1417,284 @@ fn replicas_with_different_histories_rank_alike() {
             assert_eq!(left, right, "{query:?} k={k}");
         }
     }
+}
+
+/// `document` cut into slices of `per_slice` chunks, each with the parents its chunks
+/// name first, and the commit that ends it.
+fn sliced(document: DocumentWrite, per_slice: usize) -> (Vec<DocumentSlice>, DocumentCommit) {
+    let DocumentWrite {
+        entry,
+        parents,
+        chunks,
+    } = document;
+    let commit = DocumentCommit {
+        entry: entry.clone(),
+        chunk_count: chunks.len() as u32,
+        parent_count: parents.len() as u32,
+    };
+    let mut parents = parents.into_iter().peekable();
+    let slices = chunks
+        .chunks(per_slice)
+        .map(|slice| {
+            let last_parent = slice.iter().map(|c| c.parent_position).max().unwrap_or(0);
+            let mut slice_parents = Vec::new();
+            while let Some(parent) = parents.next_if(|p| p.position <= last_parent) {
+                slice_parents.push(parent);
+            }
+            DocumentSlice {
+                document_id: entry.document_id.clone(),
+                parents: slice_parents,
+                chunks: slice.to_vec(),
+            }
+        })
+        .collect();
+    (slices, commit)
+}
+
+/// A document of `count` chunks about lighthouses, two parents.
+fn long_document(id: &str, count: u32, seed: u64) -> DocumentWrite {
+    let texts: Vec<String> = (0..count)
+        .map(|i| format!("lighthouse keeper log entry {i} fog signal"))
+        .collect();
+    let text_refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let mut document = document(id, "Keeper's log", &text_refs, seed, Metadata::new());
+    let half = count / 2;
+    document.parents = vec![
+        ParentRecord {
+            position: 0,
+            text: "first half of the log".into(),
+            span: (0, 10),
+            pages: None,
+        },
+        ParentRecord {
+            position: 1,
+            text: "second half of the log".into(),
+            span: (10, 20),
+            pages: None,
+        },
+    ];
+    for chunk in &mut document.chunks {
+        chunk.parent_position = u32::from(chunk.position >= half);
+    }
+    document
+}
+
+#[test]
+fn a_document_written_in_slices_is_hidden_until_its_commit() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    shard.write_documents(sample_documents()).unwrap();
+    let whole = long_document("log", 10, 500);
+    let (slices, commit) = sliced(whole.clone(), 4);
+    assert_eq!(slices.len(), 3);
+    for slice in &slices {
+        shard.write(ShardWrite::Slice(slice.clone())).unwrap();
+    }
+    // Written, but in no channel, listing or export yet.
+    assert!(
+        shard
+            .search_bm25("lighthouse", 20, &no_filter())
+            .unwrap()
+            .is_empty()
+    );
+    let dense = shard
+        .search_dense(&vector_for(503), 20, &no_filter())
+        .unwrap();
+    assert!(dense.iter().all(|hit| hit.chunk.document_id != "log"));
+    assert!(!shard.contains_document("log").unwrap());
+    assert!(shard.export_document("log").unwrap().is_none());
+    assert!(!shard.document_ids().unwrap().contains(&"log".to_owned()));
+    assert_eq!(shard.stats().documents, 3);
+
+    // A slice written again replaces its positions and keeps their internal ids.
+    let before = shard.store.slice_index("log").unwrap();
+    let mut again = slices[1].clone();
+    again.chunks[0].text = "rewritten entry about a lantern".into();
+    shard.write(ShardWrite::Slice(again)).unwrap();
+    assert_eq!(
+        shard.store.slice_index("log").unwrap().chunks,
+        before.chunks
+    );
+
+    // A commit that names a chunk no slice wrote is refused and changes nothing.
+    let too_many = DocumentCommit {
+        chunk_count: 11,
+        ..commit.clone()
+    };
+    let refused = shard.write(ShardWrite::Commit(too_many)).unwrap_err();
+    assert!(
+        matches!(&refused, StorageError::Invalid(m) if m.contains("10 of its 11 chunks")),
+        "{refused}"
+    );
+    assert!(!shard.contains_document("log").unwrap());
+
+    shard.write(ShardWrite::Commit(commit)).unwrap();
+    let hits = shard.search_bm25("lighthouse", 20, &no_filter()).unwrap();
+    assert_eq!(hits.len(), 9);
+    let lantern = shard.search_bm25("lantern", 5, &no_filter()).unwrap();
+    assert_eq!(ids(&lantern), vec!["log#4"]);
+    assert_eq!(
+        lantern[0].chunk.parent_text.as_deref(),
+        Some("first half of the log")
+    );
+    let dense = shard
+        .search_dense(&vector_for(507), 1, &no_filter())
+        .unwrap();
+    assert_eq!(ids(&dense), vec!["log#7"]);
+    assert_eq!(
+        dense[0].chunk.parent_text.as_deref(),
+        Some("second half of the log")
+    );
+    let chunks = shard.get_chunks("log").unwrap();
+    assert_eq!(
+        chunks.iter().map(|c| c.position).collect::<Vec<_>>(),
+        (0..10).collect::<Vec<_>>()
+    );
+    let exported = shard.export_document("log").unwrap().unwrap();
+    assert_eq!(exported.parents, whole.parents);
+    assert_eq!(exported.chunks.len(), 10);
+    assert_eq!(exported.chunks[7].text, whole.chunks[7].text);
+    assert!(dot(&exported.chunks[7].vector, &whole.chunks[7].vector) > 0.9999);
+    let stats = shard.stats();
+    assert_eq!(
+        (stats.documents, stats.chunks, stats.indexed_vectors),
+        (4, 15, 15)
+    );
+    assert!(shard.store.slice_index("log").unwrap().chunks.is_empty());
+
+    // As written after a restart, from the store alone.
+    drop(shard);
+    let shard = open(&dir);
+    assert_eq!(
+        shard
+            .search_bm25("lighthouse", 20, &no_filter())
+            .unwrap()
+            .len(),
+        9
+    );
+    assert_eq!(
+        ids(&shard
+            .search_dense(&vector_for(507), 1, &no_filter())
+            .unwrap()),
+        vec!["log#7"]
+    );
+    assert_eq!(shard.stats().chunks, 15);
+}
+
+#[test]
+fn slices_without_a_commit_survive_a_restart_and_a_delete_removes_them() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    let (slices, commit) = sliced(long_document("log", 6, 700), 2);
+    for slice in &slices[..2] {
+        shard.write(ShardWrite::Slice(slice.clone())).unwrap();
+    }
+    // The process stops half way: the slices are kept, and out of every index.
+    drop(shard);
+    let shard = open(&dir);
+    assert_eq!(shard.stats().indexed_vectors, 0);
+    assert!(
+        shard
+            .search_bm25("lighthouse", 20, &no_filter())
+            .unwrap()
+            .is_empty()
+    );
+    let kept = shard.store.slice_index("log").unwrap();
+    assert_eq!(kept.chunks.len(), 4);
+
+    // The document is tried again from its start, and committed.
+    for slice in &slices {
+        shard.write(ShardWrite::Slice(slice.clone())).unwrap();
+    }
+    shard.write(ShardWrite::Commit(commit.clone())).unwrap();
+    assert_eq!(
+        shard
+            .search_bm25("lighthouse", 20, &no_filter())
+            .unwrap()
+            .len(),
+        6
+    );
+    assert_eq!(shard.stats().indexed_vectors, 6);
+
+    // A document given up half way: the delete takes its slices, records included.
+    let (slices, _) = sliced(long_document("abandoned", 4, 900), 2);
+    shard.write(ShardWrite::Slice(slices[0].clone())).unwrap();
+    let written = shard.store.slice_index("abandoned").unwrap();
+    assert!(!shard.delete_document("abandoned").unwrap());
+    assert!(
+        shard
+            .store
+            .slice_index("abandoned")
+            .unwrap()
+            .chunks
+            .is_empty()
+    );
+    for (_, id) in written.chunks {
+        assert!(shard.store.chunk(id).unwrap().is_none());
+        assert!(shard.store.vector(id).unwrap().is_none());
+    }
+    assert!(shard.store.parent("abandoned", 0).unwrap().is_none());
+    // A commit after that finds nothing to commit.
+    let refused = shard
+        .write(ShardWrite::Commit(DocumentCommit {
+            entry: commit.entry.clone(),
+            chunk_count: 6,
+            parent_count: 2,
+        }))
+        .unwrap_err();
+    assert!(matches!(refused, StorageError::Invalid(_)));
+    assert_eq!(
+        shard.get_chunks("log").unwrap().len(),
+        6,
+        "the live version stays"
+    );
+}
+
+#[test]
+fn a_commit_replaces_an_earlier_version_and_clears_a_tombstone() {
+    let dir = TempDir::new().unwrap();
+    let shard = open(&dir);
+    shard.write_documents(sample_documents()).unwrap();
+    // "kitchen" again, written in slices: its pasta chunks go.
+    let mut log = long_document("kitchen", 5, 1200);
+    log.entry.metadata = metadata(&[("topic", "sea")]);
+    let (slices, commit) = sliced(log, 2);
+    for slice in slices {
+        shard.write(ShardWrite::Slice(slice)).unwrap();
+    }
+    shard.write(ShardWrite::Commit(commit)).unwrap();
+    assert!(
+        shard
+            .search_bm25("pasta", 10, &no_filter())
+            .unwrap()
+            .is_empty()
+    );
+    let sea = SearchFilter {
+        metadata: metadata(&[("topic", "sea")]),
+        ..SearchFilter::default()
+    };
+    assert_eq!(shard.search_bm25("lighthouse", 10, &sea).unwrap().len(), 5);
+    assert_eq!(shard.get_chunks("kitchen").unwrap().len(), 5);
+
+    // Deleted, then written in slices again: a new version, the tombstone gone.
+    assert!(shard.delete_document("garden").unwrap());
+    assert_eq!(shard.stats().tombstones, 1);
+    let (slices, commit) = sliced(long_document("garden", 3, 1300), 3);
+    shard.write(ShardWrite::Slice(slices[0].clone())).unwrap();
+    shard.write(ShardWrite::Commit(commit)).unwrap();
+    let stats = shard.stats();
+    assert_eq!(
+        (stats.documents, stats.chunks, stats.tombstones),
+        (3, 10, 0)
+    );
+    assert_eq!(
+        shard.store.parent("garden", 1).unwrap().unwrap().text,
+        "second half of the log"
+    );
+    assert!(
+        shard
+            .search_bm25("tomato", 10, &no_filter())
+            .unwrap()
+            .is_empty()
+    );
 }
