@@ -6,7 +6,8 @@
 Builds `parse/examples/pdf_text.rs` in release, runs it on every file in one process, runs
 `pdftotext -layout`-less plain `pdftotext` per file, then prints per-file and total figures:
 pages, seconds of each, and word-level F1 of Sift's text against pdftotext's (a bag of
-lower-cased `\\w+` words: precision and recall of the multiset). Files pdftotext cannot read
+lower-cased `\\w+` words: precision and recall of the multiset), and the pages Sift read as
+Markdown because it found a table on them. Files pdftotext cannot read
 or with no words are left out of F1 and named. Needs: pdftotext, pdfinfo (Debian
 poppler-utils), cargo.
 """
@@ -65,6 +66,7 @@ def main():
     os.makedirs(theirs_dir)
 
     ours = {}
+    tables = {}
     result = subprocess.run([binary, ours_dir, *files], capture_output=True, text=True, check=True)
     for line in result.stdout.splitlines():
         parts = line.split()
@@ -72,6 +74,8 @@ def main():
             ours[parts[0]] = ("error " + parts[2], float(parts[3]) if len(parts) > 3 else 0.0)
         else:
             ours[parts[0]] = (int(parts[1]), float(parts[2]))
+            if len(parts) > 4 and parts[4] != "-":
+                tables[parts[0]] = parts[4].split(",")
 
     theirs = {}
     for path in files:
@@ -120,6 +124,10 @@ def main():
           f"min {min(scores):.3f}; files under 0.95: {sum(s < 0.95 for s in scores)}")
     print(f"pages/s: sift {total['pages'] / total['ours']:.0f} "
           f"(in one process), pdftotext {total['pages'] / total['theirs']:.0f} (a process per file)")
+    print(f"pages read as Markdown for a table: {sum(len(p) for p in tables.values())} "
+          f"in {len(tables)} files")
+    for stem, pages in sorted(tables.items()):
+        print(f"  tables: {stem} pages {','.join(pages)}")
     for line in skipped:
         print(f"left out: {line}")
     return 0

@@ -1,8 +1,9 @@
 //! Extracts the text of PDFs as ingestion does (`sift_parse::pdf::parse_pdf`, guarded, default
 //! limits but the page cap) and times it: `pdf_text OUT_DIR FILE...` writes `OUT_DIR/NAME.txt`
 //! (pages separated by a form feed, as `pdftotext` does) and prints `NAME PAGES SECONDS
-//! SCANNED` (SCANNED: the pages left to OCR, without text or with a garbled text layer, as
-//! `2,5` or `-`) or `NAME error CODE` per file. `scripts/pdf-bench.py` compares it with `pdftotext`.
+//! SCANNED TABLES` (SCANNED: the pages left to OCR, without text or with a garbled text layer,
+//! as `2,5` or `-`; TABLES: the pages read as Markdown because a table was found on them, the
+//! same way) or `NAME error CODE` per file. `scripts/pdf-bench.py` compares it with `pdftotext`.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -53,7 +54,22 @@ fn main() {
                 } else {
                     scanned.join(",")
                 };
-                println!("{name} {last} {seconds:.6} {scanned}");
+                let tables: Vec<String> = document
+                    .pages
+                    .iter()
+                    .filter(|page| {
+                        document.text[page.start..page.end]
+                            .lines()
+                            .any(|line| line.starts_with("|---"))
+                    })
+                    .map(|page| page.number.to_string())
+                    .collect();
+                let tables = if tables.is_empty() {
+                    "-".to_string()
+                } else {
+                    tables.join(",")
+                };
+                println!("{name} {last} {seconds:.6} {scanned} {tables}");
             }
             Err(error) => println!("{name} error {} {seconds:.6}", error.code()),
         }

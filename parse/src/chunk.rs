@@ -209,7 +209,9 @@ pub fn chunk_document(text: &str, markdown: bool, config: &ChunkerConfig) -> Chu
 /// Cuts the plain text of a paged document (a PDF) into children and parents: each page is a
 /// section of its own, under the page's heading path, so that no child (and no overlap)
 /// crosses a page boundary and every chunk knows its pages. A parent may hold several whole
-/// pages. Pages whose range is not a char-boundary range of `text` are skipped.
+/// pages. A paragraph made only of Markdown table rows (a PDF table, as the parser renders
+/// it) is a table: kept whole, as in Markdown. Pages whose range is not a char-boundary range
+/// of `text` are skipped.
 pub fn chunk_pages(text: &str, pages: &[Page], config: &ChunkerConfig) -> Chunked {
     let sections: Vec<Section> = pages
         .iter()
@@ -217,10 +219,18 @@ pub fn chunk_pages(text: &str, pages: &[Page], config: &ChunkerConfig) -> Chunke
         .filter_map(|page| {
             let blocks: Vec<Block> = segments(text, page.start, page.end, SplitLevel::Paragraph)
                 .into_iter()
-                .map(|(start, end)| Block {
-                    start,
-                    end,
-                    kind: BlockKind::Paragraph,
+                .map(|(start, end)| {
+                    let mut lines = text[start..end].lines();
+                    let table = lines.clone().nth(1).is_some() && lines.all(is_table_line);
+                    Block {
+                        start,
+                        end,
+                        kind: if table {
+                            BlockKind::Table
+                        } else {
+                            BlockKind::Paragraph
+                        },
+                    }
                 })
                 .collect();
             (!blocks.is_empty()).then(|| Section {

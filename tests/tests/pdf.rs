@@ -152,6 +152,28 @@ async fn a_pdf_is_searchable_and_its_hits_and_citations_carry_pages() {
         .await;
     assert_eq!(answer["hits"][0]["title"], "notes.txt", "{answer:#}");
     assert_eq!(answer["hits"][0]["pages"], Value::Null);
+
+    // A table in a PDF is found as a Markdown table, whole, with its header row and page.
+    client
+        .upload_ok(KB, "coast-lights.pdf", fixture("table.pdf"))
+        .await;
+    client.wait_ready(KB, 3, WAIT).await;
+    let answer = client
+        .search(
+            KB,
+            json!({ "query": "Bell Rock Fl W 5s", "top_k": 1, "channels": ["bm25"] }),
+        )
+        .await;
+    let hit = &answer["hits"][0];
+    let text = hit["text"].as_str().unwrap();
+    for row in [
+        "| Light | Range (nm) | Character |",
+        "| Bell Rock | 18 | Fl W 5s |",
+        "| Eddystone | 17 | Fl (2) W 10s |",
+    ] {
+        assert!(text.contains(row), "{row:?} in {answer:#}");
+    }
+    assert_eq!(hit["pages"], pages(2, 2), "{hit:#}");
     node.shutdown().await;
 }
 

@@ -5,6 +5,7 @@ use std::time::Instant;
 use std::path::{Path, PathBuf};
 
 use pdf_oxide::PdfDocument;
+use pdf_oxide::converters::ConversionOptions;
 use pdf_oxide::error::Error as PdfError;
 use pdf_oxide::extractors::ImageData;
 use pdf_oxide::outline::{Destination, OutlineItem};
@@ -52,7 +53,13 @@ pub fn extract_pdf(
         if Instant::now() >= deadline {
             return Err(over_budget(limits));
         }
-        let raw = match document.extract_text(index) {
+        // A page with a table (ruled, or text laid out as a grid) is read as Markdown, the
+        // table as a Markdown table in its place; other pages as plain text.
+        let raw = match page_with_tables(&document, index) {
+            Some(markdown) => Ok(markdown),
+            None => document.extract_text(index),
+        };
+        let raw = match raw {
             Ok(raw) => raw,
             Err(PdfError::EncryptedPdf) => return Err(ParseError::EncryptedPdf),
             Err(error) => {
@@ -126,6 +133,22 @@ pub fn extract_pdf(
         scanned_pages,
         pictures: Vec::new(),
     })
+}
+
+/// Page `index` as Markdown when the parser finds a table on it (its cells in a Markdown table
+/// where the table stands, headings left to the outline); `None` for a page without one, or
+/// one the Markdown rendering fails on (read as plain text then).
+fn page_with_tables(document: &PdfDocument, index: usize) -> Option<String> {
+    let tables = document.extract_tables(index).ok()?;
+    if tables.is_empty() {
+        return None;
+    }
+    let options = ConversionOptions {
+        detect_headings: false,
+        extract_tables: true,
+        ..ConversionOptions::default()
+    };
+    document.to_markdown(index, &options).ok()
 }
 
 /// Saves the largest image of page `index` in `folder` as `page-N.jpg` (a JPEG stream, as

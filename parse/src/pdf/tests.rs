@@ -271,3 +271,55 @@ fn a_report_tells_of_every_page_or_of_steps_and_the_last() {
     // Nothing is told without a report, and nothing breaks.
     PageReport::default().page_read(1, 1);
 }
+
+#[test]
+fn a_table_is_kept_as_a_markdown_table_in_its_place() {
+    let document = parse("table.pdf").unwrap();
+    assert_eq!(document.pages.len(), 2, "{document:?}");
+    // A page without a table stays plain text.
+    let first = page_text(&document, 1);
+    assert!(first.contains("Fresnel lens"), "{first}");
+    assert!(!first.contains('|'), "{first}");
+    let second = page_text(&document, 2);
+    let rows = [
+        "| Light | Range (nm) | Character |",
+        "| Skerryvore | 23 | Fl W 10s |",
+        "| Bell Rock | 18 | Fl W 5s |",
+        "| Eddystone | 17 | Fl (2) W 10s |",
+    ];
+    let mut after = 0;
+    for row in rows {
+        let at = second[after..]
+            .find(row)
+            .unwrap_or_else(|| panic!("{row:?} after byte {after} of {second}"));
+        after += at + row.len();
+    }
+    // In reading order: the sentence before the table, the one after it after.
+    let before = second.find("ranges in nautical miles").expect(second);
+    let table = second.find("| Light |").unwrap();
+    let later = second.find("Keepers trimmed the wicks").expect(second);
+    assert!(before < table && table < later, "{second}");
+    // Chunked, the table stays whole in one chunk with its page.
+    let config = crate::chunk::ChunkerConfig {
+        chunk_tokens: 72,
+        overlap_tokens: 0,
+        parent_tokens: 200,
+        min_tail_tokens: 18,
+    };
+    let chunked = crate::chunk::chunk_pages(&document.text, &document.pages, &config);
+    let holding: Vec<_> = chunked
+        .children
+        .iter()
+        .filter(|child| child.text.contains("| Bell Rock |"))
+        .collect();
+    assert_eq!(holding.len(), 1, "{:#?}", chunked.children);
+    for row in rows {
+        assert!(holding[0].text.contains(row), "{}", holding[0].text);
+    }
+    assert_eq!(holding[0].pages, Some((2, 2)));
+    assert!(
+        chunked.children.len() >= 3,
+        "the pages do not fit one chunk: {:#?}",
+        chunked.children
+    );
+}
