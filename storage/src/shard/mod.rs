@@ -410,17 +410,18 @@ impl ShardIndex {
         let sequence = writer.counters.write_sequence + 1;
         let mut batch = StoreBatch::default();
         let mut cleared_tombstones = 0u64;
-        let earlier = self.store.document(&document_id)?;
-        let tombstone = self.store.tombstone(&document_id)?;
-        if tombstone.is_some() {
+        let mut earlier_chunks = Vec::new();
+        let mut earlier_parents = Vec::new();
+        if let Some(stored) = self.store.document(&document_id)? {
+            earlier_chunks.extend(stored.chunk_ids);
+            earlier_parents.extend(stored.parent_positions);
+        }
+        if let Some(tombstone) = self.store.tombstone(&document_id)? {
+            earlier_chunks.extend(tombstone.internal_ids);
+            earlier_parents.extend(tombstone.parent_positions);
             batch.remove_tombstone(&document_id);
             cleared_tombstones = 1;
         }
-        let (earlier_chunks, earlier_parents) = match (earlier, tombstone) {
-            (Some(stored), _) => (stored.chunk_ids, stored.parent_positions),
-            (None, Some(tombstone)) => (tombstone.internal_ids, tombstone.parent_positions),
-            (None, None) => (Vec::new(), Vec::new()),
-        };
         for id in earlier_chunks {
             batch.remove_chunk(id);
         }
