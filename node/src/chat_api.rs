@@ -869,6 +869,50 @@ struct EmbeddingsRequest {
 /// by its configured name) for other tools, in OpenAI's shape; `encoding_format` `float` or
 /// `base64` (little-endian f32, what the `openai` SDK asks for). Usage counts cl100k tokens,
 /// as the rest of Sift does.
+/// The texts of an embeddings request's `input`, as OpenAI takes it: a string, an array of
+/// strings, an array of token ids (one text) or an array of such arrays. Token ids are cl100k
+/// (the tokenizer of OpenAI's embedding models, what LangChain sends by default), decoded to
+/// text for the node's own model; an id that is not a cl100k token is refused.
+fn embedding_inputs(input: Value) -> ApiResult<Vec<String>> {
+    let refused = |message: String| invalid("invalid_input", message).with_param("input");
+    let decoded = |items: &[Value], at: &str| -> ApiResult<String> {
+        let ids = items
+            .iter()
+            .enumerate()
+            .map(|(index, item)| {
+                item.as_u64()
+                    .and_then(|id| u32::try_from(id).ok())
+                    .ok_or_else(|| refused(format!("{at}[{index}] is not a token id")))
+            })
+            .collect::<ApiResult<Vec<u32>>>()?;
+        sift_actors::ingest::chunk::decode_tokens(&ids)
+            .map_err(|id| refused(format!("{at} holds {id}, which is not a cl100k token id")))
+    };
+    match input {
+        Value::String(text) => Ok(vec![text]),
+        Value::Array(items) if items.iter().all(Value::is_string) => Ok(items
+            .into_iter()
+            .map(|item| item.as_str().unwrap_or_default().to_string())
+            .collect()),
+        Value::Array(items) if items.iter().all(Value::is_number) => {
+            Ok(vec![decoded(&items, "input")?])
+        }
+        Value::Array(items) if items.iter().all(Value::is_array) => items
+            .iter()
+            .enumerate()
+            .map(|(index, item)| {
+                let ids = item.as_array().map(Vec::as_slice).unwrap_or_default();
+                decoded(ids, &format!("input[{index}]"))
+            })
+            .collect(),
+        _ => Err(refused(
+            "input must be a string, an array of strings, an array of token ids or an array of \
+             token id arrays"
+                .to_string(),
+        )),
+    }
+}
+
 async fn embeddings(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<EmbeddingsRequest>,
@@ -879,27 +923,7 @@ async fn embeddings(
         .embedders
         .get(&request.model)
         .map_err(|_| model_not_found(&request.model))?;
-    let texts: Vec<String> = match request.input {
-        Value::String(text) => vec![text],
-        Value::Array(items) if items.iter().all(Value::is_string) => items
-            .into_iter()
-            .map(|item| item.as_str().unwrap_or_default().to_string())
-            .collect(),
-        Value::Array(_) => {
-            return Err(invalid(
-                "invalid_input",
-                "input must be a string or an array of strings (token arrays are not supported)",
-            )
-            .with_param("input"));
-        }
-        _ => {
-            return Err(invalid(
-                "invalid_input",
-                "input must be a string or an array of strings",
-            )
-            .with_param("input"));
-        }
-    };
+    let texts = embedding_inputs(request.input)?;
     if texts.is_empty() || texts.len() > MAX_EMBEDDING_INPUTS {
         return Err(invalid(
             "invalid_input",

@@ -111,6 +111,13 @@ pub fn count_tokens(text: &str) -> usize {
     bpe().encode_ordinary(text).len()
 }
 
+/// The text of cl100k token ids (the tokenizer of OpenAI's embedding models, in which clients
+/// such as LangChain send embedding inputs), or the first id it does not know.
+pub fn decode_tokens(ids: &[u32]) -> Result<String, u32> {
+    let bytes = bpe().decode_bytes(ids).map_err(|error| error.token)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 /// The largest char boundary at or before `index` (`str::floor_char_boundary` is newer than
 /// our MSRV).
 fn floor_char_boundary(text: &str, index: usize) -> usize {
@@ -1299,6 +1306,15 @@ mod tests {
             count_tokens("<|endoftext|>"),
             bpe().encode_ordinary("<|endoftext|>").len()
         );
+    }
+
+    #[test]
+    fn token_ids_decode_to_their_text_and_an_unknown_id_is_named() {
+        let text = "Aspirin and heart attacks: 心脏病";
+        let ids = bpe().encode_ordinary(text);
+        assert_eq!(decode_tokens(&ids).as_deref(), Ok(text));
+        assert_eq!(decode_tokens(&[]).as_deref(), Ok(""));
+        assert_eq!(decode_tokens(&[ids[0], u32::MAX, 7]), Err(u32::MAX));
     }
 
     #[test]

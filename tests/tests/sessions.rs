@@ -816,13 +816,46 @@ async fn embeddings_are_served_and_bad_input_is_refused() {
         "input",
     )
     .await;
-    refused(
-        json!({ "model": model, "input": [[1, 2]] }),
-        400,
-        "invalid_input",
-        "input",
-    )
-    .await;
+    // Token arrays (cl100k ids, as LangChain sends them): the same vectors as their texts.
+    let ids = |text: &str| tiktoken_rs::cl100k_base_singleton().encode_ordinary(text);
+    let tokens = client
+        .post_json(
+            "/v1/embeddings",
+            &json!({ "model": model, "input": [ids("aspirin"), ids("Mars")] }),
+        )
+        .await
+        .expect(200);
+    let from_tokens: Vec<Vec<f32>> = tokens["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| serde_json::from_value(item["embedding"].clone()).unwrap())
+        .collect();
+    assert_eq!(from_tokens, vec![vectors[0].clone(), vectors[2].clone()]);
+    let one = client
+        .post_json(
+            "/v1/embeddings",
+            &json!({ "model": model, "input": ids("aspirin") }),
+        )
+        .await
+        .expect(200);
+    assert_eq!(one["data"].as_array().unwrap().len(), 1, "{one}");
+    for bad in [
+        json!([[1, -2]]),
+        json!([[1, 4_294_967_296u64]]),
+        json!([[1, 4_000_000]]),
+        json!([[]]),
+        json!([[1], "text"]),
+        json!([1.5]),
+    ] {
+        refused(
+            json!({ "model": model, "input": bad }),
+            400,
+            "invalid_input",
+            "input",
+        )
+        .await;
+    }
     refused(
         json!({ "model": model, "input": 7 }),
         400,
