@@ -8,7 +8,7 @@ use crate::JsonMap;
 
 /// `POST /v1/kbs/{kb}/documents`, `Content-Type: application/json`: texts (`documents`) or
 /// pages to fetch (`urls`), one of the two.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BulkDocuments {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -21,13 +21,14 @@ pub struct BulkDocuments {
 /// node fetches it (redirects followed, behind its SSRF guard), sniffs the type and parses
 /// it as an upload of that type. The external id defaults to the URL, so that posting the URL
 /// again makes a new version when the content changed.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(from = "UrlEntry")]
 pub struct NewUrlDocument {
     pub url: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<JsonMap>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<DocumentAccess>,
@@ -77,7 +78,7 @@ impl From<UrlEntry> for NewUrlDocument {
 }
 
 /// One document of a bulk text request.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewTextDocument {
     /// The caller's id; a document with the same one is replaced.
@@ -91,6 +92,7 @@ pub struct NewTextDocument {
     pub format: Option<String>,
     /// Values filters can match (`filters.metadata` of a search).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<JsonMap>,
     /// Who may read the document; everyone who reaches the KB when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,7 +101,7 @@ pub struct NewTextDocument {
 
 /// `access` of a document: only keys of one of these groups (and the tenant's admins) read
 /// it, in search, chat and every document route.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DocumentAccess {
     pub groups: Vec<String>,
@@ -116,7 +118,7 @@ impl NewTextDocument {
 
 /// One registered document, in the `documents` array of the `202 Accepted` answer (or the
 /// whole answer of an upload).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AddedDocument {
     pub id: String,
     pub external_id: Option<String>,

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/kbs`. Unset fields take the defaults of the README's KB settings table.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateKb {
     pub name: String,
@@ -38,7 +38,7 @@ pub struct CreateKb {
 
 /// `PATCH /v1/kbs/{kb}`: settings that can change without re-indexing. The three fixed at
 /// creation are accepted only with the value they already have.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateKb {
     #[serde(default, skip_serializing_if = "Option::is_none")]

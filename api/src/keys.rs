@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/keys`. The answer carries the new key's full text, once.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewApiKey {
     /// For people: what or who the key is for.
@@ -25,7 +25,7 @@ pub struct NewApiKey {
 }
 
 /// `POST /v1/tenants`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewTenant {
     /// 1 to 64 characters of lowercase letters, digits, `-` and `_`, starting with a letter
@@ -38,7 +38,7 @@ pub struct NewTenant {
 ///
 /// The same value is stored in the tenant's record and travels in the Raft log as bincode, so
 /// no field may be skipped when serialized (`null` stands for "not set").
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TenantLimits {
     /// Requests per minute all keys of the tenant may make on one node

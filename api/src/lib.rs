@@ -1,4 +1,5 @@
-//! The wire types of Sift's public HTTP API (`/v1/...`), serde only.
+//! The wire types of Sift's public HTTP API (`/v1/...`): serde, and `utoipa::ToSchema` for
+//! their schemas in the node's OpenAPI document (`GET /v1/openapi.json`).
 //!
 //! The node deserializes request bodies into these types at the edge and hands them to the
 //! actors' operations; [`sift-client`](../sift_client/index.html), `sift-bench` and the tests

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/sessions`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewSession {
     /// KB names or ids (at most 16).
@@ -14,7 +14,7 @@ pub struct NewSession {
 }
 
 /// `POST /v1/sessions/{id}/messages`: a question; the answer streams back as SSE.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewMessage {
     pub content: String,

@@ -70,6 +70,7 @@ pub fn router(state: AppState, cors: &crate::requests::CorsOrigins) -> Router {
     // plain 404).
     let authenticated = Router::new()
         .route("/metrics", get(metrics_text))
+        .route("/v1/openapi.json", get(openapi_document))
         .route("/v1/cluster", get(cluster_status))
         .route(
             "/v1/cluster/nodes/{id}",
@@ -501,6 +502,11 @@ async fn create_kb(
         "knowledge base created"
     );
     Ok((StatusCode::CREATED, Json(KbView::from(kb))))
+}
+
+/// `GET /v1/openapi.json`: the OpenAPI 3.1 document of this API ([`crate::openapi`]).
+async fn openapi_document() -> impl IntoResponse {
+    Json(crate::openapi::document())
 }
 
 /// `GET /v1/kbs?after=ID&limit=N`: in creation order, paged like the documents of a KB.

@@ -24,6 +24,7 @@ pub mod demo;
 pub mod fetch;
 pub mod keys_api;
 pub mod limits;
+pub mod openapi;
 pub mod requests;
 pub mod server;
 pub mod snapshots_api;

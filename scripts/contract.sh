@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The API contract, fuzzed (issue 18 item 1): starts a node on embedded defaults in a temporary
+# data dir, then runs Schemathesis (PyPI, pinned, in <repo>/.venv-contract) against its
+# `GET /v1/openapi.json`: every operation with generated inputs, each answer checked for no
+# 5xx and for the status, media type and body the document gives it (the error body on
+# every failure). Exits non-zero with Schemathesis's report when a check fails.
+# Usage: scripts/contract.sh [SIFT_BIN] [MAX_EXAMPLES]   (defaults: target/debug/sift, 20)
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+bin=${1:-$repo/target/debug/sift}
+examples=${2:-20}
+venv=$repo/.venv-contract
+if [[ ! -x $bin ]]; then
+  (cd "$repo" && cargo build -p sift-node --bin sift)
+fi
+requirements="schemathesis==4.32.5"
+if [[ ! -x $venv/bin/schemathesis ]] || [[ $(cat "$venv/.requirements" 2>/dev/null) != "$requirements" ]]; then
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check $requirements
+  echo "$requirements" > "$venv/.requirements"
+fi
+export SIFT_MODEL_DIR=${SIFT_MODEL_DIR:-$("$repo/scripts/fetch-model.sh")}
+work=$(mktemp -d)
+read -r key port < <(python3 -c '
+import secrets, socket
+s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(f"sk-sift-{secrets.token_hex(6)}-{secrets.token_hex(24)}", s.getsockname()[1])')
+SIFT_ADMIN_KEY=$key "$bin" serve --data-dir "$work/data" --listen "127.0.0.1:$port" \
+  > "$work/node.log" 2>&1 &
+node=$!
+trap 'kill $node 2>/dev/null; wait $node 2>/dev/null; rm -rf "$work"' EXIT
+for _ in $(seq 600); do
+  python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/readyz', timeout=1)" \
+    2>/dev/null && break
+  kill -0 $node 2>/dev/null || { cat "$work/node.log" >&2; exit 1; }
+  sleep 0.2
+done
+"$venv/bin/schemathesis" run "http://127.0.0.1:$port/v1/openapi.json" \
+  --header "Authorization: Bearer $key" \
+  --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
+  --max-examples "$examples" --seed 1 --no-color
