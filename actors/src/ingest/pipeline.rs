@@ -4,7 +4,7 @@
 //! request of thousands of documents costs a handful of metadata writes. A document that fails
 //! a stage is marked failed with the reason and the rest of the job goes on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -434,7 +434,7 @@ async fn run_works(
             && work
                 .write
                 .as_ref()
-                .is_some_and(|write| write.chunks.len() > slice_chunks)
+                .is_some_and(|write| is_large(write, slice_chunks))
     });
     embed_and_write(context, kb, works, deferred).await?;
     for work in large {
@@ -609,8 +609,8 @@ async fn write_in_slices(
     work.sliced_chunks = Some(total);
     let entry = write.entry.clone();
     let parent_count = write.parents.len() as u32;
-    let mut chunks = std::mem::take(&mut write.chunks).into_iter();
-    let mut parents = std::mem::take(&mut write.parents).into_iter().peekable();
+    let mut chunks = VecDeque::from(std::mem::take(&mut write.chunks));
+    let mut parents = VecDeque::from(std::mem::take(&mut write.parents));
     let shard = work.record.shard;
     let stage = Instant::now();
     let written = async {
@@ -621,15 +621,8 @@ async fn write_in_slices(
         event.status = DocStatus::Embedding;
         event.progress = crate::events::progress(DocStatus::Embedding);
         loop {
-            let mut slice: Vec<ChunkRecord> = chunks.by_ref().take(slice_chunks).collect();
-            // The parents its chunks name first; the last slice takes any left.
-            let last_parent = slice.iter().map(|chunk| chunk.parent_position).max();
-            let slice_parents: Vec<ParentRecord> = match last_parent {
-                Some(last) => {
-                    std::iter::from_fn(|| parents.next_if(|p| p.position <= last)).collect()
-                }
-                None => parents.by_ref().collect(),
-            };
+            let (mut slice, slice_parents) =
+                next_slice(&mut chunks, &mut parents, slice_chunks, SLICE_BYTES);
             if slice.is_empty() && slice_parents.is_empty() {
                 break;
             }
@@ -697,6 +690,57 @@ async fn write_in_slices(
         }
     }
     finish(context, kb, vec![work]).await
+}
+
+/// Text a slice carries at most (its chunks' and parents' texts), whatever its chunk count: a
+/// slice is one shard request, and a node takes requests of up to 80 MiB.
+const SLICE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Whether a document is written in slices: more than `slice_chunks` chunks, or more text than
+/// one slice carries.
+fn is_large(write: &DocumentWrite, slice_chunks: usize) -> bool {
+    let bytes: usize = write.chunks.iter().map(|c| c.text.len()).sum::<usize>()
+        + write.parents.iter().map(|p| p.text.len()).sum::<usize>();
+    write.chunks.len() > slice_chunks || bytes > SLICE_BYTES
+}
+
+/// The next slice of a document: its next chunks, at most `max_chunks` and, past the first,
+/// no more than `max_bytes` of text with their parents; and the parents they name first
+/// (those left after the last chunk go with the last slice). Empty when nothing is left.
+fn next_slice(
+    chunks: &mut VecDeque<ChunkRecord>,
+    parents: &mut VecDeque<ParentRecord>,
+    max_chunks: usize,
+    max_bytes: usize,
+) -> (Vec<ChunkRecord>, Vec<ParentRecord>) {
+    let mut slice = Vec::new();
+    let mut slice_parents = Vec::new();
+    let mut bytes = 0usize;
+    while slice.len() < max_chunks.max(1) {
+        let Some(chunk) = chunks.front() else {
+            break;
+        };
+        let named = parents
+            .iter()
+            .take_while(|parent| parent.position <= chunk.parent_position)
+            .count();
+        let size = chunk.text.len()
+            + parents
+                .iter()
+                .take(named)
+                .map(|parent| parent.text.len())
+                .sum::<usize>();
+        if !slice.is_empty() && bytes + size > max_bytes {
+            break;
+        }
+        bytes += size;
+        slice_parents.extend(parents.drain(..named));
+        slice.extend(chunks.pop_front());
+    }
+    if chunks.is_empty() {
+        slice_parents.extend(parents.drain(..));
+    }
+    (slice, slice_parents)
 }
 
 /// Why writing a document in slices stopped, and whether a retry may do better.
@@ -1141,4 +1185,115 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|error| SiftError::Internal(format!("ingestion task failed: {error}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(position: u32, parent_position: u32, bytes: usize) -> ChunkRecord {
+        ChunkRecord {
+            position,
+            parent_position,
+            text: "x".repeat(bytes),
+            heading_path: Vec::new(),
+            span: (0, 0),
+            vector: Vec::new(),
+            pages: None,
+        }
+    }
+
+    fn parent(position: u32, bytes: usize) -> ParentRecord {
+        ParentRecord {
+            position,
+            text: "p".repeat(bytes),
+            span: (0, 0),
+            pages: None,
+        }
+    }
+
+    /// Every slice of `chunks` and `parents`, as (chunk positions, parent positions).
+    fn slices(
+        chunks: Vec<ChunkRecord>,
+        parents: Vec<ParentRecord>,
+        max_chunks: usize,
+        max_bytes: usize,
+    ) -> Vec<(Vec<u32>, Vec<u32>)> {
+        let mut chunks = VecDeque::from(chunks);
+        let mut parents = VecDeque::from(parents);
+        let mut all = Vec::new();
+        loop {
+            let (slice, slice_parents) =
+                next_slice(&mut chunks, &mut parents, max_chunks, max_bytes);
+            if slice.is_empty() && slice_parents.is_empty() {
+                return all;
+            }
+            all.push((
+                slice.iter().map(|c| c.position).collect(),
+                slice_parents.iter().map(|p| p.position).collect(),
+            ));
+        }
+    }
+
+    #[test]
+    fn slices_hold_at_most_their_chunks_and_bytes_with_the_parents_they_name_first() {
+        // Five chunks under two parents, three a slice.
+        let chunks: Vec<_> = [0, 0, 0, 1, 1]
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| chunk(i as u32, p, 10))
+            .collect();
+        let parents = vec![parent(0, 30), parent(1, 20)];
+        assert_eq!(
+            slices(chunks.clone(), parents.clone(), 3, usize::MAX),
+            [(vec![0, 1, 2], vec![0]), (vec![3, 4], vec![1])]
+        );
+        // By bytes: 40 at most (a chunk with the parent it names first counts both).
+        assert_eq!(
+            slices(chunks.clone(), parents.clone(), 100, 40),
+            [
+                (vec![0], vec![0]),
+                (vec![1, 2], vec![]),
+                (vec![3, 4], vec![1])
+            ]
+        );
+        // A chunk bigger than the byte bound still goes, alone.
+        assert_eq!(
+            slices(
+                vec![chunk(0, 0, 500), chunk(1, 0, 5)],
+                vec![parent(0, 1)],
+                10,
+                100
+            ),
+            [(vec![0], vec![0]), (vec![1], vec![])]
+        );
+        // Parents no chunk names go with the last slice; nothing left: nothing more.
+        assert_eq!(
+            slices(
+                vec![chunk(0, 0, 1)],
+                vec![parent(0, 1), parent(1, 1)],
+                10,
+                100
+            ),
+            [(vec![0], vec![0, 1])]
+        );
+        assert!(slices(Vec::new(), Vec::new(), 10, 100).is_empty());
+    }
+
+    #[test]
+    fn a_document_is_large_by_its_chunks_or_by_its_text() {
+        let write = |chunks: usize, bytes: usize| DocumentWrite {
+            entry: DocumentEntry {
+                document_id: "d".into(),
+                external_id: None,
+                title: String::new(),
+                metadata: Default::default(),
+            },
+            parents: vec![parent(0, 1)],
+            chunks: (0..chunks).map(|i| chunk(i as u32, 0, bytes)).collect(),
+        };
+        assert!(!is_large(&write(4, 10), 4));
+        assert!(is_large(&write(5, 10), 4));
+        assert!(is_large(&write(2, SLICE_BYTES), 4));
+    }
 }
