@@ -657,7 +657,7 @@ fn build_operation(operation: &Operation) -> utoipa::openapi::path::Operation {
     let success = ResponseBuilder::new().description(operation.summary);
     let success = match operation.answer {
         JsonAnswer => success.content("application/json", content(Object::new())),
-        Events => success.content("text/event-stream", content(String::schema())),
+        Events => success.content("text/event-stream", content(sse_event())),
         Text => success.content("text/plain", content(String::schema())),
     };
     let error = ResponseBuilder::new()
@@ -680,6 +680,29 @@ fn build_operation(operation: &Operation) -> utoipa::openapi::path::Operation {
         >("api_key", []));
     }
     builder.build()
+}
+
+/// One server-sent event: its name (`event`), its JSON payload as text (`data`) and, on
+/// resumable streams, its `id`.
+fn sse_event() -> utoipa::openapi::schema::Object {
+    let text = || {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(Type::String)
+            .build()
+    };
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("event", text())
+        .property(
+            "data",
+            utoipa::openapi::ObjectBuilder::new()
+                .schema_type(Type::String)
+                .content_media_type("application/json")
+                .build(),
+        )
+        .property("id", text())
+        .required("data")
+        .build()
 }
 
 fn content(schema: impl Into<RefOr<Schema>>) -> utoipa::openapi::Content {
