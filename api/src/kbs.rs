@@ -6,18 +6,24 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateKb {
+    /// 1 to 64 of letters, digits, `-`, `_` and `.`, not starting with `.` (and not a UUID).
+    #[schema(pattern = "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")]
     pub name: String,
     /// Shards, 1 to 64 (default 2); fixed at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 64)]
     pub shards: Option<u32>,
     /// Copies of each shard on distinct nodes (default: min(3, nodes)); fixed at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
     pub replication_factor: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 16, maximum = 8192)]
     pub chunk_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunk_overlap_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 16, maximum = 32768)]
     pub parent_tokens: Option<u32>,
     /// Fixed at creation (default: the embedded model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -42,10 +48,12 @@ pub struct CreateKb {
 #[serde(deny_unknown_fields)]
 pub struct UpdateKb {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 16, maximum = 8192)]
     pub chunk_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunk_overlap_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 16, maximum = 32768)]
     pub parent_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,

@@ -46,6 +46,7 @@ pub struct ChannelWeights {
 pub struct SearchQuery {
     pub query: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 100)]
     pub top_k: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channels: Option<Vec<String>>,
@@ -60,6 +61,7 @@ pub struct SearchQuery {
     pub fusion: Option<String>,
     /// Hits gathered per channel before fusion (default max(top_k, 50)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1000)]
     pub candidates: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub explain: Option<bool>,

@@ -41,6 +41,8 @@ pub(crate) enum Answer {
     Events,
     /// `text/plain` (the Prometheus exposition format).
     Text,
+    /// No body (204).
+    Empty,
 }
 
 /// One operation of the public API.
@@ -55,6 +57,8 @@ pub(crate) struct Operation {
     pub answer: Answer,
     /// Takes `?after=ID&limit=N`.
     pub paged: bool,
+    /// A second success answer (a drain accepted, a run started without a stream).
+    pub also: Option<(u16, Answer)>,
 }
 
 const fn op(
@@ -75,6 +79,7 @@ const fn op(
         status,
         answer,
         paged: false,
+        also: None,
     }
 }
 
@@ -83,7 +88,12 @@ const fn paged(mut operation: Operation) -> Operation {
     operation
 }
 
-use Answer::{Events, Json as JsonAnswer, Text};
+const fn also(mut operation: Operation, status: u16, answer: Answer) -> Operation {
+    operation.also = Some((status, answer));
+    operation
+}
+
+use Answer::{Empty, Events, Json as JsonAnswer, Text};
 use Body::{AnyJson, Documents, Json, None as NoBody};
 
 /// Every operation of the public router (the `/v1/debug/...` fault injection routes, served
@@ -134,13 +144,17 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         200,
         JsonAnswer,
     ),
-    op(
-        "delete",
-        "/v1/cluster/nodes/{id}",
-        "cluster",
-        "Remove a member (drained first unless force=true)",
-        NoBody,
-        202,
+    also(
+        op(
+            "delete",
+            "/v1/cluster/nodes/{id}",
+            "cluster",
+            "Remove a member (202: drained first; 200: removed at once, with force=true or when it holds no replica)",
+            NoBody,
+            202,
+            JsonAnswer,
+        ),
+        200,
         JsonAnswer,
     ),
     op(
@@ -185,8 +199,8 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "knowledge bases",
         "Delete a knowledge base and everything in it",
         NoBody,
-        200,
-        JsonAnswer,
+        204,
+        Empty,
     ),
     op(
         "post",
@@ -221,8 +235,8 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "documents",
         "Delete a document",
         NoBody,
-        200,
-        JsonAnswer,
+        204,
+        Empty,
     ),
     op(
         "get",
@@ -275,8 +289,8 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "tenants",
         "Stop sharing a knowledge base with a tenant",
         NoBody,
-        200,
-        JsonAnswer,
+        204,
+        Empty,
     ),
     op(
         "post",
@@ -311,17 +325,21 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "agent",
         "Delete a session",
         NoBody,
-        200,
-        JsonAnswer,
+        204,
+        Empty,
     ),
-    op(
-        "post",
-        "/v1/sessions/{id}/messages",
-        "agent",
-        "Ask: an agent run, streamed as server-sent events (or 202 with the run when asked not to stream)",
-        Json("NewMessage"),
-        200,
-        Events,
+    also(
+        op(
+            "post",
+            "/v1/sessions/{id}/messages",
+            "agent",
+            "Ask: an agent run, streamed as server-sent events (202 with the run when asked not to stream)",
+            Json("NewMessage"),
+            200,
+            Events,
+        ),
+        202,
+        JsonAnswer,
     ),
     paged(op(
         "get",
@@ -455,8 +473,8 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "tenants",
         "Delete a tenant and everything it owns",
         NoBody,
-        200,
-        JsonAnswer,
+        204,
+        Empty,
     ),
     op(
         "put",
@@ -473,7 +491,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "operations",
         "Take a snapshot of the cluster's data",
         Json("CreateSnapshot"),
-        202,
+        201,
         JsonAnswer,
     ),
     paged(op(
@@ -611,11 +629,15 @@ fn build_operation(operation: &Operation) -> utoipa::openapi::path::Operation {
                     .name("limit")
                     .parameter_in(ParameterIn::Query)
                     .required(Required::False)
-                    .description(Some("Items in the page (default 100)"))
+                    .description(Some(
+                        "Items in the page (default 100; 0 and values past the route's most \
+                         are clamped to 1 and to it)",
+                    ))
                     .schema(Some(
                         utoipa::openapi::ObjectBuilder::new()
                             .schema_type(Type::Integer)
-                            .minimum(Some(1))
+                            .minimum(Some(0))
+                            .maximum(Some(u64::MAX))
                             .build(),
                     )),
             );
@@ -654,24 +676,21 @@ fn build_operation(operation: &Operation) -> utoipa::openapi::path::Operation {
                 .build(),
         )),
     };
-    let success = ResponseBuilder::new().description(operation.summary);
-    let success = match operation.answer {
-        JsonAnswer => success.content("application/json", content(Object::new())),
-        Events => success.content("text/event-stream", content(sse_event())),
-        Text => success.content("text/plain", content(String::schema())),
-    };
+    let success = success_answer(operation.summary, operation.answer);
     let error = ResponseBuilder::new()
         .description("Any failure: the error body")
         .content(
             "application/json",
             content(Ref::from_schema_name("ErrorBody")),
         );
-    builder = builder.responses(
-        ResponsesBuilder::new()
-            .response(operation.status.to_string(), success.build())
-            .response("default", error.build())
-            .build(),
-    );
+    let mut responses = ResponsesBuilder::new().response(operation.status.to_string(), success);
+    if let Some((status, answer)) = operation.also {
+        responses = responses.response(
+            status.to_string(),
+            success_answer(operation.summary, answer),
+        );
+    }
+    builder = builder.responses(responses.response("default", error.build()).build());
     if !matches!(operation.path, "/healthz" | "/readyz") {
         builder = builder.security(utoipa::openapi::security::SecurityRequirement::new::<
             &str,
@@ -680,6 +699,18 @@ fn build_operation(operation: &Operation) -> utoipa::openapi::path::Operation {
         >("api_key", []));
     }
     builder.build()
+}
+
+/// A success answer of `answer`'s media type.
+fn success_answer(summary: &str, answer: Answer) -> utoipa::openapi::Response {
+    let success = ResponseBuilder::new().description(summary);
+    match answer {
+        JsonAnswer => success.content("application/json", content(Object::new())),
+        Events => success.content("text/event-stream", content(sse_event())),
+        Text => success.content("text/plain", content(String::schema())),
+        Empty => success,
+    }
+    .build()
 }
 
 /// One server-sent event: its name (`event`), its JSON payload as text (`data`) and, on
