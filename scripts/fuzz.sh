@@ -13,6 +13,8 @@
 #                               build, tantivy, sled and reqwest under it)
 #   SIFT_FUZZ_FEATURES=node     also build and run config_file (sift-node: the whole engine);
 #                               both: SIFT_FUZZ_FEATURES=cluster,node
+#   parse_pdf is built (with pdf_oxide, the `pdf` feature) and run only when named: it finds
+#   a known hang inside pdf_oxide within seconds (ADR 0024)
 #   SIFT_FUZZ_CORPUS=DIR        keep each target's corpus in DIR/TARGET across runs instead
 #                               of a scratch copy (seeded from fuzz/seeds when new)
 set -euo pipefail
@@ -22,10 +24,6 @@ shift || true
 root=$(cd "$(dirname "$0")/.." && pwd)
 fuzz_dir="$root/fuzz"
 features=${SIFT_FUZZ_FEATURES:-}
-feature_args=()
-if [[ -n $features ]]; then
-    feature_args=(--features "$features")
-fi
 
 if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     echo "== installing cargo-fuzz"
@@ -34,6 +32,9 @@ fi
 
 if (($# > 0)); then
     targets=("$@")
+    if [[ " $* " == *" parse_pdf "* && $features != *pdf* ]]; then
+        features=${features:+$features,}pdf
+    fi
 else
     targets=()
     while read -r target; do
@@ -52,6 +53,10 @@ else
         fi
         targets+=("$target")
     done < <(cargo +nightly fuzz list --fuzz-dir "$fuzz_dir")
+fi
+feature_args=()
+if [[ -n $features ]]; then
+    feature_args=(--features "$features")
 fi
 
 echo "== building the fuzz targets"

@@ -22,8 +22,13 @@
 //! no OCR engine). Pages without text are listed with their saved images
 //! ([`Scanned::SaveImages`]) for the OCR engine the ingestion pipeline calls.
 
+// Without the `pdf` feature (the fuzz build of the other parsers) only the page cleaning and
+// the scan check are left, unused.
+#[cfg_attr(not(feature = "pdf"), allow(dead_code))]
 mod clean;
+#[cfg(feature = "pdf")]
 mod extract;
+#[cfg_attr(not(feature = "pdf"), allow(dead_code))]
 mod garbled;
 
 use std::path::PathBuf;
@@ -33,6 +38,7 @@ use std::time::{Duration, Instant};
 use crate::parse::{ParseError, ParsedDocument};
 use crate::worker::{Abandoned, on_guarded_thread};
 
+#[cfg(feature = "pdf")]
 pub use self::extract::extract_pdf;
 pub use crate::worker::MIN_WORKER_MEMORY_BYTES;
 
@@ -73,6 +79,7 @@ impl PageReport {
     }
 
     /// Page `done` of `total` is read: tells it when it is a step (see the type's docs).
+    #[cfg_attr(not(feature = "pdf"), allow(dead_code))]
     pub(crate) fn page_read(&self, done: u32, total: u32) {
         if let Some(report) = &self.0 {
             let step = total.div_ceil(REPORTED_STEPS).max(1);
@@ -206,5 +213,18 @@ pub(crate) fn reason(message: &str) -> String {
     }
 }
 
-#[cfg(test)]
+/// A build without the `pdf` feature (sift-parse's default) has no PDF reader: every PDF is
+/// refused as `unsupported_type`. Only the fuzz build of the other parsers leaves it out.
+#[cfg(not(feature = "pdf"))]
+pub fn extract_pdf(
+    _bytes: Vec<u8>,
+    _limits: &PdfLimits,
+    _deadline: Instant,
+) -> Result<ParsedDocument, ParseError> {
+    Err(ParseError::UnsupportedType(
+        "PDF (this build has no PDF reader: sift-parse's `pdf` feature is off)".into(),
+    ))
+}
+
+#[cfg(all(test, feature = "pdf"))]
 mod tests;
