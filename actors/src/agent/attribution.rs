@@ -187,6 +187,8 @@ pub struct Attributed {
     /// Sentences the words alone do not support but that share some content with a chunk:
     /// the run may compare them by meaning and attribute again with [`SemanticMatches`].
     pub borderline: Vec<Borderline>,
+    /// Where each sentence of the report ends in the answer (a byte offset).
+    pub ends: Vec<usize>,
 }
 
 /// A sentence to compare by meaning with the closest sentence of a few chunks.
@@ -218,6 +220,10 @@ pub struct AttributionInput<'a> {
     pub tool_outputs: &'a [(String, String)],
     /// Support found by meaning for borderline sentences of an earlier pass (empty at first).
     pub semantic: &'a SemanticMatches,
+    /// Byte offset in `answer`: the sentences ending at or before it were streamed while the
+    /// model wrote them, and are judged as they were then: without `cited` (a call's citation
+    /// list comes after its answer) and without `semantic` (0: none was streamed).
+    pub pinned: usize,
 }
 
 /// Splits an answer into sentences, as byte ranges `[start, end)` of `text` (trimmed).
@@ -548,6 +554,7 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
     // First the verdicts, then the rendering (a refusal's fate depends on the others).
     struct Judged {
         range: (usize, usize),
+        pinned: bool,
         verdict: Verdict,
         plain: String,
         support: Vec<(String, f64)>,
@@ -567,12 +574,15 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
         })
         .collect();
     let mut judged: Vec<Judged> = Vec::new();
+    let no_cited: Vec<String> = Vec::new();
     for range in split_sentences(input.answer) {
         let raw = &input.answer[range.0..range.1];
+        let pinned = range.1 <= input.pinned;
+        let cited = if pinned { &no_cited } else { &cited };
         let mut scratch = Vec::new();
         let (plain, marked) = rewrite_markers(
             raw,
-            &cited,
+            cited,
             input.evidence,
             &mut scratch,
             &mut dropped,
@@ -585,7 +595,7 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
         let hinted: BTreeSet<&str> = marked
             .iter()
             .map(String::as_str)
-            .chain(listed.iter().copied())
+            .chain(listed.iter().copied().filter(|_| !pinned))
             .collect();
         let key = plain.to_lowercase();
         let (mut verdict, support, overlap) = if !seen.insert(key) {
@@ -598,14 +608,18 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
         let mut similarity = None;
         if verdict == Verdict::Unsupported {
             let candidates = lexical_candidates(&plain, &question, &indexed);
-            let matched = input.semantic.get(&index).and_then(|matches| {
-                matches
-                    .iter()
-                    .filter(|(id, cosine)| {
-                        *cosine >= SEMANTIC_SUPPORT && candidates.iter().any(|(c, _)| c == id)
-                    })
-                    .max_by(|a, b| a.1.total_cmp(&b.1))
-            });
+            let matched = input
+                .semantic
+                .get(&index)
+                .filter(|_| !pinned)
+                .and_then(|matches| {
+                    matches
+                        .iter()
+                        .filter(|(id, cosine)| {
+                            *cosine >= SEMANTIC_SUPPORT && candidates.iter().any(|(c, _)| c == id)
+                        })
+                        .max_by(|a, b| a.1.total_cmp(&b.1))
+                });
             match matched {
                 Some((id, cosine)) => {
                     let share = candidates
@@ -644,6 +658,7 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
             .collect();
         judged.push(Judged {
             range,
+            pinned,
             verdict,
             plain,
             support,
@@ -660,7 +675,9 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
     };
     let mut text = String::with_capacity(input.answer.len());
     let mut last = 0;
+    let mut ends = Vec::with_capacity(judged.len());
     for item in judged {
+        ends.push(item.range.1);
         let refusal_kept =
             item.verdict == Verdict::Refusal && (input.nothing_relevant || any_supported);
         let supported = item.verdict.is_supported();
@@ -674,7 +691,7 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
             let ids: Vec<&str> = item.support.iter().map(|(id, _)| id.as_str()).collect();
             let (mut rendered, _) = rewrite_markers(
                 raw,
-                &cited,
+                if item.pinned { &no_cited } else { &cited },
                 input.evidence,
                 &mut numbering,
                 &mut Vec::new(),
@@ -757,6 +774,7 @@ pub fn attribute(input: &AttributionInput<'_>) -> Attributed {
         dropped,
         report,
         borderline,
+        ends,
     }
 }
 

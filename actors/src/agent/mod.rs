@@ -6,6 +6,7 @@
 //! event before and the message id of `done`, keeps the event log for `Last-Event-ID`
 //! resumption, and supervises the run (a panicking run ends its stream with `error`, `done`).
 
+mod answer_stream;
 pub mod attribution;
 pub mod context;
 pub mod corpus;
@@ -106,8 +107,10 @@ pub enum AgentEvent {
         summary: String,
         hits: Vec<HitRef>,
     },
+    /// A citation, before the first `delta` whose text holds its marker.
     Citation(Citation),
-    /// Answer text.
+    /// Answer text: the settled sentences of a `final_answer` while the model writes it, the
+    /// rest once the run has attributed the whole answer.
     Delta {
         text: String,
     },
@@ -123,7 +126,8 @@ pub enum AgentEvent {
         code: String,
         message: String,
     },
-    /// The per-sentence verdicts of the answer's attribution (before its citations).
+    /// The per-sentence verdicts of the answer's attribution (at the run's end, before the
+    /// citations and text not sent while the model wrote).
     Grounding(GroundingReport),
     Done {
         finish_reason: RunFinish,
@@ -290,6 +294,16 @@ pub fn describe_metrics() {
         "sift_agent_grounding_fallbacks_total",
         metrics::Unit::Count,
         "Model answers replaced because no sentence was supported, by kind (extractive, not_found)"
+    );
+    metrics::describe_counter!(
+        "sift_agent_streamed_answer_chars_total",
+        metrics::Unit::Count,
+        "Characters of final answers sent while the model was still writing them (settled, supported sentences)"
+    );
+    metrics::describe_counter!(
+        "sift_agent_answer_stream_mismatches_total",
+        metrics::Unit::Count,
+        "Runs whose final answer did not begin with the part of an answer already streamed (expected 0)"
     );
     metrics::describe_counter!(
         "sift_agent_tool_calls_total",

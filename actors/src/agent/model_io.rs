@@ -43,7 +43,9 @@ pub async fn complete_text(
                 ChatEvent::TextDelta(delta) => text.push_str(&delta),
                 ChatEvent::Usage(reported) => usage = reported,
                 ChatEvent::Finished(_) => break,
-                ChatEvent::ReasoningDelta(_) | ChatEvent::ToolCall(_) => {}
+                ChatEvent::ReasoningDelta(_)
+                | ChatEvent::ToolArgumentsDelta { .. }
+                | ChatEvent::ToolCall(_) => {}
             }
         }
         Ok::<_, AuxError>((text, usage))

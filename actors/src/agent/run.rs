@@ -4,13 +4,17 @@
 //! rewrite a follow-up with the history → plan (rules, or the model with a timeout)
 //! loop until final_answer or a budget (iterations, tokens, deadline):
 //!   context management (summarise older turns past 50%, drop tool groups past 80%)
-//!   think: stream the model (text → `thought` deltas), collect its tool calls
+//!   think: stream the model (text → `thought` deltas), collect its tool calls; a
+//!          final_answer's settled sentences go out as `delta`s while it is written
+//!          (answer_stream.rs)
 //!   no tool call: empty → retry once; text → nudge once to call final_answer, then take it
 //!   act: run the step's calls in parallel (allowed set, arguments, stuck-loop and retrieval
 //!        limits checked first; each call under a timeout and the run's cancellation)
 //!   observe: wrapped results, verifier and reflector verdicts after searches
-//! model failure → fast path (retrieve, one answer call) → extractive
-//! answer: citations filtered to chunks tools returned → `citation`s, `delta`s, `usage`, `done`
+//! model failure → fast path (retrieve, one answer call) → extractive; a failure after some
+//!   of the answer went out ends with that answer
+//! answer: attributed (the sentences that went out pinned) → `grounding`, the other
+//!   `citation`s and `delta`s, `usage`, `done`
 //! ```
 
 use std::collections::HashMap;
@@ -21,6 +25,7 @@ use futures::future::join_all;
 use serde_json::json;
 use tracing::{debug, warn};
 
+use super::answer_stream::{AnswerTap, Streamed, complete_end};
 use super::attribution::{
     self, AttributionInput, Borderline, Grounding, GroundingReport, SemanticMatches,
 };
@@ -182,6 +187,10 @@ pub(super) struct Run {
     grounding: Option<GroundingReport>,
     /// Outputs of service tools (web search, MCP): they can support an answer's sentence.
     tool_outputs: Vec<(String, String)>,
+    /// The final answer of the current model call, read as it is written.
+    answer_tap: AnswerTap,
+    /// What of the answer went out while the model wrote it.
+    streamed: Streamed,
 }
 
 impl Run {
@@ -224,6 +233,8 @@ impl Run {
             searches: Vec::new(),
             grounding: None,
             tool_outputs: Vec::new(),
+            answer_tap: AnswerTap::default(),
+            streamed: Streamed::default(),
             deps,
             input,
             events,
@@ -422,6 +433,13 @@ impl Run {
             {
                 Ok(turn) => turn,
                 Err(ModelFailure::Cancelled) => return Ending::Stopped,
+                // Some of the answer went out already: it stands, cut where the model stopped.
+                Err(ModelFailure::Deadline) if !self.streamed.is_empty() => {
+                    return self.cut_off_answer(RunFinish::Budget, "deadline");
+                }
+                Err(ModelFailure::Model(error)) if !self.streamed.is_empty() => {
+                    return self.cut_off_answer(RunFinish::Stop, &error.to_string());
+                }
                 Err(ModelFailure::Deadline) => return self.budget_extractive(),
                 Err(ModelFailure::Model(error)) => {
                     return self.fast_path(model.as_ref(), &error.to_string()).await;
@@ -964,6 +982,7 @@ impl Run {
         let cancel = self.cancel.clone();
         let mut turn = ModelTurn::default();
         let mut usage: Option<Usage> = None;
+        self.answer_tap = AnswerTap::default();
         let outcome: Result<(), ModelFailure> = async {
             let mut stream = tokio::select! {
                 biased;
@@ -992,6 +1011,15 @@ impl Run {
                     }
                     Some(Ok(ChatEvent::ReasoningDelta(delta))) => {
                         let _ = self.events.send(AgentEvent::Thought { delta });
+                    }
+                    Some(Ok(ChatEvent::ToolArgumentsDelta {
+                        index,
+                        name,
+                        fragment,
+                    })) => {
+                        if self.answer_tap.push(index, &name, &fragment) {
+                            self.stream_answer();
+                        }
                     }
                     Some(Ok(ChatEvent::ToolCall(call))) => turn.tool_calls.push(call),
                     Some(Ok(ChatEvent::Usage(reported))) => usage = Some(reported),
@@ -1551,17 +1579,20 @@ impl Run {
         if self.evidence.is_empty() && !self.retrieve("grounding-search").await {
             return Ending::Stopped;
         }
-        let question_terms = terms(&self.retrieval_question);
-        let nothing_relevant = !self
-            .evidence
-            .in_order()
-            .any(|c| coverage(&question_terms, &c.chunk.text) >= RELEVANT_COVERAGE);
+        let nothing_relevant = self.nothing_relevant();
+        // The sentences that went out while the model wrote them are judged as they were.
+        let pinned = if !self.streamed.is_empty() && text.starts_with(&self.streamed.source) {
+            self.streamed.source.len()
+        } else {
+            0
+        };
         let mut attributed = self.attribute(
             &text,
             &cited,
             policy,
             nothing_relevant,
             &SemanticMatches::new(),
+            pinned,
         );
         // Sentences the words alone leave unsupported but that share some content with a
         // chunk are compared by meaning, then attributed again.
@@ -1569,7 +1600,8 @@ impl Run {
             let borderline = std::mem::take(&mut attributed.borderline);
             let matches = self.semantic_matches(&borderline).await;
             if !matches.is_empty() {
-                attributed = self.attribute(&text, &cited, policy, nothing_relevant, &matches);
+                attributed =
+                    self.attribute(&text, &cited, policy, nothing_relevant, &matches, pinned);
             }
         }
         if !attributed.dropped.is_empty() {
@@ -1659,6 +1691,7 @@ impl Run {
         policy: Grounding,
         nothing_relevant: bool,
         semantic: &SemanticMatches,
+        pinned: usize,
     ) -> attribution::Attributed {
         attribution::attribute(&AttributionInput {
             answer,
@@ -1669,7 +1702,122 @@ impl Run {
             nothing_relevant,
             tool_outputs: &self.tool_outputs,
             semantic,
+            pinned,
         })
+    }
+
+    /// Whether no chunk retrieved covers the question (a refusal is then legitimate).
+    fn nothing_relevant(&self) -> bool {
+        let question_terms = terms(&self.retrieval_question);
+        !self
+            .evidence
+            .in_order()
+            .any(|c| coverage(&question_terms, &c.chunk.text) >= RELEVANT_COVERAGE)
+    }
+
+    /// Sends what is settled of the final answer being written (see answer_stream.rs): the
+    /// rendering of its leading supported complete sentences, past what went out already.
+    fn stream_answer(&mut self) {
+        let policy = self.deps.preset.grounding;
+        let text = scrub(&self.answer_tap.answer);
+        let sentences = attribution::split_sentences(&text);
+        let mut end = complete_end(&sentences, self.answer_tap.closed);
+        // Never past the answer's cap: the final answer is cut at a sentence end before it.
+        let cap = self.answer_cap();
+        while end > 0 && text[..end].chars().count() > cap {
+            end = sentences
+                .iter()
+                .map(|&(_, e)| e)
+                .filter(|&e| e < end)
+                .max()
+                .unwrap_or(0);
+        }
+        if end <= self.streamed.source.len() {
+            return;
+        }
+        let settled = match policy {
+            // Markers need the citation list, which comes after the answer.
+            Grounding::Off => sentences
+                .iter()
+                .take_while(|&&(start, e)| e <= end && !text[start..e].contains('['))
+                .last()
+                .map_or(0, |&(_, e)| e),
+            Grounding::Strict | Grounding::Flag => {
+                // Attribution needs evidence; a run without any searches at its end.
+                if self.evidence.is_empty() {
+                    return;
+                }
+                let attributed = self.attribute(
+                    &text[..end],
+                    &[],
+                    policy,
+                    self.nothing_relevant(),
+                    &SemanticMatches::new(),
+                    end,
+                );
+                attributed
+                    .report
+                    .sentences
+                    .iter()
+                    .zip(&attributed.ends)
+                    .take_while(|(sentence, _)| sentence.kept && sentence.verdict.is_supported())
+                    .last()
+                    .map_or(0, |(_, &e)| e)
+            }
+        };
+        if settled <= self.streamed.source.len() {
+            return;
+        }
+        let (rendered, citations) = match policy {
+            Grounding::Off => (text[..settled].trim().to_string(), Vec::new()),
+            Grounding::Strict | Grounding::Flag => {
+                let attributed = self.attribute(
+                    &text[..settled],
+                    &[],
+                    policy,
+                    self.nothing_relevant(),
+                    &SemanticMatches::new(),
+                    settled,
+                );
+                (attributed.text, attributed.citations)
+            }
+        };
+        let Some(fresh) = rendered.strip_prefix(self.streamed.text.as_str()) else {
+            // Not expected: settled sentences render alike whatever follows them.
+            warn!("the settled start of an answer rendered differently; the rest waits");
+            return;
+        };
+        let fresh = fresh.to_string();
+        for citation in &citations {
+            if citation.n > self.streamed.citations {
+                self.emit(AgentEvent::Citation(citation.clone()));
+                self.streamed.citations = citation.n;
+            }
+        }
+        for piece in split_deltas(&fresh, DELTA_CHARS) {
+            self.emit(AgentEvent::Delta { text: piece });
+        }
+        metrics::counter!("sift_agent_streamed_answer_chars_total")
+            .increment(fresh.chars().count() as u64);
+        self.streamed.source = text[..settled].to_string();
+        self.streamed.text = rendered;
+    }
+
+    /// The answer when the model stopped (the deadline, an error) after some of its answer
+    /// went out: what it wrote so far, attributed as usual with what went out pinned.
+    fn cut_off_answer(&mut self, finish: RunFinish, reason: &str) -> Ending {
+        self.step(
+            "answer",
+            "cut_off",
+            Instant::now(),
+            json!({"reason": reason, "streamed_chars": self.streamed.text.chars().count()}),
+        );
+        Ending::Answer {
+            text: self.answer_tap.answer.clone(),
+            cited: Vec::new(),
+            mode: AnswerMode::Agent,
+            finish,
+        }
     }
 
     /// Cosine similarities of borderline sentences to their candidate chunks' closest
@@ -1810,10 +1958,31 @@ impl Run {
             if let Some(report) = &self.grounding {
                 self.emit(AgentEvent::Grounding(report.clone()));
             }
+            // What went out while the model wrote is the start of the answer (attribution
+            // pinned it); the rest follows.
+            let streamed = std::mem::take(&mut self.streamed);
+            let rest = match text.strip_prefix(streamed.text.as_str()) {
+                Some(rest) => rest,
+                None => {
+                    // Not expected (the answer that began to stream was refused, and the
+                    // run ended in another): the answer goes on from where the two differ.
+                    warn!("the answer differs from the part of it that went out");
+                    metrics::counter!("sift_agent_answer_stream_mismatches_total").increment(1);
+                    let same = text
+                        .char_indices()
+                        .zip(streamed.text.chars())
+                        .take_while(|((_, a), b)| a == b)
+                        .last()
+                        .map_or(0, |((at, a), _)| at + a.len_utf8());
+                    &text[same..]
+                }
+            };
             for citation in &citations {
-                self.emit(AgentEvent::Citation(citation.clone()));
+                if citation.n > streamed.citations {
+                    self.emit(AgentEvent::Citation(citation.clone()));
+                }
             }
-            for piece in split_deltas(&text, DELTA_CHARS) {
+            for piece in split_deltas(rest, DELTA_CHARS) {
                 self.emit(AgentEvent::Delta { text: piece });
             }
         }

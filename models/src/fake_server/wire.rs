@@ -188,6 +188,32 @@ pub async fn collect(mut stream: ChatStream) -> (Vec<ChatEvent>, Option<LlmError
     (events, None)
 }
 
+/// The [`ChatEvent::ToolArgumentsDelta`] pieces taken out of `events`: the other events in
+/// order, and per call index its name and its pieces joined.
+pub fn split_argument_pieces(
+    events: Vec<ChatEvent>,
+) -> (
+    Vec<ChatEvent>,
+    std::collections::BTreeMap<u64, (String, String)>,
+) {
+    let mut pieces = std::collections::BTreeMap::<u64, (String, String)>::new();
+    let mut others = Vec::new();
+    for event in events {
+        match event {
+            ChatEvent::ToolArgumentsDelta {
+                index,
+                name,
+                fragment,
+            } => {
+                let entry = pieces.entry(index).or_insert_with(|| (name, String::new()));
+                entry.1.push_str(&fragment);
+            }
+            other => others.push(other),
+        }
+    }
+    (others, pieces)
+}
+
 /// The concatenated text deltas.
 pub fn text_of(events: &[ChatEvent]) -> String {
     events

@@ -301,7 +301,17 @@ impl AnthropicStream {
                         push_nonempty(&mut events, ChatEvent::ReasoningDelta, text("thinking"))
                     }
                     "input_json_delta" => match self.blocks.get_mut(&index) {
-                        Some(Block::ToolUse { json, .. }) => json.push_str(text("partial_json")),
+                        Some(Block::ToolUse { json, name, .. }) => {
+                            let fragment = text("partial_json");
+                            json.push_str(fragment);
+                            if !fragment.is_empty() && !name.is_empty() {
+                                events.push(ChatEvent::ToolArgumentsDelta {
+                                    index,
+                                    name: name.clone(),
+                                    fragment: fragment.to_owned(),
+                                });
+                            }
+                        }
                         _ => {
                             return Err(self.protocol_error(format!(
                                 "input_json_delta for block {index}, which is not a tool_use"

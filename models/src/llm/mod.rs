@@ -122,6 +122,14 @@ pub enum ChatEvent {
     TextDelta(String),
     /// Reasoning text (`reasoning_content`, Anthropic `thinking` blocks).
     ReasoningDelta(String),
+    /// A piece of a tool call's arguments (JSON text) as the model writes it, once the call's
+    /// name is known: the agent streams a `final_answer` from these. The whole call still
+    /// comes as [`ChatEvent::ToolCall`]; `index` tells the calls of one answer apart.
+    ToolArgumentsDelta {
+        index: u64,
+        name: String,
+        fragment: String,
+    },
     /// A complete tool call (arguments aggregated across chunks).
     ToolCall(ToolCall),
     Usage(Usage),

@@ -309,7 +309,7 @@ impl StreamAggregator {
             }
             if let Some(fragments) = delta.get("tool_calls").and_then(Value::as_array) {
                 for (position, fragment) in fragments.iter().enumerate() {
-                    self.push_fragment(position, fragment)?;
+                    self.push_fragment(position, fragment, events)?;
                 }
             }
         }
@@ -320,7 +320,12 @@ impl StreamAggregator {
         Ok(())
     }
 
-    fn push_fragment(&mut self, position: usize, fragment: &Value) -> Result<(), String> {
+    fn push_fragment(
+        &mut self,
+        position: usize,
+        fragment: &Value,
+        events: &mut Vec<ChatEvent>,
+    ) -> Result<(), String> {
         let index = self.fragment_index(position, fragment)?;
         let call = self.calls.entry(index).or_default();
         if let Some(id) = fragment.get("id").and_then(Value::as_str)
@@ -334,11 +339,19 @@ impl StreamAggregator {
         {
             call.name = name.to_owned();
         }
-        match function.and_then(|f| f.get("arguments")) {
-            Some(Value::String(arguments)) => call.arguments.push_str(arguments),
+        let added = match function.and_then(|f| f.get("arguments")) {
+            Some(Value::String(arguments)) => arguments.clone(),
             // Some servers send the arguments as an object in one piece.
-            Some(Value::Null) | None => {}
-            Some(arguments) => call.arguments.push_str(&arguments.to_string()),
+            Some(Value::Null) | None => String::new(),
+            Some(arguments) => arguments.to_string(),
+        };
+        call.arguments.push_str(&added);
+        if !added.is_empty() && !call.name.is_empty() {
+            events.push(ChatEvent::ToolArgumentsDelta {
+                index,
+                name: call.name.clone(),
+                fragment: added,
+            });
         }
         Ok(())
     }

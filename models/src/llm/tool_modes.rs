@@ -573,6 +573,11 @@ pub struct JsonStepParser {
     thought_done: bool,
     /// Some of the thought was released as reasoning.
     streamed_thought: bool,
+    /// The step's tool, once its name has closed.
+    tool: Option<String>,
+    /// Byte offset in `buffer` up to which the step's arguments were released as
+    /// [`ChatEvent::ToolArgumentsDelta`], once they have started.
+    arguments_released: Option<usize>,
 }
 
 impl JsonStepParser {
@@ -583,25 +588,62 @@ impl JsonStepParser {
         }
     }
 
-    /// Feeds streamed JSON text; returns newly complete thought text.
+    /// Feeds streamed JSON text; returns newly complete thought text, and the arguments
+    /// written so far once the tool is named.
     pub fn push(&mut self, text: &str) -> Vec<ChatEvent> {
         self.buffer.push_str(text);
+        let mut events = Vec::new();
+        self.push_thought(&mut events);
+        self.push_arguments(&mut events);
+        events
+    }
+
+    fn push_thought(&mut self, events: &mut Vec<ChatEvent>) {
         if self.thought_start.is_none() {
-            self.thought_start = find_thought_start(&self.buffer);
+            self.thought_start = find_string_value_start(&self.buffer, "thought");
             self.thought_released = self.thought_start.unwrap_or(0);
         }
         if self.thought_start.is_none() || self.thought_done {
-            return Vec::new();
+            return;
         }
         let (decoded, consumed, closed) =
             decode_json_string_prefix(&self.buffer[self.thought_released..]);
         self.thought_released += consumed;
         self.thought_done = closed;
-        if decoded.is_empty() {
-            return Vec::new();
+        if !decoded.is_empty() {
+            self.streamed_thought = true;
+            events.push(ChatEvent::ReasoningDelta(decoded));
         }
-        self.streamed_thought = true;
-        vec![ChatEvent::ReasoningDelta(decoded)]
+    }
+
+    /// The `tool_input` text written since the last call, once the tool's name has closed
+    /// (the schema orders `tool` before `tool_input`). The step's closing brace goes out
+    /// with it: the pieces are for reading a field as it grows, not for parsing whole.
+    fn push_arguments(&mut self, events: &mut Vec<ChatEvent>) {
+        if self.tool.is_none() {
+            let Some(start) = find_string_value_start(&self.buffer, "tool") else {
+                return;
+            };
+            let (name, _, closed) = decode_json_string_prefix(&self.buffer[start..]);
+            if !closed {
+                return;
+            }
+            self.tool = Some(name.trim().to_owned());
+        }
+        if self.arguments_released.is_none() {
+            self.arguments_released = find_value_start(&self.buffer, STEP_ARGUMENTS_KEY);
+        }
+        let (Some(tool), Some(released)) = (&self.tool, self.arguments_released) else {
+            return;
+        };
+        if released < self.buffer.len() && !tool.is_empty() {
+            events.push(ChatEvent::ToolArgumentsDelta {
+                index: 0,
+                name: tool.clone(),
+                fragment: self.buffer[released..].to_owned(),
+            });
+            self.arguments_released = Some(self.buffer.len());
+        }
     }
 
     /// The end of the step: the call, or the text itself when it is not a valid step.
@@ -648,21 +690,29 @@ impl JsonStepParser {
     }
 }
 
-/// Byte offset just after the opening quote of the top-level `"thought"` value, once the buffer
-/// holds it.
-fn find_thought_start(buffer: &str) -> Option<usize> {
-    let key = buffer.find("\"thought\"")?;
-    let rest = &buffer[key + "\"thought\"".len()..];
+/// Byte offset of the value of the first `"key":` in a JSON text being written, once the
+/// buffer holds its first character. (A key inside a string value is escaped, `\"key\"`, so
+/// it is not found.)
+pub fn find_value_start(buffer: &str, key: &str) -> Option<usize> {
+    let quoted = format!("\"{key}\"");
+    let at = buffer.find(&quoted)?;
+    let rest = &buffer[at + quoted.len()..];
     let after_colon = rest.trim_start().strip_prefix(':')?;
-    let after_space = after_colon.trim_start();
-    after_space.strip_prefix('"')?;
-    Some(buffer.len() - after_space.len() + 1)
+    let value = after_colon.trim_start();
+    (!value.is_empty()).then(|| buffer.len() - value.len())
+}
+
+/// Byte offset just after the opening quote of the string value of the first `"key":` in a
+/// JSON text being written, once the buffer holds it.
+pub fn find_string_value_start(buffer: &str, key: &str) -> Option<usize> {
+    let start = find_value_start(buffer, key)?;
+    buffer[start..].starts_with('"').then_some(start + 1)
 }
 
 /// Decodes the longest complete prefix of a JSON string body: the decoded text, the bytes
 /// consumed and whether the closing quote was reached. An escape cut by the chunk boundary is
 /// left for the next call.
-fn decode_json_string_prefix(text: &str) -> (String, usize, bool) {
+pub fn decode_json_string_prefix(text: &str) -> (String, usize, bool) {
     let bytes = text.as_bytes();
     let mut decoded = String::new();
     let mut position = 0;

@@ -88,6 +88,7 @@ fn run(answer: &str, cited: &[&str], question: &str, policy: Grounding) -> Attri
         nothing_relevant: false,
         tool_outputs: &[],
         semantic: &SemanticMatches::new(),
+        pinned: 0,
     })
 }
 
@@ -260,6 +261,7 @@ fn refusals_stand_when_nothing_relevant_was_found_or_beside_an_answer() {
         nothing_relevant,
         tool_outputs: &[],
         semantic: &semantic,
+        pinned: 0,
     };
     let alone = attribute(&input(
         "The knowledge base does not say who founded Sift.",
@@ -333,6 +335,7 @@ fn a_service_tool_output_supports_without_a_citation() {
         nothing_relevant: true,
         tool_outputs: &outputs,
         semantic: &SemanticMatches::new(),
+        pinned: 0,
     });
     assert_eq!(out.report.sentences[0].verdict, Verdict::SupportedByTool);
     assert_eq!(
@@ -358,6 +361,7 @@ fn meaning_supports_only_a_borderline_sentence_and_only_above_the_bar() {
             nothing_relevant: false,
             tool_outputs: &[],
             semantic,
+            pinned: 0,
         })
     };
     let first = attribute_with(&SemanticMatches::new());

@@ -82,6 +82,8 @@ async fn default_fixture() -> Fixture {
 enum Step {
     Events(Vec<ChatEvent>),
     Fail(LlmError),
+    /// These events, then the stream fails.
+    EventsThenFail(Vec<ChatEvent>, LlmError),
     /// One thought, then nothing until dropped.
     Hang,
 }
@@ -149,6 +151,10 @@ impl ChatModel for ScriptedModel {
                 Step::Events(events) => {
                     Ok(futures::stream::iter(events.into_iter().map(Ok)).boxed() as ChatStream)
                 }
+                Step::EventsThenFail(events, error) => Ok(futures::stream::iter(
+                    events.into_iter().map(Ok).chain([Err(error)]),
+                )
+                .boxed() as ChatStream),
                 Step::Hang => {
                     let first = futures::stream::iter(vec![Ok(ChatEvent::TextDelta(
                         "Let me think".into(),
@@ -272,17 +278,27 @@ fn check_stream(ran: &Ran) {
         ran.events[ran.events.len() - 2],
         AgentEvent::Usage { .. }
     ));
-    let first_delta = ran
-        .events
-        .iter()
-        .position(|e| matches!(e, AgentEvent::Delta { .. }));
-    let last_citation = ran
-        .events
-        .iter()
-        .rposition(|e| matches!(e, AgentEvent::Citation(_)));
-    if let (Some(delta), Some(citation)) = (first_delta, last_citation) {
-        assert!(citation < delta, "citations come before the answer text");
+    // A citation comes before the text that first holds its marker, and once.
+    let mut cited: Vec<u32> = Vec::new();
+    let mut shown = String::new();
+    for event in &ran.events {
+        match event {
+            AgentEvent::Citation(citation) => {
+                assert!(!cited.contains(&citation.n), "[{}] sent twice", citation.n);
+                cited.push(citation.n);
+            }
+            AgentEvent::Delta { text } => {
+                shown.push_str(text);
+                for n in 1..=ran.outcome.citations.len() as u32 {
+                    if shown.contains(&format!("[{n}]")) {
+                        assert!(cited.contains(&n), "[{n}] shown before its citation");
+                    }
+                }
+            }
+            _ => {}
+        }
     }
+    assert_eq!(cited.len(), ran.outcome.citations.len());
     let answer: String = ran
         .events
         .iter()
@@ -2327,4 +2343,167 @@ async fn fast_path_answers_are_attributed_too() {
     let report = grounding_of(&ran);
     assert_eq!(report.sentences[1].text, "Tea cures every known disease.");
     assert!(!report.sentences[1].kept);
+}
+
+/// A `final_answer` call as a native provider streams it: its arguments in pieces of `size`
+/// characters as they are written, then the whole call.
+fn answer_in_pieces(arguments: &serde_json::Value, size: usize) -> Vec<ChatEvent> {
+    let text = arguments.to_string();
+    let characters: Vec<char> = text.chars().collect();
+    let mut events: Vec<ChatEvent> = characters
+        .chunks(size)
+        .map(|piece| ChatEvent::ToolArgumentsDelta {
+            index: 0,
+            name: "final_answer".into(),
+            fragment: piece.iter().collect(),
+        })
+        .collect();
+    events.push(call("f", "final_answer", &text));
+    events
+}
+
+/// The answer text sent before the final_answer call was complete.
+fn text_before_the_call(ran: &Ran) -> String {
+    ran.events
+        .iter()
+        .take_while(|e| !matches!(e, AgentEvent::ToolCall { name, .. } if name == "final_answer"))
+        .filter_map(|e| match e {
+            AgentEvent::Delta { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_answer_streams_its_supported_sentences_while_the_model_writes_it() {
+    let fixture = default_fixture().await;
+    let model = ScriptedModel::new(|request, _| match tool_results(request).len() {
+        0 => events(vec![call(
+            "s",
+            "knowledge_search",
+            "{\"query\": \"boiling point of water and tea\"}",
+        )]),
+        _ => {
+            let tea = id_with(request, "Green tea").expect("the tea chunk was shown");
+            let answer = "Water boils at 100 degrees Celsius at sea level. The moon is made of \
+                          green cheese. Green tea is brewed with water at about 80 degrees Celsius.";
+            events(answer_in_pieces(
+                &json!({"answer": answer, "citations": [tea]}),
+                7,
+            ))
+        }
+    });
+    let ran = run(
+        deps_grounding(&fixture, model, attribution::Grounding::Strict),
+        input(
+            &fixture,
+            "At what temperature does water boil, and how is tea brewed?",
+        ),
+    )
+    .await;
+    check_stream(&ran);
+    assert_eq!(ran.outcome.mode, AnswerMode::Agent);
+    assert_eq!(
+        ran.outcome.answer,
+        "Water boils at 100 degrees Celsius at sea level [1]. Green tea is brewed with water at \
+         about 80 degrees Celsius [2]."
+    );
+    // The first sentence went out while the call was being written, with its citation; the
+    // unsupported one held the rest back until the end, where strict removed it.
+    assert_eq!(
+        text_before_the_call(&ran),
+        "Water boils at 100 degrees Celsius at sea level [1]."
+    );
+    let first_citation = ran
+        .events
+        .iter()
+        .position(|e| matches!(e, AgentEvent::Citation(c) if c.n == 1))
+        .unwrap();
+    let grounding = ran
+        .events
+        .iter()
+        .position(|e| matches!(e, AgentEvent::Grounding(_)))
+        .unwrap();
+    assert!(first_citation < grounding);
+    let report = grounding_of(&ran);
+    assert_eq!(
+        (report.supported, report.unsupported, report.removed),
+        (2, 1, 1)
+    );
+    // The same answer whole (no pieces) ends in the same text and citations.
+    let whole = ScriptedModel::new(|request, _| match tool_results(request).len() {
+        0 => events(vec![call(
+            "s",
+            "knowledge_search",
+            "{\"query\": \"boiling point of water and tea\"}",
+        )]),
+        _ => {
+            let tea = id_with(request, "Green tea").unwrap();
+            let answer = "Water boils at 100 degrees Celsius at sea level. The moon is made of \
+                          green cheese. Green tea is brewed with water at about 80 degrees Celsius.";
+            events(vec![call(
+                "f",
+                "final_answer",
+                &json!({"answer": answer, "citations": [tea]}).to_string(),
+            )])
+        }
+    });
+    let again = run(
+        deps_grounding(&fixture, whole, attribution::Grounding::Strict),
+        input(
+            &fixture,
+            "At what temperature does water boil, and how is tea brewed?",
+        ),
+    )
+    .await;
+    assert_eq!(again.outcome.answer, ran.outcome.answer);
+    assert_eq!(again.outcome.citations, ran.outcome.citations);
+    assert_eq!(text_before_the_call(&again), "");
+}
+
+#[tokio::test]
+async fn a_model_that_fails_mid_answer_keeps_what_went_out() {
+    let fixture = default_fixture().await;
+    let model = ScriptedModel::new(|request, _| match tool_results(request).len() {
+        0 => events(vec![call(
+            "s",
+            "knowledge_search",
+            "{\"query\": \"boiling point of water\"}",
+        )]),
+        _ => {
+            let answer = "Water boils at 100 degrees Celsius at sea level. At higher altitude \
+                          the boiling point of water is lower. Black te";
+            let arguments = format!("{{\"answer\": {}", serde_json::to_string(answer).unwrap());
+            let mut pieces = Vec::new();
+            for piece in arguments.as_bytes().chunks(5) {
+                pieces.push(ChatEvent::ToolArgumentsDelta {
+                    index: 0,
+                    name: "final_answer".into(),
+                    fragment: String::from_utf8(piece.to_vec()).unwrap(),
+                });
+            }
+            Step::EventsThenFail(
+                pieces,
+                LlmError::Protocol {
+                    provider: "scripted".into(),
+                    message: "the stream broke".into(),
+                },
+            )
+        }
+    });
+    let ran = run(
+        deps_grounding(&fixture, model.clone(), attribution::Grounding::Strict),
+        input(&fixture, "What is the boiling point of water?"),
+    )
+    .await;
+    check_stream(&ran);
+    // No fast path: the answer that went out stands (the cut-off fragment is not kept).
+    assert_eq!(model.requests().len(), 2, "no other model call");
+    assert_eq!(ran.outcome.mode, AnswerMode::Agent);
+    assert_eq!(
+        ran.outcome.answer,
+        "Water boils at 100 degrees Celsius at sea level [1]. At higher altitude the boiling \
+         point of water is lower [1]."
+    );
+    assert!(trace_has(&ran.outcome, "answer", "cut_off"));
 }

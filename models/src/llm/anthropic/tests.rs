@@ -3,7 +3,9 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::fake_server::{FakeLlm, FakeReply, anthropic_sse, collect, split_pieces, text_of};
+use crate::fake_server::{
+    FakeLlm, FakeReply, anthropic_sse, collect, split_argument_pieces, split_pieces, text_of,
+};
 use crate::llm::ToolSpec;
 use crate::llm::config::ProviderKind;
 
@@ -87,8 +89,13 @@ async fn thinking_text_and_a_tool_use_split_across_chunks_stream_in_order() {
     };
 
     let (events, error) = collect(provider.stream(request).await.unwrap()).await;
+    let (events, pieces) = split_argument_pieces(events);
 
     assert_eq!(error, None);
+    assert_eq!(
+        pieces.into_values().collect::<Vec<_>>(),
+        [("knowledge_search".to_owned(), arguments.to_owned())]
+    );
     assert_eq!(
         events,
         vec![

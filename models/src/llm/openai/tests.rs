@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::fake_server::{
     FakeLlm, FakeReply, collect, openai_chunk, openai_sse, openai_text_answer, openai_usage,
-    split_pieces, text_of,
+    split_argument_pieces, split_pieces, text_of,
 };
 use crate::llm::config::ProviderKind;
 
@@ -141,8 +141,17 @@ async fn interleaved_tool_calls_split_across_many_chunks_are_rebuilt() {
     };
 
     let (events, error) = collect(provider.stream(request).await.unwrap()).await;
+    let (events, pieces) = split_argument_pieces(events);
 
     assert_eq!(error, None);
+    // The arguments also came piece by piece, as written, each call's apart.
+    assert_eq!(
+        pieces.into_values().collect::<Vec<_>>(),
+        [
+            ("knowledge_search".to_owned(), first_arguments.to_owned()),
+            ("final_answer".to_owned(), second_arguments.to_owned()),
+        ]
+    );
     assert_eq!(
         events,
         vec![
@@ -548,12 +557,10 @@ fn calls_without_an_index_or_with_a_reused_index_stay_apart() {
         json!({"tool_calls": [{"function": {"arguments": "\"x\"}"}}]}),
         json!({"tool_calls": [{"id": "b", "function": {"name": "final_answer", "arguments": {"answer": "y"}}}]}),
     ] {
-        assert!(
-            aggregator
-                .push(&openai_chunk(delta, None))
-                .unwrap()
-                .is_empty()
-        );
+        // Only argument pieces until the choice finishes.
+        let (complete, _) =
+            split_argument_pieces(aggregator.push(&openai_chunk(delta, None)).unwrap());
+        assert!(complete.is_empty());
     }
     let mut events = aggregator
         .push(&openai_chunk(json!({}), Some("stop")))

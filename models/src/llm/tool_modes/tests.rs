@@ -341,3 +341,42 @@ fn history_is_rewritten_for_templates_without_tool_roles() {
     };
     assert!(content.contains("first") && content.contains("second") && content.contains("c2"));
 }
+
+#[test]
+fn json_steps_stream_their_arguments_once_the_tool_is_named() {
+    let step = r#"{"thought": "I have it.", "tool": "final_answer", "tool_input": {"answer": "Leaders are elected \"by vote\".", "citations": ["a#1"]}}"#;
+    let arguments_start = step.find(r#"{"answer""#).unwrap();
+    for size in 1..=step.chars().count() {
+        let events = step_in_pieces(step, size);
+        let (others, pieces) = crate::fake_server::split_argument_pieces(events);
+        // One call's pieces, named, from the arguments' first byte to the step's end.
+        let pieces: Vec<(u64, (String, String))> = pieces.into_iter().collect();
+        assert_eq!(
+            pieces,
+            [(
+                0,
+                (
+                    "final_answer".to_owned(),
+                    step[arguments_start..].to_owned()
+                )
+            )],
+            "piece size {size}"
+        );
+        // The field can be read from them as it grows.
+        let text = &pieces[0].1.1;
+        let start = find_string_value_start(text, "answer").unwrap();
+        let (answer, _, closed) = decode_json_string_prefix(&text[start..]);
+        assert!(closed);
+        assert_eq!(answer, "Leaders are elected \"by vote\".");
+        assert!(
+            matches!(others.last(), Some(ChatEvent::ToolCall(call)) if call.name == "final_answer")
+        );
+    }
+    // A step that never names its tool gives no pieces.
+    let unnamed = step_in_pieces(r#"{"thought": "x", "tool_input": {"answer": "y"}}"#, 3);
+    assert!(
+        !unnamed
+            .iter()
+            .any(|event| matches!(event, ChatEvent::ToolArgumentsDelta { .. }))
+    );
+}
