@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sift_models::fake_server::{
     FakeLlm, FakeReply, FakeRequest, final_answer_citing, llama_cpp_context_overflow,
-    openai_context_overflow, openai_text, react_agent, shown_chunk_text, text_reply,
-    tool_call_reply,
+    openai_context_overflow, openai_text, openai_tool_call, react_agent, shown_chunk_text,
+    text_reply, tool_call_reply,
 };
 use sift_models::llm::config::{ProviderConfig, ToolMode};
 use sift_node::config::Config;
@@ -414,6 +414,97 @@ async fn stop_ends_a_running_stream_and_stop_on_a_finished_run_is_409() {
     // The session is free for its next question.
     let status = client.get(&format!("/v1/runs/{run_id}")).await.expect(200);
     assert_eq!(status["finished"], true);
+    fixture.node.shutdown().await;
+}
+
+/// A model that searches, then writes its whole `final_answer` (two sentences, each citing
+/// the chunk it opens with) but never ends its turn: no finish reason, no `[DONE]`.
+fn answer_then_silence(query: String) -> impl Fn(&FakeRequest) -> FakeReply + Send + Sync {
+    let agent = react_agent(query);
+    move |request: &FakeRequest| {
+        if !request.offers_tool("final_answer") || request.chunk_ids_shown().is_empty() {
+            return agent(request);
+        }
+        let pieces = openai_tool_call(
+            "call_answer",
+            "final_answer",
+            &final_answer_citing(request, 2),
+            20,
+        );
+        let end = pieces
+            .iter()
+            .position(|piece| piece.contains(r#""finish_reason":"tool_calls""#))
+            .expect("the call's last chunk");
+        FakeReply::StreamThenHang(pieces[..end].to_vec())
+    }
+}
+
+#[tokio::test]
+async fn the_answer_streams_while_the_model_is_still_writing_it() {
+    let fake = FakeLlm::start(answer_then_silence(first_title())).await;
+    let fixture = fixture_with_llm(vec![provider(&fake, "local", 0)]).await;
+    let client = &fixture.client;
+
+    // Sift's stream: the answer, cited, arrives while the model's turn is still open.
+    let session = new_session(client).await;
+    let mut stream = ask(client, &session, "What does the first study find?").await;
+    let mut events = stream.until("delta").await;
+    let run_id = events[0].data["run_id"].as_str().unwrap().to_string();
+    let status = client.get(&format!("/v1/runs/{run_id}")).await.expect(200);
+    assert_eq!(status["finished"], false, "the model has not finished");
+    let citations = assert_citations_retrieved(&events);
+    assert!(!citations.is_empty(), "{:#?}", names(&events));
+    while answer_text(&events).matches('[').count() < 2 {
+        events.push(stream.next().await.expect("the second sentence"));
+    }
+    let shown = answer_text(&events);
+    assert!(shown.contains("[1]") && shown.contains("[2]"), "{shown}");
+    assert!(
+        !shown.contains("chunk_id") && !shown.contains('{'),
+        "{shown}"
+    );
+    // The model's words: the cited chunks' opening words.
+    let opening: Vec<&str> = citations[0]["text"]
+        .as_str()
+        .unwrap()
+        .split_whitespace()
+        .take(5)
+        .collect();
+    assert!(shown.contains(&opening.join(" ")), "{shown} / {opening:?}");
+    client
+        .post_json(&format!("/v1/runs/{run_id}/stop"), &json!({}))
+        .await
+        .expect(202);
+    let done = stream
+        .rest()
+        .await
+        .pop()
+        .expect("the stream ends with done");
+    assert_eq!(done.data["finish_reason"], "stopped");
+
+    // The OpenAI endpoint: the same text as content deltas, while the model writes.
+    let mut chunks = sift_tests::sse::SseReader::open(
+        client
+            .request(reqwest::Method::POST, "/v1/chat/completions")
+            .json(&json!({
+                "model": "default",
+                "stream": true,
+                "messages": [{ "role": "user", "content": "What does the first study find?" }],
+                "sift": { "kbs": ["papers"] },
+            })),
+    )
+    .await;
+    let mut content = String::new();
+    while !content.contains("[2]") {
+        let chunk = chunks.next().await.expect("content before the stream ends");
+        assert_ne!(chunk.data, "[DONE]", "the model never finished: {content}");
+        assert!(chunk.data["choices"][0]["finish_reason"].is_null());
+        if let Some(text) = chunk.data["choices"][0]["delta"]["content"].as_str() {
+            content.push_str(text);
+        }
+    }
+    assert_eq!(content, shown);
+    drop(chunks);
     fixture.node.shutdown().await;
 }
 
