@@ -34,6 +34,7 @@ pub mod retrieval;
 pub mod scope;
 pub mod sessions;
 pub mod shards;
+pub mod trace_context;
 
 pub use context::{EMBEDDED_MODEL, Embedders, NodeContext, NodeOptions};
 pub use error::{ErrorKind, Result, SiftError};

@@ -320,7 +320,9 @@ pub fn run() -> ExitCode {
             };
         }
     };
-    if let Err(error) = crate::telemetry::init_logging() {
+    // Only a node exports traces; the client commands log to stderr alone.
+    let serving = matches!(cli.command, Command::Serve(_));
+    if let Err(error) = crate::telemetry::init_logging(serving) {
         eprintln!("error: {error}");
         return ExitCode::from(2);
     }
@@ -334,7 +336,9 @@ pub fn run() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(dispatch(cli)) {
+    let outcome = runtime.block_on(dispatch(cli));
+    crate::traces::shutdown();
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("{error}");

@@ -31,7 +31,7 @@ use sift_cluster::raft::{
 use sift_cluster::tls::{PeerTls, ServerTls};
 use sift_cluster::transport::{HttpTransport, InternalServer, TransportConfig, join_cluster};
 use sift_storage::meta::SledMetaStore;
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, warn};
 
 use crate::config::ClusterConfig;
 
@@ -79,7 +79,11 @@ fn shard_routes(slot: NodeSlot) -> Router {
         .with_state(slot)
 }
 
-async fn serve_shard_rpc(State(slot): State<NodeSlot>, body: Bytes) -> Response {
+async fn serve_shard_rpc(
+    State(slot): State<NodeSlot>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
     let Some(node) = slot.get().cloned() else {
         return (StatusCode::SERVICE_UNAVAILABLE, "the node is starting").into_response();
     };
@@ -88,7 +92,16 @@ async fn serve_shard_rpc(State(slot): State<NodeSlot>, body: Bytes) -> Response 
             .increment(1);
         return (StatusCode::BAD_REQUEST, "unreadable shard request").into_response();
     };
-    let reply: ShardReply = node.handle_shard_rpc(rpc).await;
+    // The serving side of the sender's `shard_rpc` span, in the sender's trace.
+    let span = tracing::info_span!(
+        "serve_shard_rpc",
+        otel.kind = "server",
+        kind = rpc.kind(),
+        kb_id = rpc.kb_id(),
+        shard = rpc.shard(),
+    );
+    sift_actors::trace_context::adopt(&span, &headers);
+    let reply: ShardReply = node.handle_shard_rpc(rpc).instrument(span).await;
     (
         [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
         encode_reply(&reply),

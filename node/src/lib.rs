@@ -30,6 +30,7 @@ pub mod server;
 pub mod snapshots_api;
 pub mod telemetry;
 pub mod tenants_api;
+pub mod traces;
 pub mod views;
 
 /// The `sift` binary's entry point (also used by test binaries that run the real CLI).

@@ -1,6 +1,6 @@
 //! What every public request gets around its handler: a request id, a span that carries it
-//! into every log line of the handler, an access log line, and CORS headers for the
-//! configured origins.
+//! into every log line of the handler and is the request's span in its trace (a caller's
+//! `traceparent` its parent), an access log line, and CORS headers for the configured origins.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -64,16 +64,28 @@ pub async fn track(mut request: Request, next: Next) -> Response {
     let path = request.uri().path().to_string();
     let span = tracing::info_span!(
         "request",
+        otel.kind = "server",
+        otel.name = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
         id = id.to_str().unwrap_or_default(),
         method = %method,
         route = tracing::field::Empty,
+        status = tracing::field::Empty,
     );
+    // A caller's `traceparent` makes this request part of its trace (ignored when malformed).
+    sift_actors::trace_context::adopt(&span, request.headers());
     let mut response = next.run(request).instrument(span.clone()).await;
+    let route = crate::telemetry::route_of(&response);
+    span.record("otel.name", format!("{method} {route}"));
+    span.record("status", response.status().as_u16());
+    if response.status().is_server_error() {
+        span.record("otel.status_code", "error");
+    }
     response.headers_mut().insert(REQUEST_ID, id.clone());
     let entry = AccessEntry {
         span,
         method,
-        route: crate::telemetry::route_of(&response),
+        route,
         path,
         status: response.status().as_u16(),
         started,

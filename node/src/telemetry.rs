@@ -1,4 +1,4 @@
-//! Logs and Prometheus metrics: the recorder, the description of every metric, the HTTP
+//! Logs (and the trace exporter's layer beside them) and Prometheus metrics: the recorder, the description of every metric, the HTTP
 //! request metrics (layers of the public router), the process metrics and the per-KB gauges.
 
 use std::fmt::Write as _;
@@ -477,24 +477,40 @@ fn label_value(value: &str) -> String {
 
 /// Logs to stderr; `SIFT_LOG` (or `RUST_LOG`) overrides the default `info` level, and
 /// `SIFT_LOG_FORMAT=json` writes one JSON object per line (with the request's span, so its
-/// `id`) instead of text. An unknown format is an error for the caller to report.
-pub fn init_logging() -> Result<(), String> {
+/// `id`) instead of text. With `traces`, the spans the filter lets through are also exported
+/// over OTLP when the environment names an endpoint ([`crate::traces`]). An unknown format
+/// or a bad endpoint is an error for the caller to report.
+pub fn init_logging(traces: bool) -> Result<(), String> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+
     let filter = std::env::var("SIFT_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .unwrap_or_else(|_| "info,tantivy=warn,sled=warn,hnsw_rs=warn".to_string());
     let filter = tracing_subscriber::EnvFilter::new(filter);
     let format = std::env::var("SIFT_LOG_FORMAT").unwrap_or_default();
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    let export = if traces {
+        crate::traces::layer()?
+    } else {
+        None
+    };
+    let registry = tracing_subscriber::registry().with(filter).with(export);
     let _ = match format.as_str() {
-        "" | "text" => builder
-            .with_env_filter(filter)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        "" | "text" => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+            )
             .try_init(),
-        "json" => builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
-            .with_env_filter(filter)
+        "json" => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .json()
+                    .with_current_span(true)
+                    .with_span_list(false),
+            )
             .try_init(),
         other => {
             return Err(format!(

@@ -79,12 +79,12 @@ impl NodeProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log));
-        // Settings of the outer environment must not leak into the node under test.
+        // Settings of the outer environment must not leak into the node under test (an
+        // outer OTLP endpoint would have it export spans off this machine).
         for (name, _) in std::env::vars_os() {
-            if let Some(name) = name
-                .to_str()
-                .filter(|n| n.starts_with("SIFT_") && *n != "SIFT_MODEL_DIR")
-            {
+            if let Some(name) = name.to_str().filter(|n| {
+                (n.starts_with("SIFT_") && *n != "SIFT_MODEL_DIR") || n.starts_with("OTEL_")
+            }) {
                 command.env_remove(name);
             }
         }

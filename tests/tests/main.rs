@@ -31,5 +31,6 @@ mod snapshots;
 mod supervision_process;
 mod tenants;
 mod tls;
+mod traces;
 mod upgrade;
 mod url_import;

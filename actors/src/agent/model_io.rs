@@ -21,6 +21,7 @@ pub enum AuxError {
 }
 
 /// The text a model answers to `messages` (no tools), with the usage it reported.
+#[tracing::instrument(name = "model_call", skip_all, fields(otel.kind = "client", messages = messages.len()))]
 pub async fn complete_text(
     model: &dyn ChatModel,
     messages: Vec<ChatMessage>,

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::future::join_all;
 use serde_json::json;
-use tracing::{debug, warn};
+use tracing::{Instrument as _, debug, warn};
 
 use super::answer_stream::{AnswerTap, Streamed, complete_end};
 use super::attribution::{
@@ -427,8 +427,11 @@ impl Run {
             self.manage_context(model.as_ref(), &mut messages, &tools)
                 .await;
             self.iterations += 1;
+            // One span per step (its model call and its tools), closed when the step ends.
+            let step = tracing::info_span!("agent_step", iteration = self.iterations);
             let turn = match self
                 .call_model_fitting(model.as_ref(), &mut messages, tools.clone())
+                .instrument(step.clone())
                 .await
             {
                 Ok(turn) => turn,
@@ -602,7 +605,10 @@ impl Run {
                     }
                 }
             }
-            let acted = self.act(&calls, &mut observations).await;
+            let acted = self
+                .act(&calls, &mut observations)
+                .instrument(step.clone())
+                .await;
             if acted == Acted::Cancelled {
                 return Ending::Stopped;
             }
@@ -983,6 +989,12 @@ impl Run {
         let mut turn = ModelTurn::default();
         let mut usage: Option<Usage> = None;
         self.answer_tap = AnswerTap::default();
+        let model_span = tracing::info_span!(
+            "model_call",
+            otel.kind = "client",
+            messages = messages.len(),
+            tools = tools.len(),
+        );
         let outcome: Result<(), ModelFailure> = async {
             let mut stream = tokio::select! {
                 biased;
@@ -1027,6 +1039,7 @@ impl Run {
                 }
             }
         }
+        .instrument(model_span)
         .await;
         // Usage: the provider's, else our estimate.
         let reported = usage.is_some();

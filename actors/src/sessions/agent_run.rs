@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::mpsc;
-use tracing::{error, warn};
+use tracing::{Instrument as _, error, warn};
 
 use super::Sessions;
 use super::admission::Rejected;
@@ -43,6 +43,9 @@ pub(crate) struct AgentRunArguments {
     /// For a run stored in a session: how many of its turns a new history summary covers.
     pub stored_turns: Option<u32>,
     pub log: Arc<RunLog>,
+    /// The span of the request that started the run: the run's span is its child, so the
+    /// run is part of the request's trace though an actor of its own runs it.
+    pub parent: tracing::Span,
 }
 
 pub(crate) enum AgentRunMessage {
@@ -80,7 +83,12 @@ impl Actor for AgentRun {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         if let Some(arguments) = state.take() {
-            execute(arguments).await;
+            let span = tracing::info_span!(
+                parent: &arguments.parent,
+                "agent_run",
+                run_id = %arguments.log.run_id,
+            );
+            execute(arguments).instrument(span).await;
         }
         myself.stop(None);
         Ok(())
@@ -138,6 +146,7 @@ async fn execute(arguments: AgentRunArguments) {
         scope,
         stored_turns,
         log,
+        parent: _,
     } = arguments;
     let _stream_end = StreamEnd {
         sessions: sessions.clone(),

@@ -694,6 +694,7 @@ impl Sessions {
             scope,
             stored_turns,
             log: log.clone(),
+            parent: tracing::Span::current(),
         };
         match Actor::spawn_linked(None, AgentRun, arguments, supervisor).await {
             Ok((actor, _)) => Ok((Some(actor), log)),

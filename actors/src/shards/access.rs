@@ -172,7 +172,8 @@ impl ShardAccess {
 
     /// One shard's leaf search: the first active replica, hedged to the next after
     /// `hedge_after`, a failure retried once on another replica, all within the deadline
-    /// (the policy is [`hedged_search`]).
+    /// (the policy is [`hedged_search`]). Its span is the shard's leaf in the search's trace.
+    #[tracing::instrument(name = "leaf", skip_all, fields(kb_id = %kb.id, shard = shard))]
     pub async fn search(
         &self,
         kb: &KbRecord,

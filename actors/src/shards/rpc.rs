@@ -12,6 +12,7 @@ use sift_cluster::tls::PeerTls;
 use sift_cluster::transport::{decode_frame, encode_frame};
 use sift_storage::chunk::{ChunkView, DocumentWrite, ShardWrite};
 use sift_storage::shard::ShardStats;
+use tracing::Instrument as _;
 
 use super::error::ShardError;
 use super::messages::{LeafRequest, LeafResponse};
@@ -322,11 +323,23 @@ impl Peers {
         self.track(node, 1);
         let _done = Untrack { peers: self, node };
         let started = std::time::Instant::now();
+        let span = tracing::info_span!(
+            "shard_rpc",
+            otel.kind = "client",
+            kind = rpc.kind(),
+            node,
+            kb_id = rpc.kb_id(),
+            shard = rpc.shard(),
+        );
+        // The trace goes with the request: the serving node's span is this one's child.
+        let mut headers = reqwest::header::HeaderMap::new();
+        span.in_scope(|| crate::trace_context::inject(&mut headers));
         let outcome = async {
             let response = self
                 .client
                 .post(self.tls.url(&address, SHARD_RPC_PATH))
                 .bearer_auth(&self.secret)
+                .headers(headers)
                 .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
                 .timeout(timeout)
                 .body(body)
@@ -353,6 +366,7 @@ impl Peers {
                 ShardError::Protocol(format!("node {node} sent an unreadable reply"))
             })
         }
+        .instrument(span)
         .await;
         let label = if outcome.is_ok() { "ok" } else { "error" };
         metrics::histogram!("sift_shard_rpc_seconds", "kind" => rpc.kind(), "outcome" => label)
