@@ -21,6 +21,21 @@ pub mod ocr;
 pub mod rerank;
 pub mod web_search;
 
+/// Waits between retries (backon): exponential with jitter, the `n`th between half and all of
+/// `first * 2^n`, none longer than `max`; at most `retries` of them.
+pub(crate) fn jittered_backoff(
+    first: std::time::Duration,
+    max: std::time::Duration,
+    retries: u32,
+) -> backon::ExponentialBuilder {
+    // backon's jitter adds up to one more delay: halve both ends so the sum stays under them.
+    backon::ExponentialBuilder::default()
+        .with_min_delay(first / 2)
+        .with_max_delay(max / 2)
+        .with_max_times(retries as usize)
+        .with_jitter()
+}
+
 /// An error and its causes, `: `-separated. reqwest's own message mostly names the URL; the
 /// useful part ("tcp connect error: Connection refused") is in the source chain.
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
@@ -36,6 +51,27 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use backon::BackoffBuilder;
+
+    #[test]
+    fn backoff_grows_with_jitter_and_is_capped() {
+        let (first, max) = (Duration::from_millis(100), Duration::from_secs(10));
+        let delays: Vec<Duration> = super::jittered_backoff(first, max, 20).build().collect();
+        assert_eq!(delays.len(), 20);
+        for (retry, delay) in delays.iter().enumerate() {
+            let ceiling = first.saturating_mul(1 << retry.min(16)).min(max);
+            assert!(
+                *delay <= ceiling && *delay >= ceiling / 2,
+                "{retry}: {delay:?}"
+            );
+        }
+        // Two runs draw different jitter (with backon's `std` feature).
+        let again: Vec<Duration> = super::jittered_backoff(first, max, 20).build().collect();
+        assert_ne!(delays, again);
+    }
+
     #[derive(Debug)]
     struct Layer(&'static str, Option<Box<Layer>>);
 

@@ -525,7 +525,10 @@ async fn dispatch(mut cli: Cli) -> Result<(), CliError> {
 
 /// Builds the layered config for `sift serve`: file, then environment, then flags.
 pub fn serve_config(args: &ServeArgs) -> anyhow::Result<Config> {
-    let env: BTreeMap<String, String> = std::env::vars()
+    // `vars_os`: a variable that is not UTF-8 is skipped here, not a panic (SIFT_OCR_TESSERACT
+    // is read as the OS gives it by `Config::load`).
+    let env: BTreeMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .filter(|(k, _)| k.starts_with("SIFT_"))
         .collect();
     let mut file = Config::load(args.config.as_deref(), &env)?;

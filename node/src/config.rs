@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use figment::value::{Dict, Value};
+use figment::{Figment, Metadata, Profile, Provider};
 use serde::Deserialize;
 use sift_actors::NodeOptions;
 use sift_actors::agent::AgentPreset;
@@ -289,217 +291,171 @@ pub struct ClusterConfig {
     pub debug_faults: bool,
 }
 
+/// The `SIFT_*` variables whose key is their name after `SIFT_` in lower case.
+const ENV_KEYS: &[&str] = &[
+    "SIFT_DATA_DIR",
+    "SIFT_SNAPSHOT_DIR",
+    "SIFT_LISTEN",
+    "SIFT_INTERNAL_LISTEN",
+    "SIFT_JOIN",
+    "SIFT_CLUSTER_SECRET",
+    "SIFT_AUTH",
+    "SIFT_ADMIN_KEY",
+    "SIFT_RATE_LIMIT_PER_KEY",
+    "SIFT_RATE_LIMIT_PER_TENANT",
+    "SIFT_AUDIT_RETENTION_DAYS",
+    "SIFT_MAX_UPLOAD_BYTES",
+    "SIFT_MAX_JSON_BYTES",
+    "SIFT_MAX_BULK_DOCUMENTS",
+    "SIFT_METRICS_MAX_KBS",
+    "SIFT_CORS_ORIGINS",
+    "SIFT_URL_FETCH_ALLOW",
+    "SIFT_URL_FETCH_TIMEOUT_MS",
+    "SIFT_URL_FETCH_MAX_REDIRECTS",
+    "SIFT_MAX_CONNECTIONS",
+    "SIFT_MAX_CONNECTIONS_PER_IP",
+    "SIFT_HEADER_READ_TIMEOUT_MS",
+    "SIFT_SHARD_DEADLINE_MS",
+    "SIFT_HEDGE_AFTER_MS",
+    "SIFT_WRITE_QUORUM",
+    "SIFT_REPLICA_WRITE_TIMEOUT_MS",
+    "SIFT_REPAIR_INTERVAL_MS",
+    "SIFT_REASSIGN_AFTER_MS",
+    "SIFT_REPLACE_AFTER_MS",
+    "SIFT_INGEST_QUEUE_CAPACITY",
+    "SIFT_INGEST_WORKERS",
+    "SIFT_INGEST_MAX_ATTEMPTS",
+    "SIFT_INGEST_SLICE_CHUNKS",
+    "SIFT_PDF_MAX_PAGES",
+    "SIFT_PDF_PARSE_TIMEOUT_MS",
+    "SIFT_PDF_WORKER_MEMORY_MB",
+    "SIFT_MAX_KBS",
+    "SIFT_MAX_SHARDS_PER_NODE",
+    "SIFT_MAX_BYTES_PER_TENANT",
+    "SIFT_MAX_DOCUMENTS_PER_TENANT",
+    "SIFT_DEBUG_FAULTS",
+];
+
+/// The `SIFT_*` variables named otherwise than their key, which is in a table.
+/// SIFT_OCR_TESSERACT and the SIFT_LLM_* variables are read apart (see [`Config::load`]).
+const ENV_TABLE_KEYS: &[(&str, &str)] = &[
+    ("SIFT_TLS_CERT", "tls.cert"),
+    ("SIFT_TLS_KEY", "tls.key"),
+    ("SIFT_TLS_CA", "tls.ca"),
+    ("SIFT_OCR_VISION_URL", "ocr.vision_url"),
+    ("SIFT_OCR_VISION_MODEL", "ocr.vision_model"),
+    ("SIFT_OCR_VISION_API_KEY", "ocr.vision_api_key"),
+    ("SIFT_OCR_LANGUAGES", "ocr.tesseract_languages"),
+    ("SIFT_MODEL_DIR", "embedding.model_dir"),
+    ("SIFT_MAX_CONCURRENT_RUNS", "runs.max_concurrent"),
+    ("SIFT_MAX_QUEUED_RUNS", "runs.max_queued"),
+    ("SIFT_RUN_QUEUE_TIMEOUT_MS", "runs.queue_timeout_ms"),
+    ("SIFT_RUN_RETENTION_SECS", "runs.retention_secs"),
+];
+
+/// The variables that hold comma-separated lists.
+const ENV_LISTS: &[&str] = &["SIFT_CORS_ORIGINS", "SIFT_URL_FETCH_ALLOW"];
+
+/// Every variable of the config layer with its key (dotted under a table).
+fn env_keys() -> impl Iterator<Item = (&'static str, String)> {
+    let plain = ENV_KEYS
+        .iter()
+        .map(|name| (*name, name["SIFT_".len()..].to_ascii_lowercase()));
+    plain.chain(
+        ENV_TABLE_KEYS
+            .iter()
+            .map(|(name, key)| (*name, key.to_string())),
+    )
+}
+
+/// One layer of the config for figment: its values, and metadata that names their keys in
+/// errors (`max_kbs` in a file, `SIFT_MAX_KBS` in the environment).
+struct Layer {
+    metadata: Metadata,
+    values: Dict,
+}
+
+impl Provider for Layer {
+    fn metadata(&self) -> Metadata {
+        self.metadata.clone()
+    }
+
+    fn data(&self) -> Result<figment::value::Map<Profile, Dict>, figment::Error> {
+        Ok(Profile::Default.collect(self.values.clone()))
+    }
+}
+
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
 pub const DEFAULT_DATA_DIR: &str = "sift-data";
 
 impl Config {
     /// Loads `path` (if any), applies `SIFT_*` variables from `env`, then checks.
+    ///
+    /// figment merges the layers (the file, then the variables of [`ENV_KEYS`] and
+    /// [`ENV_TABLE_KEYS`] over it) and deserializes the result, so a bad value's error names
+    /// its file key or variable. Variables are taken from `env`, not the process, so tests
+    /// pass their own.
     pub fn load(path: Option<&Path>, env: &BTreeMap<String, String>) -> anyhow::Result<FileConfig> {
-        let mut file = match path {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading config file {}", path.display()))?;
-                toml::from_str::<FileConfig>(&text)
-                    .with_context(|| format!("parsing config file {}", path.display()))?
+        let mut figment = Figment::new();
+        if let Some(path) = path {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading config file {}", path.display()))?;
+            let values: Dict = toml::from_str(&text)
+                .with_context(|| format!("parsing config file {}", path.display()))?;
+            let metadata = Metadata::from("config file", path)
+                .interpolater(|_: &Profile, keys: &[&str]| keys.join("."));
+            figment = figment.merge(Layer { metadata, values });
+        }
+        // Empty variables are unset (an empty SIFT_ADMIN_KEY: none).
+        let set = |name: &str| env.get(name).filter(|value| !value.is_empty());
+        let mut values = Dict::new();
+        for (name, key) in env_keys() {
+            let Some(value) = set(name) else { continue };
+            // Lists are comma-separated; other values stay text that figment reads as the
+            // field's type (`extract_lossy`: numbers, and true/false/yes/no/on/off/1/0).
+            let value = if ENV_LISTS.contains(&name) {
+                let items = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|item| !item.is_empty());
+                Value::from(items.map(String::from).collect::<Vec<_>>())
+            } else {
+                Value::from(value.clone())
+            };
+            match key.split_once('.') {
+                Some((table, field)) => {
+                    let table = values.entry(table.into()).or_insert(Dict::new().into());
+                    if let Value::Dict(_, table) = table {
+                        table.insert(field.into(), value);
+                    }
+                }
+                None => drop(values.insert(key, value)),
             }
-            None => FileConfig::default(),
-        };
-        let get = |name: &str| env.get(name).filter(|v| !v.is_empty()).cloned();
-        let parse = |name: &str| -> anyhow::Result<Option<u64>> {
-            get(name)
-                .map(|v| {
-                    v.parse::<u64>()
-                        .with_context(|| format!("{name} must be a number"))
-                })
-                .transpose()
-        };
-        let parse_count = |name: &str| -> anyhow::Result<Option<usize>> {
-            parse(name)?
-                .map(|v| usize::try_from(v).with_context(|| format!("{name} is too large")))
-                .transpose()
-        };
-        if let Some(v) = parse("SIFT_RATE_LIMIT_PER_KEY")? {
-            file.rate_limit_per_key =
-                Some(u32::try_from(v).context("SIFT_RATE_LIMIT_PER_KEY is too large")?);
         }
-        if let Some(v) = parse("SIFT_RATE_LIMIT_PER_TENANT")? {
-            file.rate_limit_per_tenant =
-                Some(u32::try_from(v).context("SIFT_RATE_LIMIT_PER_TENANT is too large")?);
-        }
-        if let Some(v) = parse("SIFT_AUDIT_RETENTION_DAYS")? {
-            file.audit_retention_days = Some(v);
-        }
-        if let Some(v) = get("SIFT_TLS_CERT") {
-            file.tls.cert = Some(v.into());
-        }
-        if let Some(v) = get("SIFT_TLS_KEY") {
-            file.tls.key = Some(v.into());
-        }
-        if let Some(v) = get("SIFT_TLS_CA") {
-            file.tls.ca = Some(v.into());
-        }
-        if let Some(v) = get("SIFT_DATA_DIR") {
-            file.data_dir = Some(v.into());
-        }
-        if let Some(v) = get("SIFT_SNAPSHOT_DIR") {
-            file.snapshot_dir = Some(v.into());
-        }
-        if let Some(v) = get("SIFT_LISTEN") {
-            file.listen = Some(v);
-        }
-        if let Some(v) = get("SIFT_INTERNAL_LISTEN") {
-            file.internal_listen = Some(v);
-        }
-        if let Some(v) = get("SIFT_JOIN") {
-            file.join = Some(v);
-        }
-        if let Some(v) = get("SIFT_AUTH") {
-            file.auth = Some(v);
-        }
-        if let Some(v) = get("SIFT_ADMIN_KEY").filter(|v| !v.is_empty()) {
-            file.admin_key = Some(v);
-        }
-        if let Some(v) = get("SIFT_CLUSTER_SECRET") {
-            file.cluster_secret = Some(v);
-        }
-        if let Some(v) = parse("SIFT_MAX_UPLOAD_BYTES")? {
-            file.max_upload_bytes = Some(v);
-        }
-        if let Some(v) = parse("SIFT_MAX_JSON_BYTES")? {
-            file.max_json_bytes = Some(v);
-        }
-        if let Some(v) = parse_count("SIFT_MAX_CONNECTIONS")? {
-            file.max_connections = Some(v);
-        }
-        if let Some(v) = parse_count("SIFT_MAX_CONNECTIONS_PER_IP")? {
-            file.max_connections_per_ip = Some(v);
-        }
-        if let Some(v) = parse("SIFT_HEADER_READ_TIMEOUT_MS")? {
-            file.header_read_timeout_ms = Some(v);
-        }
-        if let Some(v) = parse_count("SIFT_MAX_BULK_DOCUMENTS")? {
-            file.max_bulk_documents = Some(v);
-        }
-        if let Some(v) = parse_count("SIFT_METRICS_MAX_KBS")? {
-            file.metrics_max_kbs = Some(v);
-        }
-        if let Some(v) = get("SIFT_CORS_ORIGINS") {
-            file.cors_origins = Some(
-                v.split(',')
-                    .map(|origin| origin.trim().to_string())
-                    .filter(|origin| !origin.is_empty())
-                    .collect(),
-            );
-        }
-        if let Some(v) = get("SIFT_URL_FETCH_ALLOW") {
-            file.url_fetch_allow = Some(
-                v.split(',')
-                    .map(|range| range.trim().to_string())
-                    .filter(|range| !range.is_empty())
-                    .collect(),
-            );
-        }
-        if let Some(v) = get("SIFT_OCR_VISION_URL") {
-            file.ocr.vision_url = Some(v);
-        }
-        if let Some(v) = get("SIFT_OCR_VISION_MODEL") {
-            file.ocr.vision_model = Some(v);
-        }
-        if let Some(v) = get("SIFT_OCR_VISION_API_KEY") {
-            file.ocr.vision_api_key = Some(v);
-        }
+        let metadata =
+            Metadata::named("the environment").interpolater(|_: &Profile, keys: &[&str]| {
+                let key = keys.join(".");
+                env_keys()
+                    .find(|(_, known)| *known == key)
+                    .map_or(key, |(name, _)| name.to_string())
+            });
+        let mut file: FileConfig = figment
+            .merge(Layer { metadata, values })
+            .extract_lossy()
+            .map_err(|error| anyhow::anyhow!("{error}"))?;
+        // The program path as the OS gives it, even when not UTF-8 (not in `env`, which holds
+        // only UTF-8 values); empty turns tesseract off, so it is not filtered like the rest.
         if let Some(v) = std::env::var_os("SIFT_OCR_TESSERACT") {
             file.ocr.tesseract = Some(v.to_string_lossy().into_owned());
         }
-        if let Some(v) = get("SIFT_OCR_LANGUAGES") {
-            file.ocr.tesseract_languages = Some(v);
-        }
-        if let Some(v) = parse("SIFT_URL_FETCH_TIMEOUT_MS")? {
-            file.url_fetch_timeout_ms = Some(v);
-        }
-        if let Some(v) = parse_count("SIFT_URL_FETCH_MAX_REDIRECTS")? {
-            file.url_fetch_max_redirects = Some(v);
-        }
-        if let Some(v) = parse("SIFT_SHARD_DEADLINE_MS")? {
-            file.shard_deadline_ms = Some(v);
-        }
-        if let Some(v) = parse("SIFT_HEDGE_AFTER_MS")? {
-            file.hedge_after_ms = Some(v);
-        }
-        if let Some(v) = parse("SIFT_WRITE_QUORUM")? {
-            file.write_quorum = Some(u32::try_from(v).context("SIFT_WRITE_QUORUM is too large")?);
-        }
-        if let Some(v) = parse("SIFT_REPLICA_WRITE_TIMEOUT_MS")? {
-            file.replica_write_timeout_ms = Some(v);
-        }
-        if let Some(v) = parse("SIFT_REPAIR_INTERVAL_MS")? {
-            file.repair_interval_ms = Some(v);
-        }
-        if let Some(v) = parse("SIFT_REASSIGN_AFTER_MS")? {
-            file.reassign_after_ms = Some(v);
-        }
-        if let Some(v) = parse("SIFT_REPLACE_AFTER_MS")? {
-            file.replace_after_ms = Some(v);
-        }
-        if let Some(v) = parse("SIFT_INGEST_QUEUE_CAPACITY")? {
-            file.ingest_queue_capacity = Some(v as usize);
-        }
-        if let Some(v) = parse("SIFT_INGEST_WORKERS")? {
-            file.ingest_workers = Some(v as usize);
-        }
-        if let Some(v) = parse_count("SIFT_MAX_KBS")? {
-            file.max_kbs = Some(v);
-        }
-        if let Some(v) = parse_count("SIFT_MAX_SHARDS_PER_NODE")? {
-            file.max_shards_per_node = Some(v);
-        }
-        if let Some(v) = parse("SIFT_MAX_BYTES_PER_TENANT")? {
-            file.max_bytes_per_tenant = Some(v);
-        }
-        if let Some(v) = parse("SIFT_MAX_DOCUMENTS_PER_TENANT")? {
-            file.max_documents_per_tenant = Some(v);
-        }
-        if let Some(v) = parse("SIFT_INGEST_MAX_ATTEMPTS")? {
-            file.ingest_max_attempts =
-                Some(u32::try_from(v).context("SIFT_INGEST_MAX_ATTEMPTS is too large")?);
-        }
-        if let Some(v) = parse_count("SIFT_INGEST_SLICE_CHUNKS")? {
-            file.ingest_slice_chunks = Some(v);
-        }
-        if let Some(v) = parse_count("SIFT_PDF_MAX_PAGES")? {
-            file.pdf_max_pages = Some(v);
-        }
-        if let Some(v) = parse("SIFT_PDF_PARSE_TIMEOUT_MS")? {
-            file.pdf_parse_timeout_ms = Some(v);
-        }
-        if let Some(v) = parse("SIFT_PDF_WORKER_MEMORY_MB")? {
-            file.pdf_worker_memory_mb = Some(v);
-        }
-        if let Some(v) = get("SIFT_DEBUG_FAULTS") {
-            file.debug_faults = Some(matches!(v.as_str(), "1" | "true" | "yes"));
-        }
-        if let Some(v) = get("SIFT_MODEL_DIR") {
-            file.embedding.model_dir = Some(v.into());
-        }
-        // SIFT_LLM_BASE_URL + SIFT_LLM_MODEL (+ SIFT_LLM_API_KEY): one OpenAI-compatible
-        // provider named `openai`, replacing a file provider of that name.
-        let from_env =
-            LlmConfig::from_lookup(|name| get(name)).map_err(|error| anyhow::anyhow!("{error}"))?;
+        // SIFT_LLM_BASE_URL + SIFT_LLM_MODEL (+ SIFT_LLM_API_KEY and the rest of
+        // `LlmConfig::from_lookup`): one OpenAI-compatible provider named `openai` put first,
+        // replacing a file provider of that name (an array entry figment's merge cannot make).
+        let from_env = LlmConfig::from_lookup(|name| set(name).cloned())
+            .map_err(|error| anyhow::anyhow!("{error}"))?;
         for provider in from_env.providers {
             file.llm.providers.retain(|p| p.name != provider.name);
             file.llm.providers.insert(0, provider);
-        }
-        if let Some(v) = parse("SIFT_MAX_CONCURRENT_RUNS")? {
-            file.runs.max_concurrent = Some(v as usize);
-        }
-        if let Some(v) = parse("SIFT_MAX_QUEUED_RUNS")? {
-            file.runs.max_queued = Some(v as usize);
-        }
-        if let Some(v) = parse("SIFT_RUN_QUEUE_TIMEOUT_MS")? {
-            file.runs.queue_timeout_ms = Some(v);
-        }
-        if let Some(v) = parse("SIFT_RUN_RETENTION_SECS")? {
-            file.runs.retention_secs = Some(v);
         }
         Ok(file)
     }
@@ -1273,6 +1229,62 @@ mod tests {
         let file: FileConfig = toml::from_str("cors_origins = [\"https://a.example/\"]\n").unwrap();
         let error = Config::check(file).unwrap_err();
         assert!(format!("{error:#}").contains("cors_origins"), "{error:#}");
+    }
+
+    #[test]
+    fn every_variable_sets_its_key_and_bad_values_name_their_source() {
+        let env = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        // "1" is a valid text, path, number, boolean and one-item list: each variable must
+        // land on a field of its own (an unknown key would fail; an ignored one would leave
+        // the config as it was).
+        let unset = format!("{:?}", Config::load(None, &BTreeMap::new()).unwrap());
+        for (name, key) in env_keys() {
+            let file = Config::load(None, &env(&[(name, "1")]))
+                .unwrap_or_else(|error| panic!("{name} -> {key}: {error:#}"));
+            assert_ne!(format!("{file:?}"), unset, "{name} -> {key} set nothing");
+        }
+        let file = Config::load(None, &env(&[("SIFT_DEBUG_FAULTS", "yes")])).unwrap();
+        assert_eq!(file.debug_faults, Some(true));
+        let file = Config::load(None, &env(&[("SIFT_URL_FETCH_ALLOW", " 10.0.0.0/8,,::1 ")]));
+        assert_eq!(
+            file.unwrap().url_fetch_allow.unwrap(),
+            ["10.0.0.0/8", "::1"]
+        );
+
+        // A bad number in the environment: the variable and the value.
+        let error = Config::load(None, &env(&[("SIFT_INGEST_WORKERS", "many")])).unwrap_err();
+        let error = format!("{error:#}");
+        assert!(error.contains("SIFT_INGEST_WORKERS"), "{error}");
+        assert!(error.contains("\"many\""), "{error}");
+        let error = Config::load(None, &env(&[("SIFT_MAX_QUEUED_RUNS", "-3")])).unwrap_err();
+        assert!(
+            format!("{error:#}").contains("SIFT_MAX_QUEUED_RUNS"),
+            "{error:#}"
+        );
+        let error = Config::load(None, &env(&[("SIFT_WRITE_QUORUM", "99999999999")])).unwrap_err();
+        assert!(
+            format!("{error:#}").contains("SIFT_WRITE_QUORUM"),
+            "{error:#}"
+        );
+
+        // A bad number in the file: the key, the value and the file; the environment's
+        // good value of another key does not hide it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sift.toml");
+        std::fs::write(&path, "[runs]\nmax_queued = \"lots\"\n").unwrap();
+        let error = Config::load(Some(&path), &env(&[("SIFT_MAX_KBS", "3")])).unwrap_err();
+        let error = format!("{error:#}");
+        assert!(error.contains("runs.max_queued"), "{error}");
+        assert!(error.contains("\"lots\""), "{error}");
+        assert!(error.contains("sift.toml"), "{error}");
+        // The environment wins over the file, value by value.
+        let error = Config::load(Some(&path), &env(&[("SIFT_MAX_QUEUED_RUNS", "4")]));
+        assert_eq!(error.unwrap().runs.max_queued, Some(4));
     }
 
     #[test]

@@ -4,11 +4,12 @@
 //! `{"data": [{"index", "embedding": [floats]}], ...}`. Inputs are sent in batches of
 //! `batch_size`, one batch at a time. Each request has the configured timeout; transient
 //! failures (connection errors, timeouts, 408, 429, 5xx) are retried up to `max_retries` times
-//! with jittered exponential backoff, honouring `Retry-After` when the server sends it.
+//! with jittered exponential backoff (backon), honouring `Retry-After` (seconds or an HTTP-date,
+//! at most 10 s) when the server sends it.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
+
+use backon::Retryable;
 
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
@@ -192,35 +193,36 @@ impl OpenAiEmbedder {
         texts: &[String],
         expected_dimension: Option<usize>,
     ) -> Result<Vec<Vec<f32>>, EmbeddingError> {
-        let mut retries = 0;
-        loop {
-            let failure = match self.post_once(texts, expected_dimension).await {
-                Ok(vectors) => return Ok(vectors),
-                Err(failure) => failure,
-            };
-            if !failure.error.is_transient() || retries >= self.config.max_retries {
-                return Err(match failure.error {
-                    EmbeddingError::Http {
-                        status: Some(429 | 503),
-                        ..
-                    } => EmbeddingError::Overloaded,
-                    error => error,
-                });
-            }
-            let delay = failure
-                .retry_after
-                .unwrap_or_else(|| backoff_delay(retries))
-                .min(MAX_BACKOFF);
-            warn!(
-                retry = retries + 1,
-                max_retries = self.config.max_retries,
-                delay_ms = delay.as_millis() as u64,
-                error = %failure.error,
-                "embedding request failed, retrying"
-            );
-            tokio::time::sleep(delay).await;
-            retries += 1;
-        }
+        let mut retry = 0;
+        let outcome = (|| self.post_once(texts, expected_dimension))
+            .retry(crate::jittered_backoff(
+                INITIAL_BACKOFF,
+                MAX_BACKOFF,
+                self.config.max_retries,
+            ))
+            .when(|failure| failure.error.is_transient())
+            // The server's Retry-After replaces our wait, capped like it.
+            .adjust(|failure, delay| {
+                delay.map(|delay| failure.retry_after.unwrap_or(delay).min(MAX_BACKOFF))
+            })
+            .notify(|failure, delay| {
+                retry += 1;
+                warn!(
+                    retry,
+                    max_retries = self.config.max_retries,
+                    delay_ms = delay.as_millis() as u64,
+                    error = %failure.error,
+                    "embedding request failed, retrying"
+                );
+            })
+            .await;
+        outcome.map_err(|failure| match failure.error {
+            EmbeddingError::Http {
+                status: Some(429 | 503),
+                ..
+            } => EmbeddingError::Overloaded,
+            error => error,
+        })
     }
 
     /// One HTTP request for one batch, with the response checked against the wire format.
@@ -238,7 +240,7 @@ impl OpenAiEmbedder {
         }
         let response = request.send().await.map_err(transport_error)?;
         let status = response.status();
-        let retry_after = parse_retry_after(response.headers());
+        let retry_after = parse_retry_after(response.headers(), SystemTime::now());
         let body = response.bytes().await.map_err(transport_error)?;
         if !status.is_success() {
             return Err(AttemptFailure {
@@ -335,27 +337,17 @@ fn error_message(status: StatusCode, body: &[u8]) -> String {
     }
 }
 
-/// `Retry-After` in seconds (the HTTP-date form is ignored).
-fn parse_retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let seconds: u64 = headers
-        .get(RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(Duration::from_secs(seconds))
-}
-
-/// Exponential backoff with jitter: between half and all of `INITIAL_BACKOFF * 2^retries`.
-fn backoff_delay(retries: u32) -> Duration {
-    let ceiling = INITIAL_BACKOFF
-        .saturating_mul(1u32 << retries.min(16))
-        .min(MAX_BACKOFF);
-    // A fresh RandomState is randomly keyed: enough entropy for jitter without a rand crate.
-    let random = RandomState::new().build_hasher().finish();
-    let fraction = 0.5 + (random % 1_000) as f64 / 2_000.0;
-    ceiling.mul_f64(fraction)
+/// `Retry-After` as a wait from `now`: delta-seconds or an HTTP-date (RFC 9110 10.2.3). A date
+/// already past, or a value of neither form, gives none (our own backoff applies).
+fn parse_retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    match value.parse::<u64>() {
+        Ok(seconds) => Some(Duration::from_secs(seconds)),
+        Err(_) => httpdate::parse_http_date(value)
+            .ok()?
+            .duration_since(now)
+            .ok(),
+    }
 }
 
 #[cfg(test)]

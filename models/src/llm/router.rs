@@ -13,11 +13,10 @@
 //! without anything reaching the caller; an error after it is passed through (the caller has
 //! already shown output and decides what to do).
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use backon::BackoffBuilder;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
@@ -168,7 +167,15 @@ impl Route {
     /// Attempts with retries until the first event, or the last error. A breaker that opens
     /// during the retries ends them with the error that opened it.
     async fn try_provider(self: Arc<Self>, request: &ChatRequest) -> Result<ChatStream, LlmError> {
-        let mut retries = 0;
+        // backon gives the waits; the loop stays here because each attempt first asks the
+        // breaker, and a breaker that opens between retries ends with the last model error.
+        let mut delays = crate::jittered_backoff(
+            self.settings.backoff,
+            MAX_BACKOFF,
+            self.settings.max_retries,
+        )
+        .build()
+        .enumerate();
         let mut last_error: Option<LlmError> = None;
         loop {
             if !self.acquire() {
@@ -193,14 +200,12 @@ impl Route {
             self.failed(&error);
             record_outcome(self.name(), outcome_label(&error));
             record_seconds(self.name(), started);
-            if !error.is_retryable() || retries >= self.settings.max_retries {
+            let Some((retry, delay)) = delays.next().filter(|_| error.is_retryable()) else {
                 return Err(error);
-            }
-            let delay = backoff_delay(self.settings.backoff, retries);
-            warn!(provider = self.name(), retry = retries + 1, delay_ms = delay.as_millis() as u64, %error, "model request failed, retrying");
+            };
+            warn!(provider = self.name(), retry = retry + 1, delay_ms = delay.as_millis() as u64, %error, "model request failed, retrying");
             last_error = Some(error);
             tokio::time::sleep(delay).await;
-            retries += 1;
         }
     }
 
@@ -378,16 +383,6 @@ impl Drop for Passthrough {
         // Dropped before the end: the caller stopped the run.
         self.end("cancelled");
     }
-}
-
-/// Exponential backoff with jitter: between half and all of `backoff * 2^retries`, capped.
-fn backoff_delay(backoff: Duration, retries: u32) -> Duration {
-    let ceiling = backoff
-        .saturating_mul(1u32 << retries.min(16))
-        .min(MAX_BACKOFF);
-    // A fresh RandomState is randomly keyed: enough entropy for jitter without a rand crate.
-    let random = RandomState::new().build_hasher().finish();
-    ceiling.mul_f64(0.5 + (random % 1_000) as f64 / 2_000.0)
 }
 
 fn outcome_label(error: &LlmError) -> &'static str {

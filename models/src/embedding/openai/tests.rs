@@ -23,6 +23,8 @@ enum Behaviour {
     Answer,
     /// Answers with a status and an OpenAI error body.
     Fail(u16),
+    /// Answers 503 with `Retry-After` as an HTTP-date this many seconds ahead.
+    FailUntil(u64),
     /// Never answers.
     Hang,
     /// Answers with one embedding too few.
@@ -142,6 +144,13 @@ async fn embeddings(
     match behaviour {
         Behaviour::Answer => {}
         Behaviour::Fail(status) => return error_response(status, "try again later"),
+        Behaviour::FailUntil(seconds) => {
+            let date = std::time::SystemTime::now() + Duration::from_secs(seconds);
+            let mut response = error_response(503, "come back later");
+            let date = httpdate::fmt_http_date(date).parse().unwrap();
+            response.headers_mut().insert("retry-after", date);
+            return response;
+        }
         Behaviour::Hang => {
             tokio::time::sleep(Duration::from_secs(60)).await;
         }
@@ -427,18 +436,52 @@ fn response_checks() {
     ));
 }
 
+#[tokio::test]
+async fn retry_after_as_an_http_date_is_waited_for() {
+    let server = FakeServer::start(4, None, &[Behaviour::FailUntil(2)]).await;
+    let config = OpenAiEmbedderConfig {
+        dimension: Some(4),
+        ..server.config()
+    };
+    let embedder = OpenAiEmbedder::connect(config).await.unwrap();
+    let started = std::time::Instant::now();
+    embedder.embed(texts(1)).await.unwrap();
+    assert_eq!(server.requests().len(), 2);
+    // The date has whole seconds: over one second from now, where our own first wait is
+    // under 100 ms.
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < MAX_BACKOFF,
+        "{waited:?}"
+    );
+}
+
 #[test]
-fn backoff_grows_and_is_capped() {
-    for retries in 0..20 {
-        let delay = backoff_delay(retries);
-        let ceiling = INITIAL_BACKOFF
-            .saturating_mul(1 << retries.min(16))
-            .min(MAX_BACKOFF);
-        assert!(
-            delay <= ceiling && delay >= ceiling / 2,
-            "{retries}: {delay:?}"
-        );
-    }
+fn retry_after_takes_seconds_or_a_date() {
+    let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let parse = |value: &str| {
+        let mut headers = HeaderMap::new();
+        headers.insert(RETRY_AFTER, value.parse().unwrap());
+        parse_retry_after(&headers, now)
+    };
+    assert_eq!(parse("7"), Some(Duration::from_secs(7)));
+    assert_eq!(parse(" 0 "), Some(Duration::ZERO));
+    let ahead = httpdate::fmt_http_date(now + Duration::from_secs(30));
+    assert_eq!(parse(&ahead), Some(Duration::from_secs(30)));
+    // The two obsolete forms RFC 9110 still asks recipients to read.
+    assert_eq!(
+        parse("Friday, 15-Jan-27 08:00:30 GMT"),
+        Some(Duration::from_secs(30))
+    );
+    assert_eq!(
+        parse("Fri Jan 15 08:00:30 2027"),
+        Some(Duration::from_secs(30))
+    );
+    let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
+    assert_eq!(parse(&past), None, "a date already past: our own backoff");
+    assert_eq!(parse("soon"), None);
+    assert_eq!(parse("-3"), None);
+    assert_eq!(parse_retry_after(&HeaderMap::new(), now), None);
 }
 
 #[test]
