@@ -40,7 +40,7 @@ pub struct RerankServiceConfig {
 }
 
 /// What the rerank stage did, in the response.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct RerankReport {
     pub applied: bool,
     pub model: String,

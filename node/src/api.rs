@@ -33,7 +33,10 @@ use tokio::sync::broadcast;
 
 use crate::auth::Principal;
 use crate::fetch;
-use crate::views::{KbList, KbView};
+use crate::views::{
+    AddedDocuments, ChunkList, DocumentList, Health, KbList, KbView, NodeDraining, NodeRemoved,
+    Readiness, ShardList,
+};
 
 /// Shared by every handler.
 #[derive(Clone)]
@@ -319,7 +322,7 @@ async fn remove_cluster_node(
     ApiPath(id): ApiPath<u64>,
     query: Result<Query<RemoveNode>, QueryRejection>,
     headers: axum::http::HeaderMap,
-) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|rejection| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -355,24 +358,23 @@ async fn remove_cluster_node(
         state.node.drain_node(id).await?;
         return Ok((
             StatusCode::ACCEPTED,
-            Json(json!({
-                "draining": id,
-                "replicas": replicas,
-                "message": format!(
+            Json(NodeDraining {
+                draining: id,
+                replicas,
+                message: format!(
                     "node {id} holds {replicas} replicas: they are re-created on other nodes, then the node is removed"
                 ),
-            })),
-        ));
+            }),
+        )
+            .into_response());
     }
     match raft.remove_node(id).await {
-        Ok(conf) => Ok((
-            StatusCode::OK,
-            Json(json!({
-                "removed": id,
-                "voters": conf.voters,
-                "learners": conf.learners,
-            })),
-        )),
+        Ok(conf) => Ok(Json(NodeRemoved {
+            removed: id,
+            voters: conf.voters,
+            learners: conf.learners,
+        })
+        .into_response()),
         Err(sift_cluster::ClusterError::NotLeader {
             leader: Some(leader),
         }) if !headers.contains_key(FORWARDED) => {
@@ -421,7 +423,7 @@ async fn remove_cluster_node(
                 .await
                 .map_err(|error| unavailable(error.to_string()))?;
             if (200..300).contains(&code) {
-                Ok((StatusCode::OK, Json(body)))
+                Ok((StatusCode::OK, Json(body)).into_response())
             } else {
                 Err(ApiError::new(
                     StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY),
@@ -437,8 +439,8 @@ async fn remove_cluster_node(
     }
 }
 
-async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({ "status": "ok" }))
+async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
 }
 
 /// `GET /readyz`: 200 when every readiness check passes ([`SiftNode::readiness`]: Raft
@@ -448,19 +450,24 @@ async fn readyz(State(state): State<AppState>) -> Response {
     let context = state.node.context();
     let readiness = state.node.readiness();
     let ready = readiness.ready();
-    let mut body = json!({
-        "status": if ready { "ready" } else { "not_ready" },
-        "checks": readiness.checks,
-        "embedded_model": context.embedders.local.as_ref().map(|e| e.model_name().to_string()),
-        "embedded_model_error": context.embedders.local_error,
-        "remote_embedders": context.embedders.remote.keys().collect::<Vec<_>>(),
-        "shards": context.registry.len(),
-        "ingest_queue_depth": state.node.queue_depth(),
-        "auth": state.auth.mode.as_str(),
-    });
+    let view = Readiness {
+        status: if ready { "ready" } else { "not_ready" },
+        checks: readiness.checks.clone(),
+        embedded_model: context
+            .embedders
+            .local
+            .as_ref()
+            .map(|e| e.model_name().to_string()),
+        embedded_model_error: context.embedders.local_error.clone(),
+        remote_embedders: context.embedders.remote.keys().cloned().collect(),
+        shards: context.registry.len(),
+        ingest_queue_depth: state.node.queue_depth(),
+        auth: state.auth.mode.as_str(),
+    };
     if ready {
-        return Json(body).into_response();
+        return Json(view).into_response();
     }
+    let mut body = json!(view);
     let failing: Vec<String> = readiness
         .failing()
         .map(|check| format!("{}: {}", check.name, check.detail))
@@ -542,7 +549,7 @@ async fn kb_shards(
     ApiPath(kb): ApiPath<String>,
 ) -> ApiResult<impl IntoResponse> {
     let shards = state.node.kb_shards(&principal.scope(), &kb).await?;
-    Ok(Json(serde_json::json!({ "shards": shards })))
+    Ok(Json(ShardList { shards }))
 }
 
 async fn update_kb(
@@ -628,7 +635,13 @@ async fn add_documents(
         let outcome = state.node.add_upload(&scope, &kb, upload).await;
         let _ = tokio::fs::remove_file(&temp).await; // gone already when adopted
         let added = outcome?;
-        Ok((StatusCode::ACCEPTED, Json(json!({ "documents": [added] }))).into_response())
+        Ok((
+            StatusCode::ACCEPTED,
+            Json(AddedDocuments {
+                documents: vec![added],
+            }),
+        )
+            .into_response())
     } else if content_type.starts_with("application/json") {
         let body = axum::body::to_bytes(request.into_body(), state.max_json_bytes as usize)
             .await
@@ -651,7 +664,11 @@ async fn add_documents(
                 ));
             }
             let added = add_urls(&state, &scope, &kb, bulk.urls).await?;
-            return Ok((StatusCode::ACCEPTED, Json(json!({ "documents": added }))).into_response());
+            return Ok((
+                StatusCode::ACCEPTED,
+                Json(AddedDocuments { documents: added }),
+            )
+                .into_response());
         }
         if bulk.documents.len() > state.max_bulk_documents {
             return Err(ApiError::new(
@@ -665,7 +682,11 @@ async fn add_documents(
             ));
         }
         let added = state.node.add_texts(&scope, &kb, bulk.documents).await?;
-        Ok((StatusCode::ACCEPTED, Json(json!({ "documents": added }))).into_response())
+        Ok((
+            StatusCode::ACCEPTED,
+            Json(AddedDocuments { documents: added }),
+        )
+            .into_response())
     } else {
         Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -1022,7 +1043,10 @@ async fn list_documents(
         .node
         .list_documents(&principal.scope(), &kb, after.as_deref(), limit)?;
     let next = next_after(&documents, limit, |document| &document.id);
-    Ok(Json(json!({ "documents": documents, "next_after": next })))
+    Ok(Json(DocumentList {
+        documents,
+        next_after: next,
+    }))
 }
 
 async fn get_document(
@@ -1058,7 +1082,7 @@ async fn document_chunks(
         .node
         .document_chunks(&principal.scope(), &kb, &doc)
         .await?;
-    Ok(Json(json!({ "chunks": chunks })))
+    Ok(Json(ChunkList { chunks }))
 }
 
 /// Progress of one document as server-sent events: the current status first, then every

@@ -97,9 +97,10 @@ async fn list_audit(
         })
         .map_err(SiftError::from)?;
     let next = next_after(&entries, limit, |entry| &entry.id);
-    Ok(Json(
-        serde_json::json!({ "entries": entries, "next_after": next }),
-    ))
+    Ok(Json(crate::views::AuditList {
+        entries,
+        next_after: next,
+    }))
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use sift_storage::meta::Role;
 
 use crate::api::{ApiError, ApiJson, ApiPath, AppState, Page, next_after, requested_page};
 use crate::auth::Principal;
+use crate::views::{MessageList, SessionList};
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -81,7 +82,10 @@ async fn list_sessions(
         .sessions
         .list_sessions(after.as_deref(), limit, &caller(&principal))?;
     let next = next_after(&sessions, limit, |session| &session.id);
-    Ok(Json(json!({ "sessions": sessions, "next_after": next })))
+    Ok(Json(SessionList {
+        sessions,
+        next_after: next,
+    }))
 }
 
 async fn get_session(
@@ -132,7 +136,10 @@ async fn list_messages(
     };
     let page: Vec<_> = turns.into_iter().skip(start).take(limit).collect();
     let next = next_after(&page, limit, |turn| &turn.message_id);
-    Ok(Json(json!({ "messages": page, "next_after": next })))
+    Ok(Json(MessageList {
+        messages: page,
+        next_after: next,
+    }))
 }
 
 /// Starts a run and streams its events (`meta` first, `done` last).

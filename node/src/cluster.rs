@@ -275,7 +275,7 @@ async fn resolve_seed(seed: &str, secret: &str, peer_tls: &PeerTls) -> String {
 }
 
 /// One member in `GET /v1/cluster`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct NodeView {
     pub id: u64,
     pub listen: Option<String>,
@@ -293,8 +293,10 @@ pub struct NodeView {
 }
 
 /// `GET /v1/cluster`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ClusterView {
+    /// `single` (no `--internal-listen`) or `cluster`.
+    #[schema(value_type = String)]
     pub mode: &'static str,
     /// The node answering.
     pub id: u64,
@@ -303,6 +305,7 @@ pub struct ClusterView {
     pub nodes: Vec<NodeView>,
     /// Why this node's Raft thread stopped (a storage write failed); absent while it runs.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub storage_failure: Option<String>,
 }
 

@@ -31,7 +31,7 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// A key as lists show it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct KeyView {
     pub id: String,
     /// How the key starts, to recognise it: `sk-sift-{id}-`.
@@ -62,11 +62,18 @@ impl From<ApiKeyRecord> for KeyView {
 }
 
 /// The answer to a creation: the view and, this once, the key itself.
-#[derive(Debug, Serialize)]
-struct CreatedKey {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct CreatedKey {
     #[serde(flatten)]
-    view: KeyView,
-    key: String,
+    pub view: KeyView,
+    /// The whole key (`sk-sift-{id}-{secret}`): shown this once.
+    pub key: String,
+}
+
+/// `GET /v1/keys`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct KeyList {
+    pub keys: Vec<KeyView>,
 }
 
 fn invalid(code: &str, message: impl Into<String>) -> ApiError {
@@ -179,7 +186,7 @@ async fn list_keys(
         .filter(|key| manages(&principal, &key.tenant))
         .map(KeyView::from)
         .collect();
-    Ok(Json(serde_json::json!({ "keys": keys })))
+    Ok(Json(KeyList { keys }))
 }
 
 async fn revoke_key(

@@ -1,11 +1,19 @@
 //! The OpenAPI 3.1 document of the public API, served at `GET /v1/openapi.json`.
 //!
-//! Request bodies and the error body are schemas derived from the wire types of `sift-api`
-//! (`utoipa::ToSchema`); the operations come from [`OPERATIONS`], one row per method and route
-//! of the public router. A test reads the router's source and fails when a route is missing
-//! from the table or the table names one the router does not serve. Answers are described by
-//! status and media type; their bodies are the records' serialization (the README's API
-//! section), not schemas yet. Every operation's `default` answer is the error body.
+//! Every schema is derived from the Rust types (`utoipa::ToSchema`): request bodies and the
+//! error body from the wire types of `sift-api`; answers from the types the handlers
+//! serialize: the node's views (`views.rs`, `ClusterView`, `KeyView`), the actors' results
+//! (`SearchResponse`, `RunStatus`, `TurnView`) and the storage records they show
+//! (`DocumentRecord`, `SessionRecord`, ...). Fields skipped when empty are optional, fields
+//! sent as `null` nullable, enums sent as strings string enums. The operations come from
+//! [`OPERATIONS`], one row per method and route of the public router, each naming its answer's
+//! schema. A test reads the router's source and fails when a route is missing from the table
+//! or the table names one the router does not serve; another serializes sample answers and
+//! checks them against their schemas. Left loose (any JSON object): OpenAI's answer shapes
+//! (`/v1/chat/completions`, `/v1/models`, `/v1/embeddings`), built as JSON values in
+//! `chat_api.rs`, and this document. Streams are described event by event (`event`, `data`
+//! as JSON text, `id`), not by the payload of each event name. Every operation's `default`
+//! answer is the error body.
 
 use std::sync::OnceLock;
 
@@ -36,7 +44,12 @@ pub(crate) enum Body {
 /// What an operation answers with when it succeeds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Answer {
-    Json,
+    /// A JSON body of the named schema (an answer type of `views`, the actors or the storage
+    /// records, deriving `utoipa::ToSchema`).
+    Json(&'static str),
+    /// A JSON object this document does not describe field by field: OpenAI's answer shapes,
+    /// which the node builds as JSON values, and this document itself.
+    AnyJson,
     /// `text/event-stream`.
     Events,
     /// `text/plain` (the Prometheus exposition format).
@@ -93,7 +106,7 @@ const fn also(mut operation: Operation, status: u16, answer: Answer) -> Operatio
     operation
 }
 
-use Answer::{Empty, Events, Json as JsonAnswer, Text};
+use Answer::{AnyJson as AnyJsonAnswer, Empty, Events, Json as JsonAnswer, Text};
 use Body::{AnyJson, Documents, Json, None as NoBody};
 
 /// Every operation of the public router (the `/v1/debug/...` fault injection routes, served
@@ -106,7 +119,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Liveness: the process answers",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("Health"),
     ),
     op(
         "get",
@@ -115,7 +128,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Readiness: models loaded, shards open, a Raft leader known (503 naming each failing check)",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("Readiness"),
     ),
     op(
         "get",
@@ -133,7 +146,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "This document",
         NoBody,
         200,
-        JsonAnswer,
+        AnyJsonAnswer,
     ),
     op(
         "get",
@@ -142,7 +155,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Members, Raft state and placement",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("ClusterView"),
     ),
     also(
         op(
@@ -152,10 +165,10 @@ pub(crate) const OPERATIONS: &[Operation] = &[
             "Remove a member (202: drained first; 200: removed at once, with force=true or when it holds no replica)",
             NoBody,
             202,
-            JsonAnswer,
+            JsonAnswer("NodeDraining"),
         ),
         200,
-        JsonAnswer,
+        JsonAnswer("NodeRemoved"),
     ),
     op(
         "post",
@@ -164,7 +177,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Create a knowledge base",
         Json("CreateKb"),
         201,
-        JsonAnswer,
+        JsonAnswer("KbView"),
     ),
     paged(op(
         "get",
@@ -173,7 +186,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "List the knowledge bases the key may read",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("KbList"),
     )),
     op(
         "get",
@@ -182,7 +195,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "A knowledge base with its settings and counts",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("KbView"),
     ),
     op(
         "patch",
@@ -191,7 +204,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Change settings that need no re-indexing",
         Json("UpdateKb"),
         200,
-        JsonAnswer,
+        JsonAnswer("KbView"),
     ),
     op(
         "delete",
@@ -209,7 +222,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Add documents: a file (multipart), texts or URLs (JSON)",
         Documents,
         202,
-        JsonAnswer,
+        JsonAnswer("AddedDocuments"),
     ),
     paged(op(
         "get",
@@ -218,7 +231,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "List documents",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("DocumentList"),
     )),
     op(
         "get",
@@ -227,7 +240,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "A document's record and status",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("DocumentRecord"),
     ),
     op(
         "delete",
@@ -254,7 +267,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "A document's chunks in order",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("ChunkList"),
     ),
     op(
         "post",
@@ -263,7 +276,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Hybrid search with fusion, re-scoring and link following",
         Json("SearchQuery"),
         200,
-        JsonAnswer,
+        JsonAnswer("SearchResponse"),
     ),
     op(
         "get",
@@ -272,7 +285,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Where the shards' replicas are and their state",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("ShardList"),
     ),
     op(
         "put",
@@ -281,7 +294,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Share a knowledge base with another tenant (read only)",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("KbView"),
     ),
     op(
         "delete",
@@ -299,7 +312,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Start a session over knowledge bases",
         Json("NewSession"),
         201,
-        JsonAnswer,
+        JsonAnswer("SessionRecord"),
     ),
     paged(op(
         "get",
@@ -308,7 +321,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "List sessions",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("SessionList"),
     )),
     op(
         "get",
@@ -317,7 +330,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "A session",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("SessionRecord"),
     ),
     op(
         "delete",
@@ -339,7 +352,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
             Events,
         ),
         202,
-        JsonAnswer,
+        JsonAnswer("RunStatus"),
     ),
     paged(op(
         "get",
@@ -348,7 +361,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "A session's messages",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("MessageList"),
     )),
     op(
         "get",
@@ -357,7 +370,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "An agent run's status",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("RunStatus"),
     ),
     op(
         "get",
@@ -375,7 +388,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Stop an agent run",
         NoBody,
         202,
-        JsonAnswer,
+        JsonAnswer("RunStatus"),
     ),
     op(
         "post",
@@ -384,7 +397,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "OpenAI-compatible chat completions over an agent preset or a knowledge base (`kb:NAME`)",
         AnyJson,
         200,
-        JsonAnswer,
+        AnyJsonAnswer,
     ),
     op(
         "get",
@@ -393,7 +406,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Agent presets, knowledge bases and embedding models as OpenAI models",
         NoBody,
         200,
-        JsonAnswer,
+        AnyJsonAnswer,
     ),
     op(
         "get",
@@ -402,7 +415,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "One model",
         NoBody,
         200,
-        JsonAnswer,
+        AnyJsonAnswer,
     ),
     op(
         "post",
@@ -411,7 +424,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "OpenAI-compatible embeddings from the node's embedding models",
         AnyJson,
         200,
-        JsonAnswer,
+        AnyJsonAnswer,
     ),
     op(
         "post",
@@ -420,7 +433,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Create an API key (its secret is shown once)",
         Json("NewApiKey"),
         201,
-        JsonAnswer,
+        JsonAnswer("CreatedKey"),
     ),
     op(
         "get",
@@ -429,7 +442,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "List API keys (no secrets)",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("KeyList"),
     ),
     op(
         "delete",
@@ -438,7 +451,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Revoke an API key",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("KeyView"),
     ),
     op(
         "post",
@@ -447,7 +460,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Create a tenant",
         Json("NewTenant"),
         201,
-        JsonAnswer,
+        JsonAnswer("TenantRecord"),
     ),
     op(
         "get",
@@ -456,7 +469,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "List tenants",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("TenantList"),
     ),
     op(
         "get",
@@ -465,7 +478,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "A tenant with its usage and limits",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("TenantRecord"),
     ),
     op(
         "delete",
@@ -483,7 +496,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Set a tenant's quotas and rate limit",
         Json("TenantLimits"),
         200,
-        JsonAnswer,
+        JsonAnswer("TenantRecord"),
     ),
     op(
         "post",
@@ -492,7 +505,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "Take a snapshot of the cluster's data",
         Json("CreateSnapshot"),
         201,
-        JsonAnswer,
+        JsonAnswer("SnapshotView"),
     ),
     paged(op(
         "get",
@@ -501,7 +514,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "List snapshots",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("SnapshotList"),
     )),
     op(
         "get",
@@ -510,7 +523,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "A snapshot's state",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("SnapshotView"),
     ),
     paged(op(
         "get",
@@ -519,7 +532,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "The audit log of administrative actions",
         NoBody,
         200,
-        JsonAnswer,
+        JsonAnswer("AuditList"),
     )),
 ];
 
@@ -529,7 +542,8 @@ pub(crate) fn document() -> &'static OpenApi {
     DOCUMENT.get_or_init(build)
 }
 
-/// The named request schemas and the error body, from the `sift-api` types.
+/// The named schemas: request bodies and the error body from the `sift-api` types, answers
+/// from the node's views, the actors' results and the storage records they show.
 fn schemas() -> Vec<(String, RefOr<Schema>)> {
     let mut schemas = Vec::new();
     macro_rules! add {
@@ -550,6 +564,32 @@ fn schemas() -> Vec<(String, RefOr<Schema>)> {
         sift_api::NewTenant,
         sift_api::TenantLimits,
         sift_api::CreateSnapshot,
+        // Answers.
+        crate::views::Health,
+        crate::views::Readiness,
+        crate::cluster::ClusterView,
+        crate::views::NodeDraining,
+        crate::views::NodeRemoved,
+        crate::views::KbView,
+        crate::views::KbList,
+        crate::views::AddedDocuments,
+        crate::views::DocumentList,
+        sift_storage::meta::DocumentRecord,
+        crate::views::ChunkList,
+        sift_actors::retrieval::SearchResponse,
+        crate::views::ShardList,
+        sift_storage::meta::SessionRecord,
+        crate::views::SessionList,
+        crate::views::MessageList,
+        sift_actors::sessions::RunStatus,
+        crate::keys_api::CreatedKey,
+        crate::keys_api::KeyList,
+        crate::keys_api::KeyView,
+        sift_storage::meta::TenantRecord,
+        crate::views::TenantList,
+        crate::views::SnapshotView,
+        crate::views::SnapshotList,
+        crate::views::AuditList,
     );
     schemas
 }
@@ -705,7 +745,10 @@ fn build_operation(operation: &Operation) -> utoipa::openapi::path::Operation {
 fn success_answer(summary: &str, answer: Answer) -> utoipa::openapi::Response {
     let success = ResponseBuilder::new().description(summary);
     match answer {
-        JsonAnswer => success.content("application/json", content(Object::new())),
+        JsonAnswer(name) => {
+            success.content("application/json", content(Ref::from_schema_name(name)))
+        }
+        AnyJsonAnswer => success.content("application/json", content(Object::new())),
         Events => success.content("text/event-stream", content(sse_event())),
         Text => success.content("text/plain", content(String::schema())),
         Empty => success,
@@ -779,7 +822,9 @@ fn path_parameters(path: &str) -> impl Iterator<Item = &str> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use serde_json::{Value, json};
 
     use super::*;
 
@@ -909,5 +954,655 @@ mod tests {
         assert!(json["paths"]["/v1/kbs"]["get"]["security"].is_array());
         let ids: BTreeSet<String> = OPERATIONS.iter().map(operation_id).collect();
         assert_eq!(ids.len(), OPERATIONS.len(), "operation ids are unique");
+    }
+
+    #[test]
+    fn every_reference_resolves_and_every_json_answer_names_its_schema() {
+        let json = serde_json::to_value(document()).unwrap();
+        let schemas = json["components"]["schemas"].as_object().unwrap();
+        let text = json.to_string();
+        let references: BTreeSet<&str> = text
+            .split("\"$ref\":\"")
+            .skip(1)
+            .map(|reference| &reference[..reference.find('"').unwrap()])
+            .collect();
+        for reference in &references {
+            let name = reference
+                .strip_prefix("#/components/schemas/")
+                .unwrap_or_else(|| panic!("{reference} points outside the components"));
+            assert!(
+                schemas.contains_key(name),
+                "{name} is referenced but not defined"
+            );
+        }
+        for operation in OPERATIONS {
+            let answers =
+                std::iter::once((operation.status, operation.answer)).chain(operation.also);
+            for (status, answer) in answers {
+                if let JsonAnswer(name) = answer {
+                    let schema = &json["paths"][operation.path][operation.method]["responses"]
+                        [status.to_string()]["content"]["application/json"]["schema"];
+                    assert_eq!(
+                        schema["$ref"],
+                        format!("#/components/schemas/{name}"),
+                        "{} {}",
+                        operation.method,
+                        operation.path
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_two_types_share_a_schema_name() {
+        let mut seen: BTreeMap<String, RefOr<Schema>> = BTreeMap::new();
+        for (name, schema) in schemas() {
+            if let Some(before) = seen.insert(name.clone(), schema.clone()) {
+                assert!(before == schema, "two different schemas are named {name}");
+            }
+        }
+    }
+
+    /// The mismatches of `value` with `schema` (resolved in `document`), by path: a type the
+    /// schema does not allow (`null` included), a required property missing, a property the
+    /// schema does not name, a value outside an enum, not exactly one `oneOf` branch.
+    fn mismatches(document: &Value, schema: &Value, value: &Value, path: &str) -> Vec<String> {
+        let schema = resolve(document, schema);
+        let mut found = Vec::new();
+        if let Some(branches) = schema["oneOf"].as_array() {
+            let matching = branches
+                .iter()
+                .filter(|branch| mismatches(document, branch, value, path).is_empty())
+                .count();
+            if matching != 1 {
+                found.push(format!("{path}: {matching} oneOf branches match {value}"));
+            }
+            return found;
+        }
+        if let Some(allowed) = schema["enum"].as_array()
+            && !allowed.contains(value)
+        {
+            found.push(format!("{path}: {value} not in {allowed:?}"));
+        }
+        let types: Vec<&str> = match &schema["type"] {
+            Value::String(one) => vec![one.as_str()],
+            Value::Array(many) => many.iter().filter_map(Value::as_str).collect(),
+            _ if schema["allOf"].is_array() || schema["properties"].is_object() => {
+                vec!["object"]
+            }
+            _ => return found, // any value
+        };
+        let fits = types.iter().any(|kind| match *kind {
+            "null" => value.is_null(),
+            "boolean" => value.is_boolean(),
+            "integer" => value.is_i64() || value.is_u64(),
+            "number" => value.is_number(),
+            "string" => value.is_string(),
+            "array" => value.is_array(),
+            "object" => value.is_object(),
+            _ => false,
+        });
+        if !fits {
+            found.push(format!("{path}: {value} is not {types:?}"));
+            return found;
+        }
+        if let Some(items) = value.as_array() {
+            for (at, item) in items.iter().enumerate() {
+                found.extend(mismatches(
+                    document,
+                    &schema["items"],
+                    item,
+                    &format!("{path}[{at}]"),
+                ));
+            }
+        }
+        if let Some(fields) = value.as_object() {
+            let (properties, required, additional) = shape(document, schema);
+            for name in &required {
+                if !fields.contains_key(name) {
+                    found.push(format!("{path}: required {name} missing"));
+                }
+            }
+            for (name, field) in fields {
+                let at = format!("{path}.{name}");
+                match (properties.get(name), &additional) {
+                    (Some(property), _) => found.extend(mismatches(document, property, field, &at)),
+                    (None, Some(values)) => found.extend(mismatches(document, values, field, &at)),
+                    (None, None) => found.push(format!("{at}: not in the schema")),
+                }
+            }
+        }
+        found
+    }
+
+    fn resolve<'a>(document: &'a Value, schema: &'a Value) -> &'a Value {
+        match schema["$ref"].as_str() {
+            Some(reference) => {
+                let name = reference.trim_start_matches("#/components/schemas/");
+                resolve(document, &document["components"]["schemas"][name])
+            }
+            None => schema,
+        }
+    }
+
+    /// An object schema's properties, required names and the schema of other properties
+    /// (a map's values), its `allOf` parts (serde's `flatten`) merged.
+    fn shape(
+        document: &Value,
+        schema: &Value,
+    ) -> (BTreeMap<String, Value>, BTreeSet<String>, Option<Value>) {
+        let schema = resolve(document, schema);
+        let mut properties = BTreeMap::new();
+        let mut required = BTreeSet::new();
+        let mut additional = match &schema["additionalProperties"] {
+            Value::Object(values) => Some(Value::Object(values.clone())),
+            Value::Bool(true) => Some(json!({})),
+            _ => None,
+        };
+        for part in schema["allOf"].as_array().into_iter().flatten() {
+            let (more, also_required, other) = shape(document, part);
+            properties.extend(more);
+            required.extend(also_required);
+            additional = additional.or(other);
+        }
+        for (name, property) in schema["properties"].as_object().into_iter().flatten() {
+            properties.insert(name.clone(), property.clone());
+        }
+        for name in schema["required"].as_array().into_iter().flatten() {
+            required.insert(name.as_str().unwrap().to_string());
+        }
+        (properties, required, additional)
+    }
+
+    /// One answer of each named schema, with options set and unset, lists full.
+    fn sample_answers() -> Vec<(&'static str, Value)> {
+        use sift_actors::agent::{Citation, RunFinish, TraceStep};
+        use sift_actors::node::ready::Check;
+        use sift_actors::node::{ReplicaView, ShardView};
+        use sift_actors::retrieval::fusion::{Channel, ChannelHitInfo};
+        use sift_actors::retrieval::mmr::AlsoIn;
+        use sift_actors::retrieval::packing::{self, Neighbour, PackedContext};
+        use sift_actors::retrieval::rerank::RerankReport;
+        use sift_actors::retrieval::root::{FailedShard, HitPath, SearchHit};
+        use sift_actors::retrieval::{SearchResponse, SearchTimings};
+        use sift_actors::sessions::{RunStatus, TurnView};
+        use sift_api::{AddedDocument, PageRange};
+        use sift_storage::backup::{Manifest, ManifestFile, ManifestKb};
+        use sift_storage::chunk::ChunkView;
+        use sift_storage::meta::{
+            ApiKeyRecord, AuditEntry, DocSource, DocStatus, DocumentCounts, DocumentRecord,
+            KbRecord, KbSettings, Replica, ReplicaState, Role, SessionRecord, ShardPlacement,
+            TenantRecord, TurnUsage,
+        };
+
+        use crate::keys_api::{CreatedKey, KeyList, KeyView};
+        use crate::views::*;
+
+        let settings = KbSettings::new(2, 1, "all-MiniLM-L6-v2", 384);
+        let kb = KbRecord {
+            id: "kb1".into(),
+            name: "docs".into(),
+            settings: settings.clone(),
+            created_at_ms: 1,
+            updated_at_ms: 2,
+            placement: vec![ShardPlacement {
+                replicas: vec![Replica {
+                    node: 1,
+                    state: ReplicaState::Active,
+                    since_ms: 1,
+                }],
+            }],
+        };
+        let counts = DocumentCounts {
+            total: 3,
+            by_status: [(DocStatus::Ready, 2), (DocStatus::Failed, 1)].into(),
+        };
+        let kb_view = |shared_with: Option<Vec<String>>| KbView {
+            kb: kb.clone(),
+            documents: counts.clone(),
+            tenant: "default".into(),
+            read_only: shared_with.is_none(),
+            shared_with,
+        };
+        let metadata: BTreeMap<String, String> = [("lang".into(), "en".into())].into();
+        let document = |external_id: Option<String>, source: DocSource| DocumentRecord {
+            id: "d1".into(),
+            kb_id: "kb1".into(),
+            external_id,
+            title: "Lights".into(),
+            source,
+            content_hash: "ab".into(),
+            size_bytes: 10,
+            shard: 0,
+            status: DocStatus::Failed,
+            error: Some("no text".into()),
+            chunk_count: 0,
+            metadata: metadata.clone(),
+            created_at_ms: 1,
+            updated_at_ms: 2,
+            pages_needing_ocr: 0,
+        };
+        let chunk = |pages: Option<PageRange>, parent_text: Option<String>| ChunkView {
+            chunk_id: "c1".into(),
+            document_id: "d1".into(),
+            external_id: None,
+            title: "Lights".into(),
+            position: 0,
+            text: "Lighthouses guide ships.".into(),
+            parent_text,
+            heading_path: vec!["Coast".into()],
+            span: (0, 24),
+            pages,
+            metadata: metadata.clone(),
+        };
+        let hit = |full: bool| SearchHit {
+            chunk: chunk(full.then_some(PageRange { first: 1, last: 2 }), None),
+            score: 0.9,
+            fused_score: 0.5,
+            rerank_score: full.then_some(0.9),
+            channels: [(
+                Channel::Bm25,
+                ChannelHitInfo {
+                    rank: 1,
+                    score: 2.5,
+                    contribution: 0.5,
+                },
+            )]
+            .into(),
+            also_in: if full {
+                vec![AlsoIn {
+                    chunk_id: "c2".into(),
+                    document_id: "d2".into(),
+                    external_id: Some("x".into()),
+                    title: "Copy".into(),
+                    similarity: 0.95,
+                }]
+            } else {
+                vec![]
+            },
+            neighbours: if full {
+                vec![Neighbour {
+                    chunk_id: "c0".into(),
+                    position: 0,
+                    text: "Before.".into(),
+                }]
+            } else {
+                vec![]
+            },
+            citation: full.then_some(1),
+            explain: full.then(|| "found by BM25".into()),
+            path: full.then(|| HitPath {
+                fused_rank: 1,
+                fused_score: 0.5,
+                rerank_rank: Some(1),
+                rerank_score: Some(0.9),
+                rerank_features: None,
+                mmr: None,
+                queries: vec!["ships".into()],
+                steps: vec!["fused".into()],
+            }),
+            trace: vec![],
+            mmr: None,
+            features: None,
+            fused_rank: 1,
+            rerank_rank: None,
+            queries: vec![0],
+        };
+        let search = |full: bool| SearchResponse {
+            hits: vec![hit(true), hit(false)],
+            failed_shards: vec![FailedShard {
+                shard: 1,
+                reason: "deadline".into(),
+            }],
+            timings: SearchTimings::default(),
+            rerank: full.then(|| RerankReport {
+                applied: false,
+                model: "embedded".into(),
+                depth: 0,
+                reason: Some("one hit".into()),
+            }),
+            queries: if full {
+                vec!["ships".into(), "boats".into()]
+            } else {
+                vec![]
+            },
+            context: full.then(|| PackedContext {
+                text: "[1] Lighthouses guide ships.".into(),
+                tokens: 8,
+                budget: 100,
+                citations: vec![packing::Citation {
+                    n: 1,
+                    document_id: "d1".into(),
+                    external_id: None,
+                    title: "Lights".into(),
+                    chunk_ids: vec!["c1".into()],
+                    pages: None,
+                    expansion: "chunk",
+                    tokens: 8,
+                }],
+                trimmed: false,
+                notes: vec!["trimmed".into()],
+            }),
+            notes: if full { vec!["note".into()] } else { vec![] },
+        };
+        let session = SessionRecord::new("s1", &["kb1".into()], "default", 1, None);
+        let turn = TurnView {
+            message_id: "m1".into(),
+            run_id: "r1".into(),
+            seq: 0,
+            question: "Who guides ships?".into(),
+            answer: "Lighthouses [1].".into(),
+            citations: vec![Citation {
+                n: 1,
+                chunk_id: "c1".into(),
+                kb_id: "kb1".into(),
+                document_id: "d1".into(),
+                document_title: "Lights".into(),
+                external_id: None,
+                span: (0, 24),
+                pages: Some(PageRange { first: 1, last: 1 }),
+                text: "Lighthouses guide ships.".into(),
+            }],
+            finish_reason: "stop".into(),
+            mode: "extractive".into(),
+            usage: TurnUsage::default(),
+            trace: vec![TraceStep {
+                kind: "tool".into(),
+                name: "search".into(),
+                started_ms: 0,
+                duration_ms: 3,
+                detail: json!({"hits": 1}),
+            }],
+            grounding: None,
+            created_at_ms: 1,
+        };
+        let run = |finish_reason: Option<RunFinish>| RunStatus {
+            run_id: "r1".into(),
+            session_id: "s1".into(),
+            finished: finish_reason.is_some(),
+            finish_reason,
+            events: 3,
+        };
+        let key = KeyView::from(ApiKeyRecord {
+            id: "0a1b".into(),
+            name: "ci".into(),
+            role: Role::Editor,
+            secret_sha256: "ff".into(),
+            created_at_ms: 1,
+            expires_at_ms: None,
+            revoked_at_ms: Some(2),
+            tenant: "default".into(),
+            groups: vec!["staff".into()],
+        });
+        let snapshot = SnapshotView {
+            id: "snap1".into(),
+            created_at_ms: 1,
+            bytes: 10,
+            path: "/data/snapshots/snap1".into(),
+            node: "127.0.0.1:7700".into(),
+            manifest: Manifest {
+                snapshot_format: 1,
+                data_dir_format: 1,
+                sift_version: "0.1.0".into(),
+                id: "snap1".into(),
+                created_at_ms: 1,
+                meta_index: 7,
+                kbs: vec![ManifestKb {
+                    id: "kb1".into(),
+                    name: "docs".into(),
+                    tenant: "default".into(),
+                    shards: 2,
+                    documents: 3,
+                    raw_documents: 0,
+                    settings,
+                }],
+                files: vec![ManifestFile {
+                    path: "meta.json".into(),
+                    bytes: 10,
+                    sha256: "ee".into(),
+                }],
+            },
+        };
+        let audit = AuditEntry {
+            id: "a1".into(),
+            at_ms: 1,
+            key_id: None,
+            tenant: "default".into(),
+            role: "admin".into(),
+            method: "POST".into(),
+            route: "/v1/kbs".into(),
+            target: "/v1/kbs".into(),
+            status: 201,
+            address: Some("127.0.0.1".into()),
+        };
+        let cluster = crate::cluster::ClusterView::single("127.0.0.1:7700".parse().unwrap(), 4);
+        let answers: Vec<(&'static str, Value)> = vec![
+            ("Health", json!(Health { status: "ok" })),
+            (
+                "Readiness",
+                json!(Readiness {
+                    status: "ready",
+                    checks: vec![Check {
+                        name: "raft_storage",
+                        ok: true,
+                        detail: "ok".into(),
+                    }],
+                    embedded_model: None,
+                    embedded_model_error: Some("no model dir".into()),
+                    remote_embedders: vec!["openai".into()],
+                    shards: 2,
+                    ingest_queue_depth: 0,
+                    auth: "keys",
+                }),
+            ),
+            ("ClusterView", json!(cluster)),
+            (
+                "NodeDraining",
+                json!(NodeDraining {
+                    draining: 2,
+                    replicas: 3,
+                    message: "draining".into(),
+                }),
+            ),
+            (
+                "NodeRemoved",
+                json!(NodeRemoved {
+                    removed: 2,
+                    voters: vec![1, 3],
+                    learners: vec![],
+                }),
+            ),
+            ("KbView", json!(kb_view(Some(vec!["acme".into()])))),
+            ("KbView", json!(kb_view(None))),
+            (
+                "KbList",
+                json!(KbList {
+                    kbs: vec![kb_view(None)],
+                    next_after: Some("kb1".into()),
+                }),
+            ),
+            (
+                "AddedDocuments",
+                json!(AddedDocuments {
+                    documents: vec![AddedDocument {
+                        id: "d1".into(),
+                        external_id: None,
+                        status: "queued".into(),
+                        duplicate: false,
+                        replaced: Some("d0".into()),
+                    }],
+                }),
+            ),
+            (
+                "DocumentRecord",
+                json!(document(
+                    Some("x".into()),
+                    DocSource::Upload {
+                        file_name: "a.pdf".into(),
+                        format: "pdf".into(),
+                    },
+                )),
+            ),
+            (
+                "DocumentList",
+                json!(DocumentList {
+                    documents: vec![document(
+                        None,
+                        DocSource::Text {
+                            format: "markdown".into(),
+                        },
+                    )],
+                    next_after: None,
+                }),
+            ),
+            (
+                "ChunkList",
+                json!(ChunkList {
+                    chunks: vec![chunk(None, Some("Parent.".into()))],
+                }),
+            ),
+            ("SearchResponse", json!(search(true))),
+            ("SearchResponse", json!(search(false))),
+            (
+                "ShardList",
+                json!(ShardList {
+                    shards: vec![ShardView {
+                        shard: 0,
+                        replicas: vec![ReplicaView {
+                            node: 1,
+                            state: ReplicaState::Active.as_str(),
+                            since_ms: 1,
+                            local: true,
+                            reachable: true,
+                            documents: Some(3),
+                            chunks: None,
+                        }],
+                    }],
+                }),
+            ),
+            ("SessionRecord", json!(session)),
+            (
+                "SessionList",
+                json!(SessionList {
+                    sessions: vec![session.clone()],
+                    next_after: None,
+                }),
+            ),
+            (
+                "MessageList",
+                json!(MessageList {
+                    messages: vec![turn],
+                    next_after: Some("m1".into()),
+                }),
+            ),
+            ("RunStatus", json!(run(None))),
+            ("RunStatus", json!(run(Some(RunFinish::Budget)))),
+            (
+                "CreatedKey",
+                json!(CreatedKey {
+                    view: KeyView::from(ApiKeyRecord {
+                        id: "0a1c".into(),
+                        name: "ops".into(),
+                        role: Role::Admin,
+                        secret_sha256: "ff".into(),
+                        created_at_ms: 1,
+                        expires_at_ms: Some(9),
+                        revoked_at_ms: None,
+                        tenant: "default".into(),
+                        groups: vec![],
+                    }),
+                    key: "sk-sift-0a1c-secret".into(),
+                }),
+            ),
+            ("KeyView", json!(key)),
+            (
+                "KeyList",
+                json!(KeyList {
+                    keys: vec![KeyView::from(ApiKeyRecord {
+                        id: "0a1d".into(),
+                        name: "r".into(),
+                        role: Role::Reader,
+                        secret_sha256: "ff".into(),
+                        created_at_ms: 1,
+                        expires_at_ms: None,
+                        revoked_at_ms: None,
+                        tenant: "acme".into(),
+                        groups: vec![],
+                    })],
+                }),
+            ),
+            ("TenantRecord", json!(TenantRecord::default_tenant())),
+            (
+                "TenantList",
+                json!(TenantList {
+                    tenants: vec![TenantRecord {
+                        name: "acme".into(),
+                        created_at_ms: 1,
+                        limits: sift_api::TenantLimits {
+                            max_kbs: Some(3),
+                            ..Default::default()
+                        },
+                    }],
+                }),
+            ),
+            ("SnapshotView", json!(snapshot.clone())),
+            (
+                "SnapshotList",
+                json!(SnapshotList {
+                    snapshots: vec![snapshot],
+                    next_after: None,
+                }),
+            ),
+            (
+                "AuditList",
+                json!(AuditList {
+                    entries: vec![audit],
+                    next_after: None,
+                }),
+            ),
+        ];
+        answers
+    }
+
+    #[test]
+    fn answers_match_their_schemas() {
+        let document = serde_json::to_value(document()).unwrap();
+        let samples = sample_answers();
+        let sampled: BTreeSet<&str> = samples.iter().map(|(name, _)| *name).collect();
+        for operation in OPERATIONS {
+            for (_, answer) in
+                std::iter::once((operation.status, operation.answer)).chain(operation.also)
+            {
+                if let JsonAnswer(name) = answer {
+                    assert!(sampled.contains(name), "no sample answer of {name}");
+                }
+            }
+        }
+        let mut found = Vec::new();
+        for (name, value) in &samples {
+            let schema = json!({ "$ref": format!("#/components/schemas/{name}") });
+            found.extend(mismatches(&document, &schema, value, name));
+        }
+        assert!(found.is_empty(), "{found:#?}");
+    }
+
+    #[test]
+    fn the_checker_finds_what_a_schema_does_not_describe() {
+        let document = serde_json::to_value(document()).unwrap();
+        let schema = json!({ "$ref": "#/components/schemas/RunStatus" });
+        let mut run = json!({
+            "run_id": "r1", "session_id": "s1", "finished": false,
+            "finish_reason": null, "events": 0,
+        });
+        assert_eq!(
+            mismatches(&document, &schema, &run, "run"),
+            Vec::<String>::new()
+        );
+        run["extra"] = json!(1);
+        run["finish_reason"] = json!("later");
+        run.as_object_mut().unwrap().remove("events");
+        let found = mismatches(&document, &schema, &run, "run");
+        assert_eq!(found.len(), 3, "{found:#?}");
     }
 }

@@ -8,7 +8,6 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde_json::json;
 use sift_actors::Scope;
 use sift_api::CreateSnapshot;
 use sift_storage::backup::{self, Manifest};
@@ -16,6 +15,7 @@ use sift_storage::backup::{self, Manifest};
 use crate::api::{
     ApiError, ApiJson, ApiPath, ApiResult, AppState, Page, next_after, requested_page,
 };
+use crate::views::{SnapshotList, SnapshotView};
 
 /// Most snapshots in one page of `GET /v1/snapshots`.
 const MAX_SNAPSHOTS_PAGE: usize = 1000;
@@ -27,15 +27,15 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// A snapshot as the API shows it: its manifest, its size and where it is on the node.
-fn view(state: &AppState, manifest: &Manifest) -> serde_json::Value {
-    json!({
-        "id": manifest.id,
-        "created_at_ms": manifest.created_at_ms,
-        "bytes": manifest.total_bytes(),
-        "path": state.snapshot_dir.join(&manifest.id),
-        "node": state.listen.to_string(),
-        "manifest": manifest,
-    })
+fn view(state: &AppState, manifest: &Manifest) -> SnapshotView {
+    SnapshotView {
+        id: manifest.id.clone(),
+        created_at_ms: manifest.created_at_ms,
+        bytes: manifest.total_bytes(),
+        path: state.snapshot_dir.join(&manifest.id),
+        node: state.listen.to_string(),
+        manifest: manifest.clone(),
+    }
 }
 
 /// `POST /v1/snapshots {"kbs": [...]}`: 201 with the snapshot once it is complete on disk.
@@ -72,7 +72,10 @@ async fn list_snapshots(
     let page: Vec<Manifest> = all.into_iter().skip(start).take(limit).collect();
     let next = next_after(&page, limit, |manifest| &manifest.id);
     let snapshots: Vec<_> = page.iter().map(|manifest| view(&state, manifest)).collect();
-    Ok(Json(json!({ "snapshots": snapshots, "next_after": next })))
+    Ok(Json(SnapshotList {
+        snapshots,
+        next_after: next,
+    }))
 }
 
 /// `GET /v1/snapshots/{id}`.

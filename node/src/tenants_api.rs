@@ -169,7 +169,7 @@ async fn list_tenants(State(state): State<AppState>) -> ApiResult<impl IntoRespo
         .store()
         .list_tenants()
         .map_err(SiftError::from)?;
-    Ok(Json(serde_json::json!({ "tenants": tenants })))
+    Ok(Json(crate::views::TenantList { tenants }))
 }
 
 /// Deletes the tenant's KBs (each as `DELETE /v1/kbs/{kb}` would), then the tenant itself

@@ -40,7 +40,7 @@ pub const PARTIAL_PREFIX: &str = ".partial-";
 pub const MAX_RECORD_BYTES: usize = 1 << 30;
 
 /// What a snapshot holds.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Manifest {
     /// [`SNAPSHOT_FORMAT`] of the build that wrote it.
     pub snapshot_format: u32,
@@ -57,7 +57,7 @@ pub struct Manifest {
 }
 
 /// One KB of a snapshot.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ManifestKb {
     pub id: String,
     pub name: String,
@@ -71,7 +71,7 @@ pub struct ManifestKb {
 }
 
 /// One file of a snapshot, relative to its directory.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ManifestFile {
     pub path: String,
     pub bytes: u64,

@@ -149,7 +149,7 @@ impl SearchFilter {
 }
 
 /// A chunk as returned by a search: everything a caller needs to show and cite it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChunkView {
     pub chunk_id: String,
     pub document_id: String,
@@ -159,9 +159,12 @@ pub struct ChunkView {
     pub text: String,
     pub parent_text: Option<String>,
     pub heading_path: Vec<String>,
+    /// Character offsets `[start, end)` in the document's extracted text.
+    #[schema(value_type = Vec<u32>, min_items = 2, max_items = 2)]
     pub span: (u32, u32),
     /// `{"first", "last"}` for a document with pages (PDF, slides), else `null`.
     pub pages: Option<PageRange>,
+    #[schema(value_type = BTreeMap<String, String>)]
     pub metadata: Metadata,
 }
 

@@ -33,7 +33,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// One cited chunk. `n` is the citation number used as `[n]` in the answer text.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Citation {
     pub n: u32,
     pub chunk_id: String,
@@ -42,6 +42,7 @@ pub struct Citation {
     pub document_title: String,
     pub external_id: Option<String>,
     /// Character offsets `[start, end)` in the document's extracted text.
+    #[schema(value_type = Vec<u32>, min_items = 2, max_items = 2)]
     pub span: (u32, u32),
     /// The pages of the cited chunk (PDF), else `null`.
     pub pages: Option<sift_storage::chunk::PageRange>,
@@ -65,7 +66,7 @@ pub struct FailedShardRef {
     pub reason: String,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RunFinish {
     /// `final_answer` (or an extractive answer) was given.
@@ -143,7 +144,7 @@ pub struct PastTurn {
 }
 
 /// One step of a run's trace, stored with the turn.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TraceStep {
     /// `model`, `tool`, `planner`, `verifier`, `reflector`, `fallback`, ...
     pub kind: String,

@@ -106,15 +106,17 @@ impl SiftNode {
 }
 
 /// One shard of a KB as `GET /v1/kbs/{kb}/shards` shows it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct ShardView {
     pub shard: u32,
     pub replicas: Vec<ReplicaView>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct ReplicaView {
     pub node: u64,
+    /// `initializing`, `active`, `dead` or `recovering`.
+    #[schema(value_type = sift_storage::meta::ReplicaState)]
     pub state: &'static str,
     pub since_ms: u64,
     /// The replica is on the node that answered.

@@ -16,8 +16,10 @@ use crate::shards::ShardKey;
 pub const OPENING_GRACE: Duration = Duration::from_secs(30);
 
 /// One readiness check: its name, whether it passes, and what it saw.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ReadinessCheck)]
 pub struct Check {
+    #[schema(value_type = String)]
     pub name: &'static str,
     pub ok: bool,
     pub detail: String,

@@ -54,7 +54,7 @@ impl Channel {
 }
 
 /// Where a fused hit stood in one channel.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChannelHitInfo {
     /// 1-based rank in the channel after the global merge.
     pub rank: usize,

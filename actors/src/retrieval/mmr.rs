@@ -11,7 +11,7 @@ use super::root::SearchHit;
 use super::text::{TermSet, jaccard, term_set};
 
 /// Another place the same (near-identical) text was found.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct AlsoIn {
     pub chunk_id: String,
     pub document_id: String,

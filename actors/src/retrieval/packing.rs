@@ -10,14 +10,16 @@ use sift_storage::chunk::ChunkView;
 use super::root::SearchHit;
 
 /// A neighbour chunk attached to a hit.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Neighbour {
     pub chunk_id: String,
     pub position: u32,
     pub text: String,
 }
 
-#[derive(Clone, Debug, Serialize)]
+/// A numbered source of the packed `context`.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ContextCitation)]
 pub struct Citation {
     /// The number used in `text` (`[n]`).
     pub n: usize,
@@ -29,11 +31,12 @@ pub struct Citation {
     /// The pages of the hit's chunk (PDF), else `null`.
     pub pages: Option<sift_storage::chunk::PageRange>,
     /// `parent`, `neighbours` or `chunk`: what of the hit was packed.
+    #[schema(value_type = String)]
     pub expansion: &'static str,
     pub tokens: usize,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct PackedContext {
     pub text: String,
     pub tokens: usize,

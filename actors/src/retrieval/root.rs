@@ -84,7 +84,7 @@ impl Default for Pipeline {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct SearchHit {
     #[serde(flatten)]
     pub chunk: ChunkView,
@@ -96,6 +96,7 @@ pub struct SearchHit {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rerank_score: Option<f64>,
     /// Rank, score and fusion contribution of the hit in each channel that found it.
+    #[schema(value_type = HashMap<String, ChannelHitInfo>)]
     pub channels: HashMap<Channel, ChannelHitInfo>,
     /// Near-identical chunks (other documents or places) collapsed into this hit.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -128,7 +129,7 @@ pub struct SearchHit {
 }
 
 /// Each ranking decision about one hit.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct HitPath {
     pub fused_rank: usize,
     pub fused_score: f64,
@@ -136,7 +137,9 @@ pub struct HitPath {
     pub rerank_rank: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rerank_score: Option<f64>,
+    /// The re-scorer's features of the hit.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub rerank_features: Option<Features>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mmr: Option<String>,
@@ -146,13 +149,13 @@ pub struct HitPath {
     pub steps: Vec<String>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct FailedShard {
     pub shard: u32,
     pub reason: String,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct SearchTimings {
     pub embed_ms: f64,
     /// Slowest shard's dense / BM25 time.
@@ -171,7 +174,7 @@ pub struct SearchTimings {
     pub total_ms: f64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct SearchResponse {
     pub hits: Vec<SearchHit>,
     pub failed_shards: Vec<FailedShard>,

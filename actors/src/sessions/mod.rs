@@ -128,7 +128,7 @@ pub const MAX_SESSIONS_PAGE: usize = 1000;
 pub const MAX_SESSION_KBS: usize = 16;
 
 /// A stored turn as `GET /v1/sessions/{id}/messages` shows it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct TurnView {
     pub message_id: String,
     pub run_id: String,

@@ -189,7 +189,7 @@ impl RunLog {
 }
 
 /// A run as `GET /v1/runs/{id}` shows it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct RunStatus {
     pub run_id: String,
     pub session_id: String,

@@ -9,6 +9,7 @@
 //! Every type here is bincode-safe: ops travel between nodes as bincode.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::keys::{API_KEY_PREFIX, api_key_key};
 use super::pending::Pending;
@@ -16,7 +17,9 @@ use super::{SledMetaStore, decode};
 use crate::error::{Result, StorageError};
 
 /// What a key may do. Each role includes the ones below it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Search, chat, its own sessions and runs.

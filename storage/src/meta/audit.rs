@@ -17,7 +17,7 @@ use crate::error::Result;
 const FORGET_PER_APPEND: usize = 256;
 
 /// One audited request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditEntry {
     /// UUIDv7: ordered by time.
     pub id: String,

@@ -21,6 +21,35 @@ pub struct DocumentCounts {
     pub by_status: BTreeMap<DocStatus, u64>,
 }
 
+/// `total`, then one count per status that has documents (written by hand: the statuses are
+/// flattened into the object).
+impl utoipa::PartialSchema for DocumentCounts {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        let count = || {
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                    utoipa::openapi::KnownFormat::Int64,
+                )))
+                .minimum(Some(0))
+        };
+        let mut object = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property("total", count())
+            .required("total")
+            .additional_properties(Some(
+                utoipa::openapi::schema::AdditionalProperties::FreeForm(false),
+            ));
+        for status in DocStatus::ALL {
+            object = object.property(status.as_str(), count());
+        }
+        object.into()
+    }
+}
+
+impl utoipa::ToSchema for DocumentCounts {}
+
 /// What a KB holds, for the per-KB gauges of `/metrics`: its document records (any status),
 /// their chunks and their raw bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

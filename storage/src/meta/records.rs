@@ -3,11 +3,12 @@
 //! the stored form: add fields with `#[serde(default)]`, never rename or reorder.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::chunk::Metadata;
 
 /// Settings of a knowledge base. Validated by the layer that proposes the op.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct KbSettings {
     /// Number of shards; a document goes to `hash(external id, else id) % shards`. Fixed at creation.
     pub shards: u32,
@@ -76,7 +77,7 @@ impl KbSettings {
 
 /// Per-KB retrieval pipeline settings (each overridable per request). Validated by the
 /// layer that proposes the op (`sift_actors::retrieval::settings`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetrievalSettings {
     /// Weight of the dense channel in fusion.
@@ -152,7 +153,7 @@ impl Default for RetrievalSettings {
 }
 
 /// A knowledge base: its settings and where its shards live.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct KbRecord {
     pub id: String,
     pub name: String,
@@ -176,13 +177,13 @@ impl KbRecord {
 }
 
 /// The replicas of one shard.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ShardPlacement {
     pub replicas: Vec<Replica>,
 }
 
 /// One replica of a shard: the node holding it and whether it may serve.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Replica {
     pub node: u64,
     pub state: ReplicaState,
@@ -192,7 +193,7 @@ pub struct Replica {
 
 /// The life of a replica. Only `Active` replicas serve reads; writes go to every replica
 /// that is not `Dead` (so a replica being filled misses nothing written meanwhile).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ReplicaState {
     /// Placed, not yet filled (a new KB's replicas start active: there is nothing to fill).
@@ -217,7 +218,9 @@ impl ReplicaState {
 }
 
 /// Where a document is in ingestion. `Ready` and `Failed` are terminal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum DocStatus {
     Queued,
@@ -260,7 +263,7 @@ impl DocStatus {
 /// Where the raw bytes of a document are kept until (and after) it is indexed.
 /// Externally tagged (serde's default) so that bincode, which cannot decode internally tagged
 /// enums, can carry ops between nodes.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DocSource {
     /// A file upload stored under the node's raw directory.
@@ -270,7 +273,7 @@ pub enum DocSource {
 }
 
 /// A document of a knowledge base (one per upload or text), with its ingestion status.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct DocumentRecord {
     pub id: String,
     pub kb_id: String,
@@ -284,6 +287,7 @@ pub struct DocumentRecord {
     pub status: DocStatus,
     pub error: Option<String>,
     pub chunk_count: u32,
+    #[schema(value_type = BTreeMap<String, String>)]
     pub metadata: Metadata,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,

@@ -16,7 +16,7 @@ use super::{SledMetaStore, decode};
 use crate::error::{Result, StorageError};
 
 /// A chat session: the KBs and agent its runs use, and its turns so far.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SessionRecord {
     pub id: String,
     /// KB ids the session's runs search.
@@ -83,7 +83,7 @@ pub struct TurnTraceStep {
     pub detail_json: String,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TurnUsage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,

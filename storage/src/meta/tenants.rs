@@ -26,7 +26,7 @@ use super::{SledMetaStore, decode};
 use crate::error::{Result, StorageError};
 
 /// A tenant: a name that owns KBs, keys and sessions.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TenantRecord {
     pub name: String,
     pub created_at_ms: u64,
