@@ -143,6 +143,7 @@ async function openConversation(element, session, signal, onTurn) {
       view.answerText = message.answer || '';
       view.drawAnswer();
       view.finish(message.finish_reason);
+      view.element.dataset.message = message.message_id;
       turns.append(view.element);
     }
   } catch (failed) {
@@ -158,6 +159,11 @@ async function openConversation(element, session, signal, onTurn) {
     busy(run);
     await follow(session, run, signal, null);
     busy(null);
+    // the run may have ended between the reload and the read of the stored turns
+    const done = run.events.find((event) => event.event === 'done');
+    const stored = done?.data?.message_id
+      && turns.querySelector(`[data-message="${CSS.escape(done.data.message_id)}"]`);
+    if (stored) stored.remove();
     onTurn();
   }
 }
