@@ -6,10 +6,10 @@
 # The node's chat model is a scripted OpenAI-compatible server (tests/console/fake-llm.mjs).
 # Usage: scripts/console-e2e.sh [SIFT_BIN] [--assets-from-disk] [--screenshots]
 #   SIFT_BIN            the node binary (default target/debug/sift, built when missing)
-#   --assets-from-disk  serve node/console/ from disk on a port of its own (python3 http.server)
-#                       and let the page call the node across origins (cors_origins), for a
-#                       binary built before the console was compiled in; default: the
-#                       console the node itself serves at /
+#   --assets-from-disk  serve node/console/ from disk on a port of its own (python3, with the
+#                       node's content security policy) and let the page call the node across
+#                       origins (cors_origins), for a binary built before the console was
+#                       compiled in; default: the console the node itself serves at /
 #   --screenshots       write a PNG of each page to docs/console/
 # Needs node and npm, and chromium with a CJK font (Debian's chromium and fonts-wqy-microhei,
 # installed here when missing as root).
@@ -67,8 +67,22 @@ trap 'for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/nu
 node_url=http://127.0.0.1:$port
 if [[ $from_disk -eq 1 ]]; then
   export SIFT_CORS_ORIGINS=http://127.0.0.1:$web_port
-  python3 -m http.server "$web_port" --bind 127.0.0.1 --directory "$repo/node" \
-    > "$work/assets.log" 2>&1 &
+  # python's file server with the node's headers: its content security policy (read from
+  # node/src/console.rs) with the node's origin added to connect-src, and no-cache
+  python3 - "$web_port" "$repo/node" "$node_url" > "$work/assets.log" 2>&1 <<'PY' &
+import functools, http.server, re, sys
+port, root, node = sys.argv[1:4]
+source = open(f"{root}/src/console.rs").read()
+policy = re.search(r'CONTENT_SECURITY_POLICY: &str = "(.*?)";', source, re.S).group(1)
+policy = re.sub(r"\\\n\s*", "", policy).replace("connect-src 'self'", f"connect-src 'self' {node}")
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def end_headers(self):
+        self.send_header("Content-Security-Policy", policy)
+        self.send_header("Cache-Control", "no-cache")
+        super().end_headers()
+server = http.server.ThreadingHTTPServer(("127.0.0.1", int(port)), functools.partial(Handler, directory=root))
+server.serve_forever()
+PY
   pids+=($!)
   console_url=http://127.0.0.1:$web_port/console/index.html
   api_base=$node_url
