@@ -55,6 +55,8 @@ if ! cmp -s "$tests/package-lock.json" "$tests/node_modules/.package-lock.json.i
   (cd "$tests" && npm ci --no-audit --no-fund --loglevel=error)
   cp "$tests/package-lock.json" "$tests/node_modules/.package-lock.json.installed"
 fi
+# the event-stream parser on its own first (node's test runner)
+node --test "$tests/sse.test.mjs"
 export SIFT_MODEL_DIR=${SIFT_MODEL_DIR:-$("$repo/scripts/fetch-model.sh")}
 work=$(mktemp -d)
 read -r key port web_port llm_port < <(python3 -c '

@@ -6,6 +6,7 @@
 export class SseParser {
   constructor() {
     this.buffer = '';
+    this.afterCr = false;
     this.reset();
     this.lastEventId = '';
   }
@@ -17,14 +18,18 @@ export class SseParser {
   }
 
   feed(text) {
+    // a \r that ended the last piece ended a line: a \n starting this one is its other half
+    if (this.afterCr && text.startsWith('\n')) text = text.slice(1);
+    this.afterCr = false;
     this.buffer += text;
     const events = [];
     let newline;
     while ((newline = this.buffer.search(/\r\n|\r|\n/)) >= 0) {
-      // a lone \r at the end may be the first half of \r\n: wait for the next piece
-      if (this.buffer[newline] === '\r' && newline === this.buffer.length - 1) break;
       const line = this.buffer.slice(0, newline);
       const width = this.buffer.startsWith('\r\n', newline) ? 2 : 1;
+      if (width === 1 && this.buffer[newline] === '\r' && newline === this.buffer.length - 1) {
+        this.afterCr = true;
+      }
       this.buffer = this.buffer.slice(newline + width);
       const event = this.line(line);
       if (event) events.push(event);

@@ -3,7 +3,7 @@
 // form for a bad name), upload three files and watch each reach `ready`, list them, search
 // and open an explain, ask a question of the scripted model (fake-llm.mjs) and see its
 // thoughts, tool call and answer stream, reload mid-answer and see the run resume, open a
-// citation, stop a run, see the cluster, switch to Chinese; no console errors anywhere and
+// citation, stop a run, delete a document and see it leave the search, see the cluster, switch to Chinese; no console errors anywhere and
 // no serious or critical axe-core finding on any page.
 // Environment: CONSOLE_URL (the page), SIFT_KEY (an admin key), API_BASE (only when the page
 // is served apart from the node), SCREENSHOTS (a folder: one PNG per page), CHROMIUM.
@@ -153,6 +153,19 @@ try {
   await page.locator('.hit .explain dl').first().waitFor({ state: 'visible' });
   await shot('search');
   await scan('search');
+
+  step('delete a document and see it leave the search');
+  await page.locator('#nav').getByRole('link', { name: 'Knowledge bases' }).click();
+  await page.getByRole('link', { name: 'handbook', exact: true }).click();
+  await page.getByRole('button', { name: 'Delete tides.txt' }).click();
+  await page.getByRole('button', { name: 'Delete tides.txt' }).waitFor({ state: 'detached' });
+  await page.locator('#nav').getByRole('link', { name: 'Search' }).click();
+  await page.getByLabel('Knowledge base', { exact: true }).selectOption('handbook');
+  await page.getByLabel('Query').fill('tides moon');
+  await page.getByRole('button', { name: 'Search', exact: true }).last().click();
+  await page.locator('.summary').waitFor();
+  const tides = await page.locator('.hit').filter({ hasText: 'tides.txt' }).count();
+  if (tides !== 0) throw new Error('the deleted document is still found');
 
   step('ask: thoughts, a tool call, the answer streamed; reload mid-answer and resume');
   await page.getByRole('link', { name: 'Chat', exact: true }).click();
