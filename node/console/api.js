@@ -106,3 +106,16 @@ export async function stream(path, { method = 'GET', body, lastEventId, onEvent,
 }
 
 export const enc = encodeURIComponent;
+
+/**
+ * The form field an API error is about, among `names`: its `param`; else the field its code
+ * names (`invalid_mmr_lambda`); else the field its message starts with ("shards must be …").
+ */
+export function errorField(failed, names) {
+  const candidates = [
+    (failed.param || '').replace(/^retrieval\./, ''),
+    (failed.code || '').replace(/^invalid_/, ''),
+    (failed.message || '').split(/[\s:]/)[0],
+  ];
+  return candidates.find((name) => name && names.includes(name)) || null;
+}

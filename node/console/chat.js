@@ -314,15 +314,30 @@ class RunView {
   }
 }
 
-function openCitation(citation) {
-  openDialog(
-    `[${citation.n}] ${citation.document_title || citation.document_id}`,
-    h('p', { class: 'meta' }, [
-      citation.pages ? t('pages', { first: citation.pages.first, last: citation.pages.last }) : '',
-      `${t('span')} ${citation.span?.[0]}–${citation.span?.[1]}`,
-      citation.external_id || '',
-    ].filter(Boolean).join(' · ')),
-    h('blockquote', { class: 'cited' }, h('mark', {}, citation.text)),
-    h('p', {}, h('a', { href: `#/kbs/${enc(citation.kb_id)}` }, t('chat.openKb'))),
-  );
+/** Opens the cited chunk, the cited text highlighted in it (the cited text alone until
+ * the chunk has been read, or when it cannot be read). */
+async function openCitation(citation) {
+  const title = `[${citation.n}] ${citation.document_title || citation.document_id}`;
+  const meta = (chunk) => h('p', { class: 'meta' }, [
+    chunk?.heading_path?.length ? chunk.heading_path.join(' › ') : '',
+    citation.pages ? t('pages', { first: citation.pages.first, last: citation.pages.last }) : '',
+    `${t('span')} ${citation.span?.[0]}–${citation.span?.[1]}`,
+    citation.external_id || '',
+  ].filter(Boolean).join(' · '));
+  const link = h('p', {}, h('a', { href: `#/kbs/${enc(citation.kb_id)}` }, t('chat.openKb')));
+  openDialog(title, meta(null), h('blockquote', { class: 'cited' }, h('mark', {}, citation.text)), link);
+  let chunk;
+  try {
+    const { chunks } = await api('GET', `/v1/kbs/${enc(citation.kb_id)}/documents/${enc(citation.document_id)}/chunks`);
+    chunk = chunks.find((one) => one.chunk_id === citation.chunk_id);
+  } catch {
+    return; // the cited text stays on its own
+  }
+  const dialog = document.getElementById('dialog');
+  if (!chunk || !dialog.open || document.getElementById('dialog-title').textContent !== title) return;
+  const at = chunk.text.indexOf(citation.text);
+  const body = at < 0
+    ? [h('mark', {}, citation.text), '\n\n', chunk.text]
+    : [chunk.text.slice(0, at), h('mark', {}, citation.text), chunk.text.slice(at + citation.text.length)];
+  openDialog(title, meta(chunk), h('blockquote', { class: 'cited chunk-text' }, body), link);
 }

@@ -1,6 +1,6 @@
 // Knowledge bases: the list with document counts by status, create, delete.
-import { api, enc } from './api.js';
-import { h, replace, field, formatTime, notice } from './dom.js';
+import { api, enc, errorField } from './api.js';
+import { h, replace, field, formatTime, notice, openDialog } from './dom.js';
 import { t, statusLabel } from './i18n.js';
 
 const STATUSES = ['queued', 'parsing', 'chunking', 'embedding', 'indexing', 'ready', 'failed'];
@@ -67,6 +67,12 @@ async function load(list) {
         { class: 'actions' },
         h('a', { href: `#/search?kb=${enc(kb.name)}`, class: 'button small' }, t('nav.search')),
         h('a', { href: `#/cluster?kb=${enc(kb.name)}`, class: 'button small' }, t('kbs.shards')),
+        kb.read_only ? null : h('button', {
+          type: 'button',
+          class: 'small',
+          'aria-label': `${t('kbs.settings')} ${kb.name}`,
+          onclick: () => editSettings(kb, () => load(list)),
+        }, t('kbs.settings')),
         kb.read_only ? null : remove,
       ),
     );
@@ -102,39 +108,41 @@ async function load(list) {
 
 function createForm(onCreated) {
   const name = h('input', { name: 'name', required: true, autocomplete: 'off', maxlength: 64 });
-  const shards = h('input', { name: 'shards', type: 'number', min: 1, max: 256, value: 1 });
+  const shards = h('input', { name: 'shards', type: 'number', min: 1, max: 64, placeholder: '2' });
   const replication = h('input', {
     name: 'replication_factor',
     type: 'number',
     min: 1,
     max: 9,
-    value: 1,
+    placeholder: t('kbs.auto'),
   });
+  const chunking = chunkingControls({});
   const fields = {
     name: field(t('kbs.name'), name, t('kbs.nameHint')),
     shards: field(t('kbs.shardCount'), shards),
     replication_factor: field(t('kbs.replication'), replication),
   };
+  const more = h('details', { class: 'more' }, h('summary', {}, t('kbs.moreSettings')),
+    h('div', { class: 'row' }, Object.values(chunking.fields)));
   const status = h('p', { class: 'form-status', role: 'status' });
   const form = h(
     'form',
     { class: 'card inline-form', 'aria-labelledby': 'kb-create-title' },
     h('h2', { id: 'kb-create-title' }, t('kbs.create')),
     h('div', { class: 'row' }, Object.values(fields)),
+    more,
     h('button', { type: 'submit', class: 'primary' }, t('kbs.createButton')),
     status,
   );
   form.addEventListener('submit', async (event) => {
     event.preventDefault();
-    for (const wrapper of Object.values(fields)) {
+    for (const wrapper of [...Object.values(fields), ...Object.values(chunking.fields)]) {
       wrapper.querySelector('.field-error').textContent = '';
     }
     status.textContent = '';
-    const body = {
-      name: name.value.trim(),
-      shards: Number(shards.value),
-      replication_factor: Number(replication.value),
-    };
+    const body = { name: name.value.trim(), ...chunking.read() };
+    if (shards.value) body.shards = Number(shards.value);
+    if (replication.value) body.replication_factor = Number(replication.value);
     try {
       await api('POST', '/v1/kbs', body);
       status.textContent = t('kbs.created_', { name: body.name });
@@ -142,7 +150,9 @@ function createForm(onCreated) {
       onCreated();
     } catch (failed) {
       // the API names the field at fault in `param`; a name error may come without one
-      const at = fields[failed.param] || (failed.code.includes('name') ? fields.name : null);
+      const all = { ...fields, ...chunking.fields };
+      const at = all[errorField(failed, Object.keys(all))];
+      if (at && more.contains(at)) more.open = true;
       const message = `${failed.message} (${failed.code})`;
       if (at) {
         at.querySelector('.field-error').textContent = message;
@@ -153,4 +163,101 @@ function createForm(onCreated) {
     }
   });
   return form;
+}
+
+const OCR = ['auto', 'off', 'vision', 'tesseract'];
+
+/** The chunking and parsing settings both create and PATCH take; `read` gives those set. */
+function chunkingControls(settings) {
+  const number = (name, min, max) => h('input', {
+    name,
+    type: 'number',
+    min,
+    max,
+    value: settings[name] ?? '',
+    placeholder: settings[name] == null ? t('kbs.default') : null,
+  });
+  const controls = {
+    chunk_tokens: number('chunk_tokens', 16, 8192),
+    chunk_overlap_tokens: number('chunk_overlap_tokens', 0, 4096),
+    parent_tokens: number('parent_tokens', 0, 65536),
+    language: h('input', { name: 'language', value: settings.language ?? '', placeholder: 'auto' }),
+    ocr: h('select', { name: 'ocr' },
+      settings.ocr ? null : h('option', { value: '' }, t('kbs.default')),
+      OCR.map((engine) => h('option', { value: engine, selected: settings.ocr === engine }, engine))),
+  };
+  const labels = {
+    chunk_tokens: t('kbs.chunkTokens'),
+    chunk_overlap_tokens: t('kbs.chunkOverlap'),
+    parent_tokens: t('kbs.parentTokens'),
+    language: t('kbs.language'),
+    ocr: t('kbs.ocr'),
+  };
+  const fields = Object.fromEntries(Object.entries(controls).map(([name, control]) => [name, field(labels[name], control)]));
+  const read = () => {
+    const body = {};
+    for (const [name, control] of Object.entries(controls)) {
+      if (control.value === '' || String(settings[name] ?? '') === control.value) continue;
+      body[name] = control.type === 'number' ? Number(control.value) : control.value;
+    }
+    return body;
+  };
+  return { fields, read };
+}
+
+/** The settings of a KB that PATCH may change: chunking, parsing and every retrieval setting. */
+function editSettings(kb, onSaved) {
+  const settings = kb.settings || {};
+  const chunking = chunkingControls(settings);
+  const retrieval = settings.retrieval || {};
+  const retrievalControls = Object.fromEntries(Object.entries(retrieval).map(([name, value]) => {
+    if (typeof value === 'boolean') return [name, h('input', { type: 'checkbox', name, checked: value })];
+    if (typeof value === 'number') return [name, h('input', { type: 'number', name, step: 'any', value })];
+    return [name, h('input', { name, value: value ?? '' })];
+  }));
+  const retrievalFields = Object.fromEntries(Object.entries(retrievalControls).map(([name, control]) => [
+    name,
+    control.type === 'checkbox'
+      ? h('div', { class: 'field' }, h('label', { class: 'check' }, control, ` ${name}`), h('p', { class: 'field-error', role: 'alert' }))
+      : field(name, control),
+  ]));
+  const status = h('p', { class: 'form-status', role: 'status' });
+  const form = h('form', { class: 'settings' },
+    h('p', { class: 'meta' }, t('kbs.fixed', {
+      shards: settings.shards,
+      replication: settings.replication_factor,
+      model: settings.embedding_model,
+    })),
+    h('div', { class: 'row' }, Object.values(chunking.fields)),
+    h('fieldset', {}, h('legend', {}, t('kbs.retrieval')), h('div', { class: 'row' }, Object.values(retrievalFields))),
+    h('button', { type: 'submit', class: 'primary' }, t('save')),
+    status);
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    for (const error of form.querySelectorAll('.field-error')) error.textContent = '';
+    const body = chunking.read();
+    const changed = {};
+    for (const [name, control] of Object.entries(retrievalControls)) {
+      const value = control.type === 'checkbox' ? control.checked
+        : control.type === 'number' ? Number(control.value) : control.value;
+      if (value !== retrieval[name]) changed[name] = value;
+    }
+    if (Object.keys(changed).length) body.retrieval = changed;
+    if (Object.keys(body).length === 0) {
+      status.textContent = t('kbs.unchanged');
+      return;
+    }
+    try {
+      await api('PATCH', `/v1/kbs/${enc(kb.id)}`, body);
+      document.getElementById('dialog').close();
+      onSaved();
+    } catch (failed) {
+      const all = { ...chunking.fields, ...retrievalFields };
+      const at = all[errorField(failed, Object.keys(all))];
+      const message = `${failed.message} (${failed.code})`;
+      if (at) at.querySelector('.field-error').textContent = message;
+      else status.textContent = message;
+    }
+  });
+  openDialog(t('kbs.settingsOf', { name: kb.name }), form);
 }

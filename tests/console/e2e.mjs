@@ -102,7 +102,7 @@ try {
   refusalExpected = true;
   await page.getByLabel('Name', { exact: true }).fill('not a name!');
   await page.getByRole('button', { name: 'Create', exact: true }).click();
-  await page.locator('.field-error').filter({ hasText: /\S/ }).first().waitFor();
+  await page.locator('.field-error').filter({ hasText: /invalid_name/ }).waitFor();
 
   step('create a KB');
   await page.getByLabel('Name', { exact: true }).fill('handbook');
@@ -110,6 +110,22 @@ try {
   await page.getByRole('button', { name: 'Create', exact: true }).click();
   await page.locator('tr[data-kb="handbook"]').waitFor();
   await shot('knowledge-bases');
+
+  step('edit a KB\'s settings: a refused value at its field, then a change saved');
+  refusalExpected = true;
+  await page.getByRole('button', { name: 'Settings handbook' }).click();
+  await page.locator('#dialog').getByLabel('mmr_lambda').fill('5');
+  await page.locator('#dialog').getByRole('button', { name: 'Save' }).click();
+  await page.locator('#dialog .field-error').filter({ hasText: /invalid_mmr_lambda/ }).waitFor();
+  await page.locator('#dialog').getByLabel('mmr_lambda').fill('0.5');
+  await page.locator('#dialog').getByLabel('Chunk tokens').fill('200');
+  await page.locator('#dialog').getByRole('button', { name: 'Save' }).click();
+  await page.locator('#dialog').waitFor({ state: 'hidden' });
+  await page.getByRole('button', { name: 'Settings handbook' }).click();
+  const saved = await page.locator('#dialog').getByLabel('Chunk tokens').inputValue();
+  if (saved !== '200') throw new Error(`chunk_tokens is ${saved} after the save, not 200`);
+  await scan('kb-settings');
+  await page.getByRole('button', { name: 'Close' }).click();
   await scan('knowledge-bases');
 
   step('upload three files and watch each reach ready');
@@ -183,7 +199,7 @@ try {
   const turns = await page.locator('.turn').count();
   if (turns !== 1) throw new Error(`${turns} turns after the reload, not 1`);
   await page.locator('.turn .cite').first().click();
-  await page.locator('#dialog .cited').waitFor();
+  await page.locator('#dialog .chunk-text mark').waitFor();
   await shot('chat-citation');
   await page.getByRole('button', { name: 'Close' }).click();
 
