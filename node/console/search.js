@@ -20,6 +20,7 @@ export function render(main, route) {
   const topK = h('input', { name: 'top_k', type: 'number', min: 1, max: 100, value: 10 });
   const explain = h('input', { type: 'checkbox', name: 'explain', id: 'search-explain', checked: true });
   const results = h('div', { class: 'results', 'aria-live': 'polite' });
+  const options = retrievalOptions();
   const form = h(
     'form',
     { class: 'card', role: 'search', 'aria-labelledby': 'search-title' },
@@ -34,6 +35,7 @@ export function render(main, route) {
       field(t('search.topK'), topK),
       h('label', { class: 'check' }, explain, ` ${t('search.explain')}`),
     ),
+    options.element,
     h('button', { type: 'submit', class: 'primary' }, t('search.submit')),
   );
   main.append(h('h1', { id: 'search-title' }, t('search.title')), form, results);
@@ -46,7 +48,7 @@ export function render(main, route) {
   form.addEventListener('submit', async (event) => {
     event.preventDefault();
     const channels = [dense.checked && 'dense', bm25.checked && 'bm25'].filter(Boolean);
-    const body = { query: query.value, top_k: Number(topK.value), explain: explain.checked };
+    const body = { query: query.value, top_k: Number(topK.value), explain: explain.checked, ...options.read() };
     if (channels.length) body.channels = channels;
     if (fusion.value) body.fusion = fusion.value;
     replace(results, h('p', {}, t('search.searching')));
@@ -59,6 +61,48 @@ export function render(main, route) {
   });
 }
 
+// The per-request retrieval options (ADR 0007); one left at "KB default" is not sent.
+const OPTIONS = [
+  ['rerank', 'bool'], ['rerank_depth', 'number'], ['rerank_model', 'text'],
+  ['min_relative_score', 'number'], ['min_results', 'number'],
+  ['mmr', 'bool'], ['mmr_lambda', 'number'], ['duplicate_similarity', 'number'],
+  ['expand_parent', 'bool'], ['expand_neighbours', 'number'], ['context_tokens', 'number'],
+  ['multi_query', 'bool'], ['follow_links', 'bool'], ['link_from', 'number'], ['links_per_hit', 'number'],
+  ['candidates', 'number'], ['rrf_k', 'number'], ['exact', 'bool'],
+];
+
+function retrievalOptions() {
+  const controls = {};
+  const fields = OPTIONS.map(([name, kind]) => {
+    const control = kind === 'bool'
+      ? h('select', { name },
+        h('option', { value: '' }, t('search.kbDefault')),
+        h('option', { value: 'true' }, t('search.on')),
+        h('option', { value: 'false' }, t('search.off')))
+      : h('input', { name, type: kind === 'number' ? 'number' : 'text', step: 'any', placeholder: t('search.kbDefault') });
+    controls[name] = [kind, control];
+    return field(name, control);
+  });
+  const dense = h('input', { name: 'weight_dense', type: 'number', step: 'any', min: 0, placeholder: t('search.kbDefault') });
+  const bm25 = h('input', { name: 'weight_bm25', type: 'number', step: 'any', min: 0, placeholder: t('search.kbDefault') });
+  const element = h('details', { class: 'more' }, h('summary', {}, t('search.options')),
+    h('div', { class: 'row' }, field(t('search.weightDense'), dense), field(t('search.weightBm25'), bm25), fields));
+  const read = () => {
+    const body = {};
+    for (const [name, [kind, control]] of Object.entries(controls)) {
+      if (control.value === '') continue;
+      body[name] = kind === 'bool' ? control.value === 'true' : kind === 'number' ? Number(control.value) : control.value;
+    }
+    if (dense.value !== '' || bm25.value !== '') {
+      body.weights = {};
+      if (dense.value !== '') body.weights.dense = Number(dense.value);
+      if (bm25.value !== '') body.weights.bm25 = Number(bm25.value);
+    }
+    return body;
+  };
+  return { element, read };
+}
+
 const number = (value, digits = 4) => (typeof value === 'number' ? value.toFixed(digits) : '—');
 
 function show(results, answer) {
@@ -69,6 +113,12 @@ function show(results, answer) {
     })));
   }
   for (const note of answer.notes || []) warnings.push(notice('info', note));
+  if (answer.rerank && !answer.rerank.applied) {
+    warnings.push(notice('info', t('search.rerankSkipped', { reason: answer.rerank.reason || '' })));
+  }
+  const context = answer.context ? h('details', { class: 'explain' },
+    h('summary', {}, t('search.context', { tokens: answer.context.tokens, budget: answer.context.budget })),
+    h('pre', { class: 'text' }, answer.context.text)) : null;
   const summary = h('p', { class: 'summary' }, t('search.summary', {
     n: answer.hits.length,
     ms: number(answer.timings?.total_ms, 1),
@@ -90,7 +140,7 @@ function show(results, answer) {
     h('p', { class: 'text' }, hit.text),
     hit.explain || hit.path ? explanation(hit) : null,
   ));
-  replace(results, warnings, summary, h('ol', { class: 'hits' }, hits));
+  replace(results, warnings, summary, context, h('ol', { class: 'hits' }, hits));
 }
 
 function explanation(hit) {

@@ -162,11 +162,15 @@ try {
   step('search and open an explain');
   await page.getByRole('link', { name: 'Search', exact: true }).first().click();
   await page.getByLabel('Knowledge base', { exact: true }).selectOption('handbook');
-  await page.getByLabel('Query').fill('how do lighthouses guide ships');
+  await page.getByLabel('Query', { exact: true }).fill('how do lighthouses guide ships');
+  await page.getByText('Retrieval options').click();
+  await page.getByLabel('context_tokens').fill('200');
+  await page.getByLabel('mmr', { exact: true }).selectOption('true');
   await page.getByRole('button', { name: 'Search', exact: true }).last().click();
   await expectText(page.locator('.hit'), 'Lighthouses');
   await page.locator('.hit .explain summary').first().click();
   await page.locator('.hit .explain dl').first().waitFor({ state: 'visible' });
+  await page.getByText(/Packed context: \d+ of 200 tokens/).waitFor();
   await shot('search');
   await scan('search');
 
@@ -177,7 +181,7 @@ try {
   await page.getByRole('button', { name: 'Delete tides.txt' }).waitFor({ state: 'detached' });
   await page.locator('#nav').getByRole('link', { name: 'Search' }).click();
   await page.getByLabel('Knowledge base', { exact: true }).selectOption('handbook');
-  await page.getByLabel('Query').fill('tides moon');
+  await page.getByLabel('Query', { exact: true }).fill('tides moon');
   await page.getByRole('button', { name: 'Search', exact: true }).last().click();
   await page.locator('.summary').waitFor();
   const tides = await page.locator('.hit').filter({ hasText: 'tides.txt' }).count();
