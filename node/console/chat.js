@@ -230,6 +230,8 @@ class RunView {
   }
 
   take({ event, data }) {
+    this.events = (this.events || 0) + 1;
+    this.element.dataset.events = this.events;
     switch (event) {
       case 'thought':
         this.thoughtBox.hidden = false;

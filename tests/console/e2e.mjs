@@ -7,7 +7,7 @@
 // no serious or critical axe-core finding on any page.
 // Environment: CONSOLE_URL (the page), SIFT_KEY (an admin key), API_BASE (only when the page
 // is served apart from the node), SCREENSHOTS (a folder: one PNG per page), CHROMIUM.
-import { mkdtempSync, rmSync, mkdirSync, readFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, mkdirSync, readFileSync, readdirSync, statSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -92,6 +92,14 @@ async function expectText(locator, text) {
 try {
   step('sign in');
   await page.goto(url);
+  const paint = await page.evaluate(() => new Promise((resolve) => {
+    const entry = () => performance.getEntriesByName('first-contentful-paint')[0];
+    const poll = () => (entry() ? resolve(entry().startTime) : setTimeout(poll, 20));
+    poll();
+  }));
+  const assets = new URL('../../node/console/', import.meta.url);
+  const bytes = readdirSync(assets).reduce((sum, name) => sum + statSync(new URL(name, assets)).size, 0);
+  console.log(`console-e2e: bench: first contentful paint ${paint.toFixed(0)} ms; the console is ${bytes} bytes in the binary`);
   await page.getByLabel('API key').fill(apiKey);
   await shot('sign-in');
   await scan('sign-in');
@@ -216,6 +224,20 @@ try {
   await page.locator('.turn .thoughts').first().evaluate((details) => { details.open = true; });
   await shot('chat');
   await scan('chat');
+
+  step('a fast stream: 400 thoughts at about 200 a second, none dropped or out of order');
+  await page.getByLabel('Question').fill('Please count to 400');
+  await page.getByRole('button', { name: 'Ask' }).click();
+  const fast = page.locator('.turn').last();
+  await fast.locator('.thought-text').filter({ hasText: /^0 1 2 / }).waitFor({ state: 'attached' });
+  const started = Date.now();
+  await page.locator('.turn').last().and(page.locator(':not([data-state="running"])')).waitFor({ timeout: 60_000 });
+  const seconds = (Date.now() - started) / 1000;
+  const thought = await fast.locator('.thought-text').textContent();
+  const expected = Array.from({ length: 400 }, (_, n) => `${n} `).join('');
+  if (!thought.startsWith(expected)) throw new Error(`the thoughts are not 0 to 399 in order: ${thought.slice(0, 200)}…`);
+  const events = Number(await fast.getAttribute('data-events'));
+  console.log(`console-e2e: bench: ${events} run events drawn, the thoughts in ${seconds.toFixed(1)} s`);
 
   step('the cluster');
   await page.getByRole('link', { name: 'Cluster', exact: true }).click();

@@ -4,7 +4,8 @@
 // thinks aloud and calls `knowledge_search`; with results it calls `final_answer` citing the
 // first two chunks it was shown, its arguments streamed slowly so that the console sees the
 // answer arrive (and can reload mid-answer). A question with "ponder" in it thinks aloud and
-// never finishes (for the stop button). Requests without tools (planner, summaries) get the
+// never finishes (for the stop button); "count to N" thinks the numbers 0 to N-1, one piece
+// each, 5 ms apart (the console must keep up with a fast stream). Requests without tools (planner, summaries) get the
 // question back as text.
 // Usage: node fake-llm.mjs PORT [PIECE_DELAY_MS]
 import { createServer } from 'node:http';
@@ -66,6 +67,13 @@ function reply(body) {
   if (!offers('final_answer')) {
     return { pieces: [chunk({ role: 'assistant', content: '' }), ...split(question, 3).map((piece) => chunk({ content: piece })), chunk({}, 'stop'), usage(40, 3)] };
   }
+  const match = /count to (\d+)/i.exec(question);
+  if (match && !body.messages.some((message) => message.role === 'tool')) {
+    // a flood of thought pieces, one number each, 5 ms apart (about 200 a second)
+    const numbers = Array.from({ length: Number(match[1]) }, (_, n) => chunk({ content: `${n} ` }));
+    const answer = toolCall('call_answer', 'final_answer', { answer: `Counted to ${match[1]}.`, citations: [] }, 'Done. ');
+    return { pieces: [chunk({ role: 'assistant', content: '' }), ...numbers, ...answer.slice(1)], delay: 5 };
+  }
   if (/ponder/i.test(texts(body.messages).join(' '))) {
     const thinking = split('Let me ponder this slowly, one consideration after another. ', 6);
     return { pieces: [chunk({ role: 'assistant', content: '' }), ...thinking.map((piece) => chunk({ content: piece }))], hang: true };
@@ -111,14 +119,14 @@ const server = createServer((request, response) => {
       response.end(JSON.stringify({ error: { message: 'bad JSON', type: 'invalid_request_error' } }));
       return;
     }
-    const { pieces, hang } = reply(body);
+    const { pieces, hang, delay: pace = delay } = reply(body);
     response.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
     let closed = false;
     response.on('close', () => { closed = true; });
     for (const piece of pieces) {
       if (closed) return;
       response.write(`data: ${JSON.stringify(piece)}\n\n`);
-      await new Promise((resolve) => setTimeout(resolve, delay));
+      await new Promise((resolve) => setTimeout(resolve, pace));
     }
     if (hang) return; // never ends: the run is stopped by the user
     response.end('data: [DONE]\n\n');
