@@ -200,8 +200,10 @@ async function follow(session, run, signal, first) {
     } catch (failed) {
       if (failed.name === 'AbortError') return;
       if (failed.status && failed.status < 500) {
-        run.view.note('error', `${failed.message} (${failed.code})`);
         sessionStorage.removeItem(saved(session));
+        // a run kept past its retention is gone: its turn, if stored, is drawn already
+        if (failed.status === 404 && !opener) run.view.element.remove();
+        else run.view.note('error', `${failed.message} (${failed.code})`);
         return;
       }
       await new Promise((resolve) => setTimeout(resolve, 500 * (attempt + 1)));
