@@ -65,7 +65,14 @@ a, b, c = socket.socket(), socket.socket(), socket.socket()
 a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0)); c.bind(("127.0.0.1", 0))
 print(f"sk-sift-{secrets.token_hex(6)}-{secrets.token_hex(24)}", *(s.getsockname()[1] for s in (a, b, c)))')
 pids=()
-trap 'for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done; rm -rf "$work"' EXIT
+# every process started here ends with the script (`|| true`: `wait` on a killed child fails,
+# which under `set -e` would end the cleanup half way)
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
 node_url=http://127.0.0.1:$port
 if [[ $from_disk -eq 1 ]]; then
   export SIFT_CORS_ORIGINS=http://127.0.0.1:$web_port
