@@ -119,6 +119,8 @@ pub fn router(state: AppState, cors: &crate::requests::CorsOrigins) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(authenticated)
+        // the web console's page and assets (no key: the page signs in to the API itself)
+        .merge(crate::console::routes())
         // route templates for the request metrics (only on matched routes, so inside routing)
         .route_layer(axum::middleware::from_fn(crate::telemetry::tag_route))
         .fallback(not_found)

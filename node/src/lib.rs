@@ -6,6 +6,7 @@
 //! - [`auth`]: API keys and roles on every route; the admin key made at first start.
 //! - [`keys_api`]: `/v1/keys`, creating, listing and revoking keys.
 //! - [`chat_api`]: sessions, run event streams, OpenAI-compatible chat completions.
+//! - [`console`]: the web console at `/`, its assets compiled into the binary.
 //! - [`cluster`]: cluster mode (`--internal-listen`): the Raft member and `GET /v1/cluster`.
 //! - [`cli`]: `sift serve | kb | ingest | search | ask | demo`; client commands talk HTTP.
 //! - [`ask`]: `sift ask`, rendering a run's event stream.
@@ -20,6 +21,7 @@ pub mod chat_api;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod console;
 pub mod demo;
 pub mod fetch;
 pub mod keys_api;
