@@ -31,7 +31,8 @@ print(f"sk-sift-{secrets.token_hex(6)}-{secrets.token_hex(24)}", s.getsockname()
 SIFT_ADMIN_KEY=$key "$bin" serve --data-dir "$work/data" --listen "127.0.0.1:$port" \
   > "$work/node.log" 2>&1 &
 node=$!
-trap 'kill $node 2>/dev/null; wait $node 2>/dev/null; rm -rf "$work"' EXIT
+# (`|| true`: under set -e, `wait` on the killed node fails and would end the trap before the rm)
+trap 'kill $node 2>/dev/null || true; wait $node 2>/dev/null || true; rm -rf "$work"' EXIT
 for _ in $(seq 600); do
   python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/readyz', timeout=1)" \
     2>/dev/null && break
