@@ -50,6 +50,9 @@ pub(crate) enum Answer {
     /// A JSON object this document does not describe field by field: OpenAI's answer shapes,
     /// which the node builds as JSON values, and this document itself.
     AnyJson,
+    /// [`Answer::AnyJson`], or `text/event-stream` when the request asks for a stream
+    /// (OpenAI's `"stream": true`).
+    AnyJsonOrEvents,
     /// `text/event-stream`.
     Events,
     /// `text/plain` (the Prometheus exposition format).
@@ -106,7 +109,7 @@ const fn also(mut operation: Operation, status: u16, answer: Answer) -> Operatio
     operation
 }
 
-use Answer::{AnyJson as AnyJsonAnswer, Empty, Events, Json as JsonAnswer, Text};
+use Answer::{AnyJson as AnyJsonAnswer, AnyJsonOrEvents, Empty, Events, Json as JsonAnswer, Text};
 use Body::{AnyJson, Documents, Json, None as NoBody};
 
 /// Every operation of the public router (the `/v1/debug/...` fault injection routes, served
@@ -341,18 +344,14 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         204,
         Empty,
     ),
-    also(
-        op(
-            "post",
-            "/v1/sessions/{id}/messages",
-            "agent",
-            "Ask: an agent run, streamed as server-sent events (202 with the run when asked not to stream)",
-            Json("NewMessage"),
-            200,
-            Events,
-        ),
-        202,
-        JsonAnswer("RunStatus"),
+    op(
+        "post",
+        "/v1/sessions/{id}/messages",
+        "agent",
+        "Ask: an agent run, streamed as server-sent events",
+        Json("NewMessage"),
+        200,
+        Events,
     ),
     paged(op(
         "get",
@@ -394,10 +393,10 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "post",
         "/v1/chat/completions",
         "openai",
-        "OpenAI-compatible chat completions over an agent preset or a knowledge base (`kb:NAME`)",
+        "OpenAI-compatible chat completions over an agent preset or a knowledge base (`kb:NAME`); chunks as server-sent events with `stream: true`",
         AnyJson,
         200,
-        AnyJsonAnswer,
+        AnyJsonOrEvents,
     ),
     op(
         "get",
@@ -749,6 +748,9 @@ fn success_answer(summary: &str, answer: Answer) -> utoipa::openapi::Response {
             success.content("application/json", content(Ref::from_schema_name(name)))
         }
         AnyJsonAnswer => success.content("application/json", content(Object::new())),
+        AnyJsonOrEvents => success
+            .content("application/json", content(Object::new()))
+            .content("text/event-stream", content(sse_event())),
         Events => success.content("text/event-stream", content(sse_event())),
         Text => success.content("text/plain", content(String::schema())),
         Empty => success,
