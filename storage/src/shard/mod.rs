@@ -85,9 +85,9 @@ use crate::chunk::{
 };
 use crate::error::{Result, StorageError};
 
-/// A filtered dense search scores candidates exactly (reading their vectors from the chunk
-/// store) when the filter passes at most this many chunks; otherwise it filters inside the
-/// HNSW search.
+/// A dense search scores candidates exactly (reading their vectors from the chunk store)
+/// when its filter passes at most this many chunks, or, unfiltered, when the shard holds at
+/// most this many; otherwise it searches the HNSW graph (filtered inside the search).
 const EXACT_SEARCH_MAX_CANDIDATES: usize = 1024;
 /// Subdirectory of the HNSW snapshot.
 const HNSW_DIR: &str = "hnsw";
@@ -587,7 +587,10 @@ impl ShardIndex {
         let live = self.live_read();
         let compiled = CompiledFilter::new(filter).for_documents_of(&live);
         let candidates = if compiled.is_empty() {
-            None
+            // A small shard is scored exactly: about as cheap as the graph, and alike on every
+            // replica, whatever order built each one's graph (ADR 0028).
+            (live.chunk_count() <= EXACT_SEARCH_MAX_CANDIDATES)
+                .then(|| live.all_matching_chunks(&compiled))
         } else {
             live.matching_chunks(&compiled, EXACT_SEARCH_MAX_CANDIDATES)
         };
@@ -1201,7 +1204,8 @@ impl ShardIndex {
                 hits.push((id, vector::cosine(query, &vector)));
             }
         }
-        hits.sort_by(|left, right| right.1.total_cmp(&left.1));
+        // Equal scores (the same text twice) in id order, not the candidates' hash order.
+        hits.sort_by(|left, right| right.1.total_cmp(&left.1).then(left.0.cmp(&right.0)));
         hits.truncate(k);
         Ok(hits)
     }
