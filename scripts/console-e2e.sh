@@ -110,7 +110,9 @@ base_url = "http://127.0.0.1:$llm_port/v1"
 model = "fake-model"
 tool_mode = "native"
 TOML
-SIFT_ADMIN_KEY=$key "$bin" serve --config "$work/sift.toml" --data-dir "$work/data" --listen "127.0.0.1:$port" \
+# documents by URL may come from 127.0.0.1 only (e2e.mjs serves a page there); every other
+# non-public address stays refused (the test checks that 10.0.0.1 is, before any connection)
+SIFT_URL_FETCH_ALLOW=127.0.0.1/32 SIFT_ADMIN_KEY=$key "$bin" serve --config "$work/sift.toml" --data-dir "$work/data" --listen "127.0.0.1:$port" \
   > "$work/node.log" 2>&1 &
 node=$!
 pids+=($node)

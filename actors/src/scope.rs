@@ -18,6 +18,7 @@ use sift_storage::meta::{DocumentRecord, KbRecord};
 use crate::SiftNode;
 use crate::agent::Corpus;
 use crate::error::{Result, SiftError};
+use crate::node::DocumentPage;
 use crate::retrieval::SearchResponse;
 use crate::retrieval::query::SearchQuery;
 
@@ -122,13 +123,9 @@ impl Corpus for ScopedCorpus {
         self.node.get_document(&self.scope, kb, document)
     }
 
-    fn list_documents(
-        &self,
-        kb: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<DocumentRecord>> {
-        self.node.list_documents(&self.scope, kb, after, limit)
+    fn list_documents(&self, kb: &str, after: Option<&str>, limit: usize) -> Result<DocumentPage> {
+        self.node
+            .list_documents(&self.scope, kb, after, limit, None)
     }
 
     fn document_chunks<'a>(

@@ -1,6 +1,6 @@
-// A KB's documents: uploads (picker and drag and drop) with a live progress row each, from
-// the document's event stream; the list a page at a time, filtered by status; a document's
-// chunks; delete.
+// A KB's documents: uploads (picker and drag and drop) and documents by URL, with a live
+// progress row each from the document's event stream; the list a page at a time, filtered by
+// status on the node (`?status=`); a document's chunks; delete.
 import { api, stream, enc } from './api.js';
 import { h, replace, field, formatBytes, formatTime, notice, openDialog } from './dom.js';
 import { t, statusLabel } from './i18n.js';
@@ -19,6 +19,7 @@ export function render(main, route) {
     h('p', { class: 'crumbs' }, h('a', { href: '#/kbs' }, t('kbs.title')), ' / ', kb),
     h('h1', {}, t('docs.title', { kb })),
     uploader(kb, streams.signal, reload),
+    urlForm(kb, streams.signal, reload),
     listControls(state, reload),
     list,
   );
@@ -56,17 +57,17 @@ function uploader(kb, signal, onFinal) {
   return h('section', { class: 'card', 'aria-labelledby': 'upload-title' }, h('h2', { id: 'upload-title' }, t('docs.upload')), zone, rows);
 }
 
-/** Uploads one file and follows its document's events in a row of its own. */
-async function upload(kb, file, rows, signal, onFinal) {
+/** A progress row in `rows`, labelled `name`; `show(status, event)` draws an event. */
+function progressRow(rows, name, dataset) {
   const status = h('span', { class: 'status' }, t('docs.uploading'));
-  const bar = h('progress', { max: 1, value: 0, 'aria-label': file.name });
+  const bar = h('progress', { max: 1, value: 0, 'aria-label': name });
   const detail = h('span', { class: 'detail' });
-  const row = h('li', { class: 'upload', dataset: { file: file.name, status: 'uploading' } }, h('span', { class: 'name' }, file.name), bar, status, detail);
+  const row = h('li', { class: 'upload', dataset: { ...dataset, status: 'uploading' } }, h('span', { class: 'name' }, name), bar, status, detail);
   rows.append(row);
-  const show = (name, event = {}) => {
-    row.dataset.status = name;
-    status.textContent = statusLabel(name);
-    status.className = `status badge status-${name}`;
+  const show = (state, event = {}) => {
+    row.dataset.status = state;
+    status.textContent = statusLabel(state);
+    status.className = `status badge status-${state}`;
     if (typeof event.progress === 'number') bar.value = event.progress;
     const steps = event.parse_pages || event.ocr_pages || event.embedded_chunks;
     detail.textContent = [
@@ -77,6 +78,12 @@ async function upload(kb, file, rows, signal, onFinal) {
       .filter(Boolean)
       .join(' · ');
   };
+  return { row, bar, show };
+}
+
+/** Uploads one file and follows its document's events in a row of its own. */
+async function upload(kb, file, rows, signal, onFinal) {
+  const progress = progressRow(rows, file.name, { file: file.name });
   const form = new FormData();
   form.append('file', file, file.name);
   let document;
@@ -85,9 +92,14 @@ async function upload(kb, file, rows, signal, onFinal) {
     document = answer.documents[0];
   } catch (failed) {
     if (failed.name === 'AbortError') return;
-    show('failed', { error: `${failed.message} (${failed.code})` });
+    progress.show('failed', { error: `${failed.message} (${failed.code})` });
     return;
   }
+  await follow(kb, document, progress, signal, onFinal);
+}
+
+/** Draws a document's events in its progress row until it is ready or failed. */
+async function follow(kb, document, { row, bar, show }, signal, onFinal) {
   show(document.status || 'queued', document);
   let last = null;
   // The stream ends after the final event; a broken one is opened again (it starts with
@@ -107,8 +119,58 @@ async function upload(kb, file, rows, signal, onFinal) {
       return;
     }
   }
-  if (last === 'ready') bar.value = 1;
+  // a duplicate may be ready already, without events
+  if (last === 'ready' || row.dataset.status === 'ready') bar.value = 1;
   onFinal();
+}
+
+/**
+ * Documents by URL: one a line, sent together (the node fetches them; all or nothing, so a
+ * refused URL is shown at the field and nothing is added), then a progress row each.
+ */
+function urlForm(kb, signal, onFinal) {
+  const urls = h('textarea', { id: 'add-urls', name: 'urls', rows: 3, placeholder: 'https://example.com/page', spellcheck: 'false' });
+  const wrapper = field(t('docs.urls'), urls, t('docs.urlsHint'));
+  const error = wrapper.querySelector('.field-error');
+  const rows = h('ul', { class: 'uploads', 'aria-label': t('docs.urlRows') });
+  const submit = h('button', { type: 'submit', class: 'primary' }, t('docs.addUrls'));
+  const form = h(
+    'form',
+    { class: 'card', 'aria-labelledby': 'urls-title', novalidate: true },
+    h('h2', { id: 'urls-title' }, t('docs.byUrl')),
+    wrapper,
+    submit,
+    rows,
+  );
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    error.textContent = '';
+    const list = urls.value.split('\n').map((line) => line.trim()).filter(Boolean);
+    if (list.length === 0) {
+      error.textContent = t('docs.urlsEmpty');
+      urls.focus();
+      return;
+    }
+    submit.disabled = true;
+    let answer;
+    try {
+      answer = await api('POST', `/v1/kbs/${enc(kb)}/documents`, { urls: list }, signal);
+    } catch (failed) {
+      if (failed.name === 'AbortError') return;
+      error.textContent = `${failed.message} (${failed.code})`;
+      urls.focus();
+      return;
+    } finally {
+      submit.disabled = false;
+    }
+    urls.value = '';
+    // the answer lists the documents in the order of the URLs
+    answer.documents.forEach((document, position) => {
+      const url = list[position] ?? document.external_id ?? document.id;
+      follow(kb, document, progressRow(rows, url, { url }), signal, onFinal);
+    });
+  });
+  return form;
 }
 
 function listControls(state, reload) {
@@ -119,7 +181,10 @@ function listControls(state, reload) {
     STATUSES.map((status) => h('option', { value: status }, statusLabel(status))),
   );
   filter.addEventListener('change', () => {
+    // the node filters, so the pages start again from the first
     state.filter = filter.value;
+    state.after = null;
+    state.previous = [];
     reload();
   });
   return h('div', { class: 'list-controls' }, h('h2', {}, t('docs.list')), field(t('docs.filter'), filter));
@@ -129,12 +194,14 @@ async function load(list, state) {
   let page;
   try {
     const after = state.after ? `&after=${enc(state.after)}` : '';
-    page = await api('GET', `/v1/kbs/${enc(state.kb)}/documents?limit=${PAGE}${after}`);
+    const status = state.filter ? `&status=${enc(state.filter)}` : '';
+    page = await api('GET', `/v1/kbs/${enc(state.kb)}/documents?limit=${PAGE}${after}${status}`);
   } catch (failed) {
     replace(list, notice('error', failed.message));
     return;
   }
-  const documents = page.documents.filter((doc) => !state.filter || doc.status === state.filter);
+  // a filtered page may be short (the node reads a bounded stretch per page) yet not the last
+  const documents = page.documents;
   const pager = h(
     'div',
     { class: 'pager' },
@@ -149,7 +216,7 @@ async function load(list, state) {
     } }, t('next')),
   );
   if (documents.length === 0) {
-    replace(list, h('p', { class: 'empty' }, t('docs.none')), pager);
+    replace(list, h('p', { class: 'empty' }, t(page.next_after ? 'docs.noneHere' : 'docs.none')), pager);
     return;
   }
   const rows = documents.map((doc) => {

@@ -28,6 +28,7 @@ use sift_actors::events::DocumentEvent;
 use sift_actors::node::{Upload, metadata_from_json};
 use sift_actors::{ErrorKind, Need, Scope, SiftError};
 use sift_api::{BulkDocuments, CreateKb, ErrorBody, SearchQuery, UpdateKb};
+use sift_storage::meta::DocStatus;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::broadcast;
 
@@ -1034,20 +1035,60 @@ pub(crate) fn next_after<T>(items: &[T], limit: usize, id: impl Fn(&T) -> &str) 
         .flatten()
 }
 
+/// `GET /v1/kbs/{kb}/documents?after=&limit=&status=`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DocumentListQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+    status: Option<String>,
+}
+
+/// A document status as the API names it (`ready`), or 400 `invalid_status`.
+fn requested_status(status: Option<&str>) -> ApiResult<Option<DocStatus>> {
+    let Some(status) = status else {
+        return Ok(None);
+    };
+    DocStatus::ALL
+        .into_iter()
+        .find(|known| known.as_str() == status)
+        .map(Some)
+        .ok_or_else(|| {
+            let known: Vec<&str> = DocStatus::ALL.iter().map(|s| s.as_str()).collect();
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_status",
+                format!("status must be one of {}", known.join(", ")),
+            )
+            .with_param("status")
+        })
+}
+
 async fn list_documents(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     ApiPath(kb): ApiPath<String>,
-    page: Result<Query<Page>, QueryRejection>,
+    query: Result<Query<DocumentListQuery>, QueryRejection>,
 ) -> ApiResult<impl IntoResponse> {
-    let (after, limit) = requested_page(page, 1000)?;
-    let documents = state
-        .node
-        .list_documents(&principal.scope(), &kb, after.as_deref(), limit)?;
-    let next = next_after(&documents, limit, |document| &document.id);
+    let Query(query) = query.map_err(|rejection| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query_string",
+            rejection.body_text(),
+        )
+    })?;
+    let status = requested_status(query.status.as_deref())?;
+    let limit = query.limit.unwrap_or(100).clamp(1, 1000);
+    let page = state.node.list_documents(
+        &principal.scope(),
+        &kb,
+        query.after.as_deref(),
+        limit,
+        status,
+    )?;
     Ok(Json(DocumentList {
-        documents,
-        next_after: next,
+        documents: page.documents,
+        next_after: page.next_after,
     }))
 }
 

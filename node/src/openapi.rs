@@ -681,6 +681,19 @@ fn build_operation(operation: &Operation) -> utoipa::openapi::path::Operation {
                     )),
             );
     }
+    if operation.path == "/v1/kbs/{kb}/documents" && operation.method == "get" {
+        builder = builder.parameter(
+            ParameterBuilder::new()
+                .name("status")
+                .parameter_in(ParameterIn::Query)
+                .required(Required::False)
+                .description(Some(
+                    "Only the documents in this status (else 400 `invalid_status`); a page may \
+                     then hold fewer than `limit` and still have a `next_after`",
+                ))
+                .schema(Some(Ref::from_schema_name("DocStatus"))),
+        );
+    }
     if operation.path == "/v1/cluster/nodes/{id}" {
         builder = builder.parameter(
             ParameterBuilder::new()
@@ -952,6 +965,12 @@ mod tests {
         );
         let list = &json["paths"]["/v1/kbs"]["get"]["parameters"];
         assert_eq!(list[0]["name"], "after");
+        let documents = json["paths"]["/v1/kbs/{kb}/documents"]["get"]["parameters"]
+            .as_array()
+            .unwrap();
+        let status = documents.iter().find(|p| p["name"] == "status").unwrap();
+        assert_eq!(status["in"], "query");
+        assert_eq!(status["schema"]["$ref"], "#/components/schemas/DocStatus");
         assert!(json["paths"]["/healthz"]["get"]["security"].is_null());
         assert!(json["paths"]["/v1/kbs"]["get"]["security"].is_array());
         let ids: BTreeSet<String> = OPERATIONS.iter().map(operation_id).collect();

@@ -1,6 +1,8 @@
 // The web console end to end in headless Debian chromium (issue 19), against a real node
 // that scripts/console-e2e.sh started: sign in, create a KB (and see the API's error at the
-// form for a bad name), upload three files and watch each reach `ready`, list them, search
+// form for a bad name), upload three files and watch each reach `ready`, add a page by URL
+// (served here on 127.0.0.1, which the node is started to allow) and watch it reach `ready`,
+// see a refused URL's error at the form, filter the list by status, list them, search
 // and open an explain, ask a question of the scripted model (fake-llm.mjs) and see its
 // thoughts, tool call and answer stream, reload mid-answer and see the run resume, open a
 // citation, stop a run, delete a document and see it leave the search, see the cluster, switch to Chinese; no console errors anywhere and
@@ -8,6 +10,7 @@
 // Environment: CONSOLE_URL (the page), SIFT_KEY (an admin key), API_BASE (only when the page
 // is served apart from the node), SCREENSHOTS (a folder: one PNG per page), CHROMIUM.
 import { mkdtempSync, rmSync, mkdirSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import { createServer } from 'node:http';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -55,6 +58,32 @@ if (apiBase) {
   await page.addInitScript((base) => localStorage.setItem('sift.apiBase', base), apiBase);
 }
 page.setDefaultTimeout(30_000);
+
+// A page for the node to fetch by URL, on 127.0.0.1 only (the node allows 127.0.0.1/32).
+const article = `<!doctype html><html><head><title>Lighthouse history</title></head><body>
+<nav><a href="/">Home</a></nav><main><article><h1>Lighthouse history</h1>
+<p>The Pharos of Alexandria was one of the first lighthouses, built on an island at the harbour entrance.</p>
+<p>Fresnel lenses, invented in 1822, let a small lamp throw a beam that ships could see far out at sea.</p>
+</article></main><footer>Site footer</footer></body></html>`;
+const pages = createServer((request, response) => {
+  response.writeHead(200, { 'content-type': 'text/html; charset=utf-8' });
+  response.end(article);
+});
+await new Promise((resolve) => pages.listen(0, '127.0.0.1', resolve));
+const articleUrl = `http://127.0.0.1:${pages.address().port}/lighthouse-history.html`;
+const apiOrigin = apiBase || new URL(url).origin;
+
+/** Calls the node's API with the admin key (for what the test sets up outside the console). */
+async function callApi(method, path, body) {
+  const response = await fetch(apiOrigin + path, {
+    method,
+    headers: { Authorization: `Bearer ${apiKey}`, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const answer = await response.json();
+  if (!response.ok) throw new Error(`${method} ${path}: ${response.status} ${JSON.stringify(answer)}`);
+  return answer;
+}
 
 function step(name) {
   console.log(`console-e2e: ${name}`);
@@ -159,8 +188,46 @@ try {
     await page.locator(`.upload[data-file="${name}"][data-status="ready"]`).waitFor({ timeout: 120_000 });
   }
   await page.locator('tr[data-status="ready"]').nth(2).waitFor();
+
+  step('add by URL: a refused address at the form, then a page that reaches ready');
+  refusalExpected = true;
+  await page.getByLabel('URLs', { exact: true }).fill('http://10.0.0.1/');
+  await page.getByRole('button', { name: 'Add', exact: true }).click();
+  await page.locator('#add-urls-error').filter({ hasText: /forbidden_url/ }).waitFor();
+  await page.getByLabel('URLs', { exact: true }).fill(`${articleUrl}\n`);
+  await page.getByRole('button', { name: 'Add', exact: true }).click();
+  await page.locator('#add-urls-error').filter({ hasText: /\S/ }).waitFor({ state: 'detached' });
+  await page.locator(`.upload[data-url="${articleUrl}"][data-status="ready"]`).waitFor({ timeout: 120_000 });
+  await page.locator('tr[data-status="ready"]').nth(3).waitFor();
   await shot('documents');
   await scan('documents');
+
+  step('filter the list by status on the node');
+  // a document that fails in the pipeline (HTML with no content), added through the API
+  const [empty] = (await callApi('POST', '/v1/kbs/handbook/documents', {
+    documents: [{ external_id: 'empty-html', title: 'Empty page', text: '<script>x()</script>', format: 'html' }],
+  })).documents;
+  for (let waited = 0; ; waited += 1) {
+    const record = await callApi('GET', `/v1/kbs/handbook/documents/${empty.id}`);
+    if (record.status === 'failed') break;
+    if (waited > 600) throw new Error(`the empty page is ${record.status}, not failed`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  const rowsBy = () => page.evaluate(() => ({
+    ready: document.querySelectorAll('tr[data-status="ready"]').length,
+    failed: document.querySelectorAll('tr[data-status="failed"]').length,
+  }));
+  const status = page.locator('select[name="status"]');
+  await status.selectOption('failed');
+  await page.waitForFunction(() => document.querySelectorAll('tr[data-status="ready"]').length === 0
+    && document.querySelectorAll('tr[data-status="failed"]').length === 1);
+  await page.locator(`tr[data-document="${empty.id}"]`).waitFor();
+  await status.selectOption('ready');
+  await page.waitForFunction(() => document.querySelectorAll('tr[data-status="failed"]').length === 0
+    && document.querySelectorAll('tr[data-status="ready"]').length === 4);
+  await status.selectOption('');
+  await page.waitForFunction(() => document.querySelectorAll('tr[data-status]').length === 5);
+  console.log(`console-e2e: status filter: ${JSON.stringify(await rowsBy())} unfiltered`);
 
   step('a document\'s chunks');
   await page.locator('tr[data-status="ready"]').first().getByRole('button', { name: 'Chunks' }).click();
@@ -280,6 +347,7 @@ try {
   }
 } finally {
   await context.close();
+  pages.close();
   rmSync(profile, { recursive: true, force: true });
 }
 process.exit(failed ? 1 : 0);

@@ -300,10 +300,16 @@ impl ApiClient {
 
     /// Every document of the KB, following `next_after` pages of `page` documents.
     pub async fn list_all_documents(&self, kb: &str, page: usize) -> Vec<Value> {
+        self.list_all_documents_where(kb, page, "").await
+    }
+
+    /// Every document of the KB the list's `query` (`&status=ready`) keeps, following
+    /// `next_after` pages of at most `page` documents.
+    pub async fn list_all_documents_where(&self, kb: &str, page: usize, query: &str) -> Vec<Value> {
         let mut documents = Vec::new();
         let mut after: Option<String> = None;
         loop {
-            let mut path = format!("/v1/kbs/{kb}/documents?limit={page}");
+            let mut path = format!("/v1/kbs/{kb}/documents?limit={page}{query}");
             if let Some(after) = &after {
                 path.push_str(&format!("&after={after}"));
             }

@@ -519,6 +519,37 @@ async fn kb_lifecycle_counts_settings_listing_and_delete() {
     assert_eq!(first["documents"].as_array().unwrap().len(), 5);
     assert_eq!(first["next_after"], first["documents"][4]["id"], "{first}");
 
+    // Filtered by status on the node, with paging: the failed one alone, every ready one.
+    let ids_of = |documents: Vec<Value>| -> Vec<String> {
+        documents
+            .iter()
+            .map(|d| d["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let failed_only = client
+        .list_all_documents_where(KB, 5, "&status=failed")
+        .await;
+    assert!(failed_only.iter().all(|d| d["status"] == "failed"));
+    assert_eq!(ids_of(failed_only), [ids.last().unwrap().clone()]);
+    let ready = client
+        .list_all_documents_where(KB, 5, "&status=ready")
+        .await;
+    assert!(ready.iter().all(|d| d["status"] == "ready"));
+    let mut expected_ready = ids[..12].to_vec();
+    expected_ready.sort();
+    assert_eq!(ids_of(ready), expected_ready);
+    let none = client
+        .get(&format!("/v1/kbs/{KB}/documents?status=queued"))
+        .await
+        .expect(200);
+    assert_eq!(none["documents"], json!([]), "{none}");
+    assert_eq!(none["next_after"], Value::Null, "{none}");
+    let refused = client
+        .get(&format!("/v1/kbs/{KB}/documents?status=done"))
+        .await;
+    refused.expect_error(400, "invalid_status");
+    assert_eq!(refused.body["error"]["param"], "status", "{}", refused.body);
+
     // PATCH: settings change for documents ingested afterwards.
     let long_text: String = short_documents(6)
         .iter()

@@ -8,6 +8,7 @@ use sift_storage::chunk::ChunkView;
 use sift_storage::meta::{DocumentRecord, KbRecord};
 
 use crate::error::Result;
+use crate::node::DocumentPage;
 use crate::retrieval::SearchResponse;
 use crate::retrieval::query::SearchQuery;
 
@@ -20,13 +21,9 @@ pub trait Corpus: Send + Sync {
     /// A document of `kb` by id or external id.
     fn get_document(&self, kb: &str, document: &str) -> Result<DocumentRecord>;
 
-    /// Up to `limit` documents of `kb` in id order, after the id `after`.
-    fn list_documents(
-        &self,
-        kb: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<DocumentRecord>>;
+    /// Up to `limit` documents of `kb` in id order, after the id `after`, and the `after` of
+    /// the next page (`None` on the last; a page may be short and still have one).
+    fn list_documents(&self, kb: &str, after: Option<&str>, limit: usize) -> Result<DocumentPage>;
 
     /// Every chunk of a document, by position.
     fn document_chunks<'a>(

@@ -364,30 +364,28 @@ impl SiftNode {
             .ok_or_else(|| SiftError::document_not_found(document))
     }
 
+    /// A page of the documents of `kb` the scope may read, in id order, after the id `after`,
+    /// only those in `status` when it is given. One request scans at most
+    /// [`scan_budget`]`(limit)` records: a page may hold fewer than `limit` documents and still
+    /// have a `next_after` (the last record scanned), so walking the pages sees every match.
     pub fn list_documents(
         &self,
         scope: &Scope,
         kb: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<DocumentRecord>> {
+        status: Option<DocStatus>,
+    ) -> Result<DocumentPage> {
         let kb = self.find_kb(scope, kb, Need::Read)?;
         let limit = limit.clamp(1, 1000);
-        let mut documents = Vec::new();
-        let mut after = after.map(String::from);
-        // Pages of the store until this page is full of documents the scope reads.
-        loop {
-            let page = self
-                .store()
-                .list_documents(&kb.id, after.as_deref(), limit)?;
-            let full = page.len() == limit;
-            after = page.last().map(|document| document.id.clone());
-            documents.extend(page.into_iter().filter(|d| scope.may_read(d)));
-            if !full || documents.len() >= limit {
-                documents.truncate(limit);
-                return Ok(documents);
-            }
-        }
+        let store = self.store();
+        page_documents(
+            |after, count| Ok(store.list_documents(&kb.id, after, count)?),
+            after,
+            limit,
+            scan_budget(limit),
+            |document| scope.may_read(document) && status.is_none_or(|s| document.status == s),
+        )
     }
 
     /// Deletes a document: a tombstone in metadata first (from then on no search returns it),
@@ -553,4 +551,214 @@ pub fn metadata_from_json(map: serde_json::Map<String, serde_json::Value>) -> Re
         metadata.insert(key, value);
     }
     Ok(metadata)
+}
+
+/// One page of a KB's documents.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DocumentPage {
+    pub documents: Vec<DocumentRecord>,
+    /// The `after` of the next page: the last record this one scanned; `None` once the KB's
+    /// records are all scanned.
+    pub next_after: Option<String>,
+}
+
+/// How many records one page request reads at most: ten pages' worth, at least 1,000 and at
+/// most 10,000, so a filter that matches little costs a bounded amount of work per request.
+pub fn scan_budget(limit: usize) -> usize {
+    limit.saturating_mul(10).clamp(1_000, 10_000)
+}
+
+/// Reads pages of records from `fetch(after, count)` (id order, after `after`) until `limit`
+/// of them are kept, the records run out, or `budget` records were scanned. `next_after` is
+/// the last record consumed: the last kept one when the page filled, else the last scanned.
+fn page_documents(
+    mut fetch: impl FnMut(Option<&str>, usize) -> Result<Vec<DocumentRecord>>,
+    after: Option<&str>,
+    limit: usize,
+    budget: usize,
+    keep: impl Fn(&DocumentRecord) -> bool,
+) -> Result<DocumentPage> {
+    let limit = limit.max(1);
+    let budget = budget.max(1);
+    let mut documents = Vec::new();
+    let mut after = after.map(String::from);
+    let mut scanned = 0usize;
+    loop {
+        let count = limit.min(budget - scanned);
+        let page = fetch(after.as_deref(), count)?;
+        let exhausted = page.len() < count;
+        scanned += page.len();
+        for record in page {
+            after = Some(record.id.clone());
+            if keep(&record) {
+                documents.push(record);
+                if documents.len() == limit {
+                    return Ok(DocumentPage {
+                        documents,
+                        next_after: after,
+                    });
+                }
+            }
+        }
+        if exhausted {
+            return Ok(DocumentPage {
+                documents,
+                next_after: None,
+            });
+        }
+        if scanned >= budget {
+            return Ok(DocumentPage {
+                documents,
+                next_after: after,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: usize, status: DocStatus, groups: &str) -> DocumentRecord {
+        let mut metadata = Metadata::new();
+        if !groups.is_empty() {
+            metadata.insert(ACCESS_GROUPS_KEY.into(), groups.into());
+        }
+        DocumentRecord {
+            id: format!("doc-{id:05}"),
+            kb_id: "kb".into(),
+            external_id: None,
+            title: String::new(),
+            source: DocSource::Text {
+                format: "text".into(),
+            },
+            content_hash: String::new(),
+            size_bytes: 1,
+            shard: 0,
+            status,
+            error: None,
+            chunk_count: 0,
+            metadata,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            pages_needing_ocr: 0,
+        }
+    }
+
+    /// 300 records: every seventh failed, every fifth readable only by `hr`.
+    fn store() -> Vec<DocumentRecord> {
+        (0..300)
+            .map(|i| {
+                let status = if i % 7 == 3 {
+                    DocStatus::Failed
+                } else {
+                    DocStatus::Ready
+                };
+                record(i, status, if i % 5 == 0 { "hr" } else { "" })
+            })
+            .collect()
+    }
+
+    /// Walks every page as a client does, counting the store reads.
+    fn walk(
+        records: &[DocumentRecord],
+        limit: usize,
+        budget: usize,
+        keep: impl Fn(&DocumentRecord) -> bool,
+    ) -> (Vec<String>, Vec<DocumentPage>) {
+        let mut pages = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let fetch = |after: Option<&str>, count: usize| {
+                assert!((1..=limit).contains(&count), "a store read of {count}");
+                Ok(records
+                    .iter()
+                    .filter(|r| after.is_none_or(|after| r.id.as_str() > after))
+                    .take(count)
+                    .cloned()
+                    .collect())
+            };
+            let page = page_documents(fetch, after.as_deref(), limit, budget, &keep).unwrap();
+            assert!(page.documents.len() <= limit);
+            if let (Some(before), Some(next)) = (&after, &page.next_after) {
+                assert!(next > before, "next_after advances");
+            }
+            after = page.next_after.clone();
+            pages.push(page);
+            if after.is_none() {
+                break;
+            }
+            assert!(pages.len() < 1000, "the walk ends");
+        }
+        let ids = pages
+            .iter()
+            .flat_map(|p| p.documents.iter().map(|d| d.id.clone()))
+            .collect();
+        (ids, pages)
+    }
+
+    fn expected(records: &[DocumentRecord], keep: impl Fn(&DocumentRecord) -> bool) -> Vec<String> {
+        records
+            .iter()
+            .filter(|r| keep(r))
+            .map(|r| r.id.clone())
+            .collect()
+    }
+
+    #[test]
+    fn walking_the_pages_with_a_status_and_a_scope_filter_returns_exactly_the_matches() {
+        let records = store();
+        let not_hr = |r: &DocumentRecord| {
+            sift_storage::chunk::may_read(&r.metadata, Some(&["sales".to_string()]))
+        };
+        let failed = |r: &DocumentRecord| r.status == DocStatus::Failed;
+        let failed_not_hr = |r: &DocumentRecord| failed(r) && not_hr(r);
+        for limit in [1, 2, 3, 7, 10, 100, 1000] {
+            for budget in [1, 5, 13, 50, 10_000] {
+                let (ids, _) = walk(&records, limit, budget, failed_not_hr);
+                assert_eq!(ids, expected(&records, failed_not_hr), "{limit} {budget}");
+                let (ids, _) = walk(&records, limit, budget, |_| true);
+                assert_eq!(ids, expected(&records, |_| true), "{limit} {budget}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_page_stops_at_the_scan_budget_and_continues_after_the_last_record_scanned() {
+        let records = store();
+        let failed = |r: &DocumentRecord| r.status == DocStatus::Failed;
+        let fetch = |after: Option<&str>, count: usize| {
+            Ok(records
+                .iter()
+                .filter(|r| after.is_none_or(|after| r.id.as_str() > after))
+                .take(count)
+                .cloned()
+                .collect())
+        };
+        // 20 records scanned: 3, 10 and 17 failed; the page is short but not the last.
+        let page = page_documents(fetch, None, 10, 20, failed).unwrap();
+        let ids: Vec<&str> = page.documents.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["doc-00003", "doc-00010", "doc-00017"]);
+        assert_eq!(page.next_after.as_deref(), Some("doc-00019"));
+        // A full page continues after its last document, not after what was read past it.
+        let page = page_documents(fetch, None, 2, 1000, failed).unwrap();
+        assert_eq!(page.next_after.as_deref(), Some("doc-00010"));
+        // Nothing matches: empty pages that still advance, then the end.
+        let (ids, pages) = walk(&records, 10, 100, |_| false);
+        assert!(ids.is_empty());
+        assert_eq!(pages.len(), 4, "300 records, 100 a request, then the end");
+        assert!(pages[..3].iter().all(|p| p.next_after.is_some()));
+        // A page that ends short of `limit` with the records is the last.
+        let (_, pages) = walk(&records, 120, 10_000, |_| true);
+        assert_eq!(pages.len(), 3);
+        assert_eq!(pages[2].documents.len(), 60);
+    }
+
+    #[test]
+    fn the_scan_budget_is_ten_pages_within_bounds() {
+        assert_eq!(scan_budget(1), 1_000);
+        assert_eq!(scan_budget(100), 1_000);
+        assert_eq!(scan_budget(500), 5_000);
+        assert_eq!(scan_budget(1000), 10_000);
+    }
 }

@@ -27,7 +27,7 @@ use tokio::sync::broadcast;
 use tracing::info;
 
 pub use self::cluster::{ReplicaView, ShardView};
-pub use self::documents::{Upload, metadata_from_json};
+pub use self::documents::{DocumentPage, Upload, metadata_from_json, scan_budget};
 pub use self::kbs::KbState;
 use self::supervisor::{
     ChildHandles, ChildSpec, NodeMessage, NodeSupervisor, NodeSupervisorArguments, RestartPolicy,

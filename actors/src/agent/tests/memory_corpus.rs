@@ -13,6 +13,7 @@ use sift_storage::meta::{DocSource, DocStatus, DocumentRecord, KbRecord, KbSetti
 
 use crate::agent::Corpus;
 use crate::error::{Result, SiftError};
+use crate::node::DocumentPage;
 use crate::retrieval::query::SearchQuery;
 use crate::retrieval::{Channel, ChannelHitInfo, SearchHit, SearchResponse};
 
@@ -150,22 +151,24 @@ impl Corpus for MemoryCorpus {
         Ok(Self::stored(&state, kb, document)?.record.clone())
     }
 
-    fn list_documents(
-        &self,
-        kb: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<DocumentRecord>> {
+    fn list_documents(&self, kb: &str, after: Option<&str>, limit: usize) -> Result<DocumentPage> {
         let state = self.state.lock().unwrap();
         let kb = find_kb(&state, kb)?;
-        Ok(state
+        let documents: Vec<DocumentRecord> = state
             .documents
             .iter()
             .filter(|stored| stored.record.kb_id == kb.id)
             .filter(|stored| after.is_none_or(|after| stored.record.id.as_str() > after))
             .take(limit)
             .map(|stored| stored.record.clone())
-            .collect())
+            .collect();
+        let next_after = (documents.len() == limit)
+            .then(|| documents.last().map(|d| d.id.clone()))
+            .flatten();
+        Ok(DocumentPage {
+            documents,
+            next_after,
+        })
     }
 
     fn document_chunks<'a>(

@@ -609,6 +609,7 @@ async fn hostile_document_text_changes_no_tools_or_permissions() {
         .corpus
         .list_documents(&fixture.kb, None, 100)
         .unwrap()
+        .documents
         .len();
     let model = ScriptedModel::new(|request, _| match tool_results(request).len() {
         0 => events(vec![call(
@@ -666,6 +667,7 @@ async fn hostile_document_text_changes_no_tools_or_permissions() {
         .corpus
         .list_documents(&fixture.kb, None, 100)
         .unwrap()
+        .documents
         .len();
     assert_eq!(documents_before, documents_after);
 }

@@ -139,17 +139,19 @@ pub async fn grep_chunks(
                         .corpus
                         .list_documents(&kb, after.as_deref(), 100)
                         .map_err(|error| ToolError::Failed(error.to_string()))?;
-                    let Some(last) = page.last() else { break };
-                    after = Some(last.id.clone());
-                    let full = page.len() == 100;
-                    documents.extend(page.into_iter().filter(|d| d.status == DocStatus::Ready));
+                    documents.extend(
+                        page.documents
+                            .into_iter()
+                            .filter(|d| d.status == DocStatus::Ready),
+                    );
                     if documents.len() >= MAX_GREP_DOCUMENTS {
                         truncated_documents = true;
                         documents.truncate(MAX_GREP_DOCUMENTS);
                         break;
                     }
-                    if !full {
-                        break;
+                    match page.next_after {
+                        Some(next) => after = Some(next),
+                        None => break,
                     }
                 }
             }
