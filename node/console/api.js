@@ -54,13 +54,8 @@ async function failure(response) {
   return failed;
 }
 
-async function send(method, path, body, signal) {
-  const init = { method, headers: headers(), signal };
-  if (body instanceof FormData) init.body = body;
-  else if (body !== undefined) {
-    init.headers['Content-Type'] = 'application/json';
-    init.body = JSON.stringify(body);
-  }
+/** Fetches `path` from the API; a network failure or an error answer is an ApiError. */
+async function fetchOk(path, init) {
   let response;
   try {
     response = await fetch(apiBase() + path, init);
@@ -70,6 +65,16 @@ async function send(method, path, body, signal) {
   }
   if (!response.ok) throw await failure(response);
   return response;
+}
+
+async function send(method, path, body, signal) {
+  const init = { method, headers: headers(), signal };
+  if (body instanceof FormData) init.body = body;
+  else if (body !== undefined) {
+    init.headers['Content-Type'] = 'application/json';
+    init.body = JSON.stringify(body);
+  }
+  return fetchOk(path, init);
 }
 
 /** Calls the API; resolves with the parsed JSON answer (null for an empty one). */
@@ -94,14 +99,7 @@ export async function stream(path, { method = 'GET', body, lastEventId, onEvent,
     init.headers['Content-Type'] = 'application/json';
     init.body = JSON.stringify(body);
   }
-  let response;
-  try {
-    response = await fetch(apiBase() + path, init);
-  } catch (error) {
-    if (error.name === 'AbortError') throw error;
-    throw new ApiError(0, 'unreachable', String(error.message || error), null);
-  }
-  if (!response.ok) throw await failure(response);
+  const response = await fetchOk(path, init);
   return readEvents(response, onEvent, signal);
 }
 

@@ -326,13 +326,7 @@ async fn remove_cluster_node(
     query: Result<Query<RemoveNode>, QueryRejection>,
     headers: axum::http::HeaderMap,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(|rejection| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_query_string",
-            rejection.body_text(),
-        )
-    })?;
+    let query = query_of(query)?;
     let force = query.force.unwrap_or(false);
     let meta = &state.node.context().meta;
     let Some(raft) = meta.raft() else {
@@ -1013,17 +1007,22 @@ pub(crate) struct Page {
 
 /// The page a list route is asked for: `?after=ID&limit=N` (limit 100 when absent, clamped
 /// to `1..=max`), or 400 `invalid_query_string`.
-pub(crate) fn requested_page(
-    page: Result<Query<Page>, QueryRejection>,
-    max: usize,
-) -> ApiResult<(Option<String>, usize)> {
-    let Query(page) = page.map_err(|rejection| {
+/// A query string's fields, or 400 `invalid_query_string` naming what is wrong.
+fn query_of<T>(query: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
+    query.map(|Query(query)| query).map_err(|rejection| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_query_string",
             rejection.body_text(),
         )
-    })?;
+    })
+}
+
+pub(crate) fn requested_page(
+    page: Result<Query<Page>, QueryRejection>,
+    max: usize,
+) -> ApiResult<(Option<String>, usize)> {
+    let page = query_of(page)?;
     Ok((page.after, page.limit.unwrap_or(100).clamp(1, max)))
 }
 
@@ -1070,13 +1069,7 @@ async fn list_documents(
     ApiPath(kb): ApiPath<String>,
     query: Result<Query<DocumentListQuery>, QueryRejection>,
 ) -> ApiResult<impl IntoResponse> {
-    let Query(query) = query.map_err(|rejection| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_query_string",
-            rejection.body_text(),
-        )
-    })?;
+    let query = query_of(query)?;
     let status = requested_status(query.status.as_deref())?;
     let limit = query.limit.unwrap_or(100).clamp(1, 1000);
     let page = state.node.list_documents(

@@ -669,14 +669,10 @@ mod tests {
         let mut pages = Vec::new();
         let mut after: Option<String> = None;
         loop {
+            let read = reader(records);
             let fetch = |after: Option<&str>, count: usize| {
                 assert!((1..=limit).contains(&count), "a store read of {count}");
-                Ok(records
-                    .iter()
-                    .filter(|r| after.is_none_or(|after| r.id.as_str() > after))
-                    .take(count)
-                    .cloned()
-                    .collect())
+                read(after, count)
             };
             let page = page_documents(fetch, after.as_deref(), limit, budget, &keep).unwrap();
             assert!(page.documents.len() <= limit);
@@ -695,6 +691,20 @@ mod tests {
             .flat_map(|p| p.documents.iter().map(|d| d.id.clone()))
             .collect();
         (ids, pages)
+    }
+
+    /// The store's `list_documents` over `records` (in id order): `count` after `after`.
+    fn reader(
+        records: &[DocumentRecord],
+    ) -> impl Fn(Option<&str>, usize) -> Result<Vec<DocumentRecord>> + '_ {
+        move |after, count| {
+            Ok(records
+                .iter()
+                .filter(|r| after.is_none_or(|after| r.id.as_str() > after))
+                .take(count)
+                .cloned()
+                .collect())
+        }
     }
 
     fn expected(records: &[DocumentRecord], keep: impl Fn(&DocumentRecord) -> bool) -> Vec<String> {
@@ -727,21 +737,14 @@ mod tests {
     fn a_page_stops_at_the_scan_budget_and_continues_after_the_last_record_scanned() {
         let records = store();
         let failed = |r: &DocumentRecord| r.status == DocStatus::Failed;
-        let fetch = |after: Option<&str>, count: usize| {
-            Ok(records
-                .iter()
-                .filter(|r| after.is_none_or(|after| r.id.as_str() > after))
-                .take(count)
-                .cloned()
-                .collect())
-        };
+        let fetch = reader(&records);
         // 20 records scanned: 3, 10 and 17 failed; the page is short but not the last.
-        let page = page_documents(fetch, None, 10, 20, failed).unwrap();
+        let page = page_documents(&fetch, None, 10, 20, failed).unwrap();
         let ids: Vec<&str> = page.documents.iter().map(|d| d.id.as_str()).collect();
         assert_eq!(ids, ["doc-00003", "doc-00010", "doc-00017"]);
         assert_eq!(page.next_after.as_deref(), Some("doc-00019"));
         // A full page continues after its last document, not after what was read past it.
-        let page = page_documents(fetch, None, 2, 1000, failed).unwrap();
+        let page = page_documents(&fetch, None, 2, 1000, failed).unwrap();
         assert_eq!(page.next_after.as_deref(), Some("doc-00010"));
         // Nothing matches: empty pages that still advance, then the end.
         let (ids, pages) = walk(&records, 10, 100, |_| false);
