@@ -31,6 +31,12 @@ pub struct NodeOptions {
     /// A document of more chunks is embedded and written in slices of this many, so that
     /// the node never holds all of its vectors, nor a shard write of all of it, at once.
     pub ingest_slice_chunks: usize,
+    /// A spreadsheet or CSV file of at least this many bytes is read, chunked, embedded and
+    /// written a run of rows at a time, never parsed whole.
+    pub ingest_stream_bytes: u64,
+    /// Caps of one Office, EPUB or spreadsheet file (`office_max_unpacked_bytes`,
+    /// `sheet_max_rows`, `sheet_max_cells`).
+    pub office_limits: sift_parse::office::OfficeLimits,
     /// Page cap and parse-time budget of one PDF (`pdf_max_pages`, `pdf_parse_timeout_ms`).
     /// The OCR engines of this node, for image documents (KB setting `ocr`).
     pub ocr: std::sync::Arc<sift_models::ocr::Ocr>,
@@ -79,6 +85,8 @@ impl Default for NodeOptions {
             ingest_workers: 2,
             ingest_max_attempts: 3,
             ingest_slice_chunks: 1024,
+            ingest_stream_bytes: 4 << 20,
+            office_limits: sift_parse::office::OfficeLimits::default(),
             ocr: std::sync::Arc::new(sift_models::ocr::Ocr::none()),
             pdf_limits: sift_parse::pdf::PdfLimits::default(),
             max_kbs: 1000,

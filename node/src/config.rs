@@ -100,6 +100,14 @@ pub struct FileConfig {
     pub ingest_max_attempts: Option<u32>,
     /// Chunks above which a document is embedded and written in slices of this many.
     pub ingest_slice_chunks: Option<usize>,
+    /// Bytes from which a spreadsheet or CSV file is read a run of rows at a time.
+    pub ingest_stream_bytes: Option<u64>,
+    /// Spreadsheet rows one file may have, all sheets together (default 200000).
+    pub sheet_max_rows: Option<usize>,
+    /// Spreadsheet cells with a value one file may have (default 2000000).
+    pub sheet_max_cells: Option<usize>,
+    /// Bytes an Office, EPUB or spreadsheet file may inflate to (default 256 MiB).
+    pub office_max_unpacked_bytes: Option<u64>,
     /// A PDF with more pages is refused with `pdf_too_large` (default 2000).
     pub pdf_max_pages: Option<usize>,
     /// Longest parsing one PDF may take before it fails with `pdf_too_large` (ms, default
@@ -326,6 +334,10 @@ const ENV_KEYS: &[&str] = &[
     "SIFT_INGEST_WORKERS",
     "SIFT_INGEST_MAX_ATTEMPTS",
     "SIFT_INGEST_SLICE_CHUNKS",
+    "SIFT_INGEST_STREAM_BYTES",
+    "SIFT_SHEET_MAX_ROWS",
+    "SIFT_SHEET_MAX_CELLS",
+    "SIFT_OFFICE_MAX_UNPACKED_BYTES",
     "SIFT_PDF_MAX_PAGES",
     "SIFT_PDF_PARSE_TIMEOUT_MS",
     "SIFT_PDF_WORKER_MEMORY_MB",
@@ -544,6 +556,21 @@ impl Config {
             ingest_slice_chunks: file
                 .ingest_slice_chunks
                 .unwrap_or(defaults.ingest_slice_chunks),
+            ingest_stream_bytes: file
+                .ingest_stream_bytes
+                .unwrap_or(defaults.ingest_stream_bytes),
+            office_limits: sift_actors::ingest::office::OfficeLimits {
+                max_rows: file
+                    .sheet_max_rows
+                    .unwrap_or(defaults.office_limits.max_rows),
+                max_cells: file
+                    .sheet_max_cells
+                    .unwrap_or(defaults.office_limits.max_cells),
+                max_unpacked_bytes: file
+                    .office_max_unpacked_bytes
+                    .unwrap_or(defaults.office_limits.max_unpacked_bytes),
+                ..defaults.office_limits.clone()
+            },
             pdf_limits: sift_actors::ingest::pdf::PdfLimits {
                 max_pages: file.pdf_max_pages.unwrap_or(defaults.pdf_limits.max_pages),
                 time_budget: file
@@ -614,6 +641,9 @@ impl Config {
             || options.ingest_workers == 0
             || options.ingest_max_attempts == 0
             || options.ingest_slice_chunks == 0
+            || options.office_limits.max_rows == 0
+            || options.office_limits.max_cells == 0
+            || options.office_limits.max_unpacked_bytes == 0
             || options.max_kbs == 0
             || options.max_shards_per_node == 0
             || options.search_permits_per_shard == 0
@@ -622,8 +652,9 @@ impl Config {
         {
             bail!(
                 "ingest_queue_capacity, ingest_workers, ingest_max_attempts, \
-                 ingest_slice_chunks, max_kbs, \
-                 max_shards_per_node, search_permits_per_shard, pdf_max_pages and \
+                 ingest_slice_chunks, sheet_max_rows, sheet_max_cells, \
+                 office_max_unpacked_bytes, max_kbs, max_shards_per_node, \
+                 search_permits_per_shard, pdf_max_pages and \
                  pdf_parse_timeout_ms must be at least 1"
             );
         }
@@ -756,7 +787,7 @@ impl Config {
             data_dir,
             listen,
             cluster,
-            max_upload_bytes: file.max_upload_bytes.unwrap_or(64 * 1024 * 1024),
+            max_upload_bytes: file.max_upload_bytes.unwrap_or(128 * 1024 * 1024),
             max_json_bytes: file.max_json_bytes.unwrap_or(256 * 1024 * 1024),
             max_bulk_documents,
             metrics_max_kbs,

@@ -213,6 +213,22 @@ pub fn chunk_document(text: &str, markdown: bool, config: &ChunkerConfig) -> Chu
     chunk_sections(text, &sections, config)
 }
 
+/// Cuts a run of Markdown that lies under `heading_path` into children and parents: a part of
+/// a document read a run at a time (a spreadsheet's rows under their sheet's name). Its
+/// sections' heading paths start with `heading_path`; positions and spans are the run's own,
+/// for the caller to shift.
+pub fn chunk_run(text: &str, heading_path: &[String], config: &ChunkerConfig) -> Chunked {
+    let mut sections = markdown_sections(text);
+    if !heading_path.is_empty() {
+        for section in &mut sections {
+            let mut path = heading_path.to_vec();
+            path.append(&mut section.path);
+            section.path = path;
+        }
+    }
+    chunk_sections(text, &sections, config)
+}
+
 /// Cuts the plain text of a paged document (a PDF) into children and parents: each page is a
 /// section of its own, under the page's heading path, so that no child (and no overlap)
 /// crosses a page boundary and every chunk knows its pages. A parent may hold several whole

@@ -412,6 +412,25 @@ pub fn decode_text(bytes: &[u8]) -> Result<(String, &'static str), ParseError> {
     Ok((text, encoding.name()))
 }
 
+/// [`decode_text`] without a copy for the common case: UTF-8 (no BOM) with no control
+/// characters to drop is borrowed as it is; anything else is decoded as `decode_text` does.
+pub(crate) fn decode_text_borrowed(
+    bytes: &[u8],
+) -> Result<(std::borrow::Cow<'_, str>, &'static str), ParseError> {
+    let plain = !bytes.iter().all(|byte| byte.is_ascii_whitespace())
+        && !BINARY_MAGIC.iter().any(|magic| bytes.starts_with(magic))
+        && Encoding::for_bom(bytes).is_none()
+        && utf16_by_nul_pattern(bytes).is_none();
+    if plain && let Ok(text) = std::str::from_utf8(bytes) {
+        // Control characters (NUL included) and U+FEFF are what `decode_text` drops or refuses.
+        if !text.chars().any(|c| is_stray(c) || c == '\u{feff}') {
+            return Ok((std::borrow::Cow::Borrowed(text), UTF_8.name()));
+        }
+    }
+    let (text, encoding) = decode_text(bytes)?;
+    Ok((std::borrow::Cow::Owned(text), encoding))
+}
+
 fn decode_strict(encoding: &'static Encoding, bytes: &[u8]) -> Result<String, ParseError> {
     encoding
         .decode_without_bom_handling_and_without_replacement(bytes)

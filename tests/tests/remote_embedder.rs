@@ -159,23 +159,23 @@ const DOCUMENTS: [(&str, &str, &str); 4] = [
 /// A node whose remote embedder "fake" is the service at `base_url`, retrying each request
 /// `max_retries` times.
 async fn start_node(dir: &tempfile::TempDir, base_url: String, max_retries: u32) -> InProcessNode {
-    start_node_with(dir, base_url, max_retries, None).await
+    start_node_with(dir, base_url, max_retries, |_| {}).await
 }
 
-/// [`start_node`], writing documents of more than `slice_chunks` chunks in slices.
+/// [`start_node`] with `tweak` applied to its config (slices, streaming).
 async fn start_node_with(
     dir: &tempfile::TempDir,
     base_url: String,
     max_retries: u32,
-    slice_chunks: Option<usize>,
+    tweak: impl FnOnce(&mut FileConfig),
 ) -> InProcessNode {
     let mut file = FileConfig {
         data_dir: Some(dir.path().join("data")),
         listen: Some("127.0.0.1:0".into()),
         admin_key: Some(sift_node::config::TEST_ADMIN_KEY.into()),
-        ingest_slice_chunks: slice_chunks,
         ..FileConfig::default()
     };
+    tweak(&mut file);
     let remote = RemoteEmbedderConfig {
         base_url,
         model: "bag-of-words-64".into(),
@@ -420,7 +420,7 @@ async fn a_long_document_is_written_in_slices_and_an_outage_half_way_is_waited_o
     let base_url = start_service(service.clone()).await;
     let dir = temp_dir();
     // Slices of 4 chunks; no retries inside the embedder.
-    let node = start_node_with(&dir, base_url, 0, Some(4)).await;
+    let node = start_node_with(&dir, base_url, 0, |file| file.ingest_slice_chunks = Some(4)).await;
     let client = node.client();
     client
         .create_kb(json!({
@@ -549,5 +549,182 @@ async fn a_long_document_is_written_in_slices_and_an_outage_half_way_is_waited_o
         .await;
     let found: std::collections::BTreeSet<String> = document_ids(&answer).into_iter().collect();
     assert_eq!(found, [ids[0].clone()].into(), "{answer}");
+    node.shutdown().await;
+}
+
+/// A CSV file of `rows` rows: an id, a code word of its own (`code0042x`) and a note about
+/// `what`.
+fn inventory_csv(rows: usize, what: &str) -> Vec<u8> {
+    let mut csv = String::from("id,code,note\n");
+    for row in 0..rows {
+        csv.push_str(&format!(
+            "{row},code{row:04}x,\"crate of {what}, stored on shelf {}\"\n",
+            row % 40
+        ));
+    }
+    csv.into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_spreadsheet_is_read_row_by_row_and_written_in_slices() {
+    let service = Arc::new(Service::default());
+    service.dimension.store(64, Ordering::SeqCst);
+    let base_url = start_service(service.clone()).await;
+    let dir = temp_dir();
+    // Every spreadsheet and CSV file is streamed; slices of 8 chunks.
+    let node = start_node_with(&dir, base_url, 0, |file| {
+        file.ingest_slice_chunks = Some(8);
+        file.ingest_stream_bytes = Some(1);
+    })
+    .await;
+    let client = node.client();
+    client
+        .create_kb(json!({
+            "name": KB, "shards": 1, "embedding_model": "fake", "chunk_tokens": 64,
+            "chunk_overlap_tokens": 0, "parent_tokens": 256,
+        }))
+        .await;
+
+    // 6,000 rows: more than one run of rows (256 KiB of records) and many slices.
+    let rows = 6_000;
+    let id = client
+        .upload_ok(KB, "inventory.csv", inventory_csv(rows, "lamp wicks"))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut events = sift_tests::sse::SseReader::open(client.request(
+        reqwest::Method::GET,
+        &format!("/v1/kbs/{KB}/documents/{id}/events"),
+    ))
+    .await;
+    let seen = events.until("ready").await;
+    let record = client.document(KB, &id).await;
+    assert_eq!(record["status"], "ready", "{record}");
+    let total = record["chunk_count"].as_u64().unwrap();
+    assert!(total > 100, "{total} chunks");
+    // Progress after each slice; the last says the exact count.
+    let progress: Vec<(u64, u64)> = seen
+        .iter()
+        .filter_map(|event| event.data.get("embedded_chunks"))
+        .map(|p| (p["done"].as_u64().unwrap(), p["total"].as_u64().unwrap()))
+        .collect();
+    assert!(progress.len() as u64 >= total.div_ceil(8), "{progress:?}");
+    assert!(progress.windows(2).all(|w| w[0].0 < w[1].0), "{progress:?}");
+    assert!(
+        progress.iter().all(|(done, total)| done <= total),
+        "{progress:?}"
+    );
+    assert_eq!(progress.last(), Some(&(total, total)), "{progress:?}");
+    // Parsed, chunked and embedded together, a run of rows at a time: no chunking stage of
+    // its own (a document parsed whole has one).
+    let statuses: Vec<&str> = seen.iter().map(|event| event.event.as_str()).collect();
+    assert!(statuses.contains(&"embedding"), "{statuses:?}");
+    assert!(!statuses.contains(&"chunking"), "{statuses:?}");
+
+    // Every chunk in order with its parent, spans increasing, every row in exactly one chunk.
+    let chunks = client
+        .get(&format!("/v1/kbs/{KB}/documents/{id}/chunks"))
+        .await
+        .expect(200);
+    let chunks = chunks["chunks"].as_array().unwrap();
+    assert_eq!(chunks.len() as u64, total);
+    let mut last_span_end = 0;
+    let mut rows_seen = Vec::new();
+    for (position, chunk) in chunks.iter().enumerate() {
+        assert_eq!(chunk["position"].as_u64(), Some(position as u64), "{chunk}");
+        assert!(
+            chunk["parent_text"].as_str().is_some_and(|p| !p.is_empty()),
+            "{chunk}"
+        );
+        let span = &chunk["span"];
+        let (start, end) = (span[0].as_u64().unwrap(), span[1].as_u64().unwrap());
+        assert!(start >= last_span_end && end > start, "{chunk}");
+        last_span_end = end;
+        let text = chunk["text"].as_str().unwrap();
+        rows_seen.extend(
+            text.match_indices("Row ")
+                .map(|(at, _)| text[at + 4..].split(':').next().unwrap().to_string()),
+        );
+    }
+    let expected: Vec<String> = (2..rows + 2).map(|row| row.to_string()).collect();
+    assert_eq!(rows_seen, expected, "every row once, in order");
+    // The first row, one in the middle and the last are found, each with its header.
+    for row in [0, rows / 2, rows - 1] {
+        let code = format!("code{row:04}x");
+        let answer = client
+            .search(
+                KB,
+                json!({ "query": code, "channels": ["bm25"], "top_k": 1 }),
+            )
+            .await;
+        let hit = &answer["hits"][0];
+        assert_eq!(hit["document_id"].as_str(), Some(id.as_str()), "{answer}");
+        assert!(
+            hit["text"]
+                .as_str()
+                .is_some_and(|text| text.contains(&format!("code: {code}"))),
+            "{answer}"
+        );
+    }
+
+    // A workbook streamed sheet by sheet: each chunk under its sheet's name.
+    let workbook = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/office/inventory.xlsx"
+    ))
+    .unwrap();
+    let book = client.upload_ok(KB, "inventory.xlsx", workbook).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let record = client.wait_document(KB, &book, WAIT).await;
+    assert_eq!(record["status"], "ready", "{record}");
+    let answer = client
+        .search(
+            KB,
+            json!({ "query": "Tidewater Forge", "channels": ["bm25"], "top_k": 1 }),
+        )
+        .await;
+    assert_eq!(
+        answer["hits"][0]["document_id"].as_str(),
+        Some(book.as_str()),
+        "{answer}"
+    );
+    assert_eq!(
+        answer["hits"][0]["heading_path"],
+        json!(["Suppliers"]),
+        "{answer}"
+    );
+
+    // Embeddings that change dimension half way fail the file with the reason, and none of
+    // its slices stays behind.
+    let texts_before = service.texts.load(Ordering::SeqCst);
+    service
+        .resized_after_texts
+        .store(texts_before + 40, Ordering::SeqCst);
+    let failing = client
+        .upload_ok(KB, "second.csv", inventory_csv(3_000, "lens cloths"))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let record = client.wait_document(KB, &failing, WAIT).await;
+    assert_eq!(record["status"], "failed", "{record}");
+    assert!(
+        record["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("dimension"),
+        "{record}"
+    );
+    service.dimension.store(64, Ordering::SeqCst);
+    let answer = client
+        .search(
+            KB,
+            json!({ "query": "code0001x", "channels": ["bm25"], "top_k": 10 }),
+        )
+        .await;
+    assert_eq!(document_ids(&answer), vec![id.clone()], "{answer}");
     node.shutdown().await;
 }

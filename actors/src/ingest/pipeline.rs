@@ -21,13 +21,18 @@ use tracing::{info, instrument, warn};
 
 use sift_models::ocr::{OcrEngine, OcrError};
 
-use super::chunk::{ChunkerConfig, chunk_document, chunk_markdown_pages, chunk_pages};
+use super::chunk::{
+    Chunked, ChunkerConfig, chunk_document, chunk_markdown_pages, chunk_pages, chunk_run,
+};
 use super::handoff::{self, Fetched};
 use super::image::{ImageLimits, check_image};
-use super::parse::{Page, ParseOptions, ParsedDocument, ScannedPage, SourceFormat, parse_document};
-use super::pdf::{PageReport, PdfLimits, Scanned};
+use super::office::{RecordRun, stream_records, streams_records};
+use super::parse::{
+    Page, ParseError, ParseOptions, ParsedDocument, ScannedPage, SourceFormat, parse_document,
+};
+use super::pdf::{PageReport, Scanned};
 use super::queue::IngestJob;
-use crate::context::NodeContext;
+use crate::context::{NodeContext, NodeOptions};
 use crate::error::{Result, SiftError};
 use crate::events::{DocumentEvent, PageProgress};
 use crate::meta::MetaHandle;
@@ -111,11 +116,12 @@ pub fn source_format(record: &DocumentRecord) -> Option<SourceFormat> {
     }
 }
 
-pub fn parse_options(kb: &KbRecord, pdf: &PdfLimits) -> ParseOptions {
+pub fn parse_options(kb: &KbRecord, options: &NodeOptions) -> ParseOptions {
     ParseOptions {
         json_text_field: kb.settings.json_text_field.clone(),
         json_title_field: kb.settings.json_title_field.clone(),
-        pdf: pdf.clone(),
+        pdf: options.pdf_limits.clone(),
+        office: options.office_limits.clone(),
         ..ParseOptions::default()
     }
 }
@@ -292,7 +298,46 @@ async fn run_works(
         }
         kept.push(work);
     }
-    let works = kept;
+    // A large spreadsheet or CSV file is read, chunked, embedded and written a run of rows
+    // at a time, alone, after the others.
+    let stream_bytes = context.options.ingest_stream_bytes;
+    let (streamed, works): (Vec<Work>, Vec<Work>) = kept.into_iter().partition(|work| {
+        work.failure.is_none()
+            && work.record.size_bytes >= stream_bytes
+            && source_format(&work.record).is_some_and(streams_records)
+    });
+    parse_and_write(context, kb, works, deferred).await?;
+    for work in streamed {
+        let Some(mut work) = set_stage(context, kb, vec![work], DocStatus::Parsing)
+            .await?
+            .pop()
+        else {
+            continue; // deleted meanwhile
+        };
+        work.write = Some(DocumentWrite {
+            entry: DocumentEntry {
+                document_id: work.record.id.clone(),
+                external_id: work.record.external_id.clone(),
+                title: work.record.title.clone(),
+                metadata: work.record.metadata.clone(),
+            },
+            parents: Vec::new(),
+            chunks: Vec::new(),
+        });
+        let slices = stream_slices(context, kb, &work);
+        write_in_slices(context, kb, work, slices, deferred).await?;
+    }
+    Ok(())
+}
+
+/// Parses and chunks `works` whole, then embeds and writes them (a document of many chunks
+/// alone, in slices).
+async fn parse_and_write(
+    context: &Arc<NodeContext>,
+    kb: &KbRecord,
+    works: Vec<Work>,
+    deferred: &mut Deferred,
+) -> Result<()> {
     if works.is_empty() {
         return Ok(());
     }
@@ -302,7 +347,7 @@ async fn run_works(
     let stage = Instant::now();
     recognize_images(context, kb, &mut works, deferred).await;
     let raw = context.raw.clone();
-    let options = parse_options(kb, &context.options.pdf_limits);
+    let options = parse_options(kb, &context.options);
     // With an OCR engine for the KB, a PDF's scanned pages are saved as images for it.
     let ocr_scratch = context
         .options
@@ -437,8 +482,16 @@ async fn run_works(
                 .is_some_and(|write| is_large(write, slice_chunks))
     });
     embed_and_write(context, kb, works, deferred).await?;
-    for work in large {
-        write_in_slices(context, kb, work, deferred).await?;
+    for mut work in large {
+        let slices = match work.write.as_mut() {
+            Some(write) => Slices::Chunked {
+                total: write.chunks.len() as u32,
+                chunks: VecDeque::from(std::mem::take(&mut write.chunks)),
+                parents: VecDeque::from(std::mem::take(&mut write.parents)),
+            },
+            None => continue,
+        };
+        write_in_slices(context, kb, work, slices, deferred).await?;
     }
     Ok(())
 }
@@ -588,12 +641,14 @@ async fn finish(context: &Arc<NodeContext>, kb: &KbRecord, works: Vec<Work>) -> 
 /// slice's texts are embedded and its chunks and parents written to the shard's replicas
 /// (durable there, not searchable), then a commit makes the whole document live on each
 /// replica at once. The node holds one slice's vectors at a time and no shard write is
-/// larger than a slice. A failure removes the slices written; a transient one leaves them
-/// to the retry, which writes them again.
+/// larger than a slice; a streamed document's text is not held whole either. A failure
+/// removes the slices written; a transient one leaves them to the retry, which writes them
+/// again.
 async fn write_in_slices(
     context: &Arc<NodeContext>,
     kb: &KbRecord,
     work: Work,
+    mut slices: Slices,
     deferred: &mut Deferred,
 ) -> Result<()> {
     let Some(mut work) = set_stage(context, kb, vec![work], DocStatus::Embedding)
@@ -602,30 +657,24 @@ async fn write_in_slices(
     else {
         return Ok(()); // deleted meanwhile
     };
-    let Some(write) = work.write.as_mut() else {
-        return Ok(());
+    let entry = match &work.write {
+        Some(write) => write.entry.clone(),
+        None => return Ok(()),
     };
-    let total = write.chunks.len() as u32;
-    work.sliced_chunks = Some(total);
-    let entry = write.entry.clone();
-    let parent_count = write.parents.len() as u32;
-    let mut chunks = VecDeque::from(std::mem::take(&mut write.chunks));
-    let mut parents = VecDeque::from(std::mem::take(&mut write.parents));
     let shard = work.record.shard;
     let stage = Instant::now();
+    let mut chunk_count = 0u32;
+    let mut parent_count = 0u32;
     let written = async {
         let embedder = kb_embedder(context, kb)?;
         let slice_chunks = context.options.ingest_slice_chunks;
-        let mut done = 0u32;
         let mut event = DocumentEvent::from_record(&work.record);
         event.status = DocStatus::Embedding;
         event.progress = crate::events::progress(DocStatus::Embedding);
-        loop {
-            let (mut slice, slice_parents) =
-                next_slice(&mut chunks, &mut parents, slice_chunks, SLICE_BYTES);
-            if slice.is_empty() && slice_parents.is_empty() {
-                break;
-            }
+        while let Some(next) = slices.next(slice_chunks).await? {
+            let (mut slice, slice_parents) = (next.chunks, next.parents);
+            chunk_count += slice.len() as u32;
+            parent_count += slice_parents.len() as u32;
             let texts = slice
                 .iter()
                 .map(|chunk| embed_text(work.embed_title.as_deref(), chunk))
@@ -634,7 +683,6 @@ async fn write_in_slices(
             for (chunk, vector) in slice.iter_mut().zip(vectors) {
                 chunk.vector = vector;
             }
-            done += slice.len() as u32;
             metrics::counter!("sift_ingest_chunks_embedded_total").increment(slice.len() as u64);
             let slice = DocumentSlice {
                 document_id: entry.document_id.clone(),
@@ -645,13 +693,23 @@ async fn write_in_slices(
                 .access
                 .apply(kb, shard, ShardWrite::Slice(slice))
                 .await?;
-            event.embedded_chunks = Some(PageProgress { done, total });
+            event.embedded_chunks = Some(PageProgress {
+                done: chunk_count,
+                total: next.total.max(chunk_count),
+            });
             context.meta.send_progress(event.clone());
         }
         record_stage("embed", stage);
+        if chunk_count == 0 {
+            return Err(Stopped {
+                transient: false,
+                reason: "the document has no text to index".into(),
+            });
+        }
         Ok::<_, Stopped>(())
     }
     .await;
+    work.sliced_chunks = Some(chunk_count);
     let committed = match written {
         Ok(()) => {
             let Some(committing) = set_stage(context, kb, vec![work], DocStatus::Indexing)
@@ -666,7 +724,7 @@ async fn write_in_slices(
             let stage = Instant::now();
             let commit = DocumentCommit {
                 entry: entry.clone(),
-                chunk_count: total,
+                chunk_count,
                 parent_count,
             };
             let outcome = context
@@ -690,6 +748,216 @@ async fn write_in_slices(
         }
     }
     finish(context, kb, vec![work]).await
+}
+
+/// Where a document written in slices takes its slices from.
+enum Slices {
+    /// A document chunked whole: its chunks and parents, given up a slice at a time.
+    Chunked {
+        chunks: VecDeque<ChunkRecord>,
+        parents: VecDeque<ParentRecord>,
+        total: u32,
+    },
+    /// A large spreadsheet or CSV file read a run of rows at a time on a blocking thread
+    /// ([`stream_slices`]), which chunks each run and sends whole slices, one ahead.
+    Streamed(tokio::sync::mpsc::Receiver<Result<NextSlice>>),
+}
+
+/// A slice's chunks and parents, and the document's chunks as far as they are known.
+struct NextSlice {
+    chunks: Vec<ChunkRecord>,
+    parents: Vec<ParentRecord>,
+    /// The document's chunk count: exact for a document chunked whole and for a streamed
+    /// document's last slice, else estimated from the share of the file read.
+    total: u32,
+}
+
+impl Slices {
+    /// The next slice, or `None` once every chunk was given.
+    async fn next(
+        &mut self,
+        slice_chunks: usize,
+    ) -> std::result::Result<Option<NextSlice>, Stopped> {
+        match self {
+            Slices::Chunked {
+                chunks,
+                parents,
+                total,
+            } => {
+                let (chunks, parents) = next_slice(chunks, parents, slice_chunks, SLICE_BYTES);
+                Ok(
+                    (!chunks.is_empty() || !parents.is_empty()).then_some(NextSlice {
+                        chunks,
+                        parents,
+                        total: *total,
+                    }),
+                )
+            }
+            Slices::Streamed(receiver) => match receiver.recv().await {
+                None => Ok(None),
+                Some(Ok(slice)) => Ok(Some(slice)),
+                // "invalid_document: unreadable CSV at row 9: ...": the reason starts with its
+                // code, as for a document parsed whole.
+                Some(Err(error @ SiftError::Parse(_))) => Err(Stopped {
+                    transient: false,
+                    reason: format!("{}: {error}", error.code()),
+                }),
+                Some(Err(error)) => Err(Stopped::from(error)),
+            },
+        }
+    }
+}
+
+/// Bytes of Markdown a streamed spreadsheet hands to the chunker at a time.
+pub const RUN_BYTES: usize = 256 * 1024;
+
+/// Starts reading a large spreadsheet or CSV file (`work`'s) on a blocking thread: a run of
+/// rows at a time is chunked, its chunks and parents numbered on from the runs before, and
+/// sent on in slices as [`next_slice`] cuts them. The channel holds one slice: the reader
+/// waits while the slice before is embedded and written, so the node holds the file, about
+/// two slices and one run. A parse error (a bad row, a limit passed) ends the stream with it.
+fn stream_slices(context: &Arc<NodeContext>, kb: &KbRecord, work: &Work) -> Slices {
+    let (sender, receiver) = tokio::sync::mpsc::channel(1);
+    let raw = context.raw.clone();
+    let record = work.record.clone();
+    let config = chunker_config(kb);
+    let limits = context.options.office_limits.clone();
+    let slice_chunks = context.options.ingest_slice_chunks;
+    tokio::task::spawn_blocking(move || {
+        let outcome = unpanicked("reading the spreadsheet", || {
+            let format = source_format(&record)
+                .ok_or_else(|| SiftError::invalid("unsupported_type", "unknown source format"))?;
+            let bytes = raw.load(&record)?;
+            let mut slicer = Slicer::new(slice_chunks, &sender);
+            stream_records(&bytes, format, &limits, RUN_BYTES, &mut |run| {
+                slicer.add(run, &config)
+            })?;
+            slicer.finish();
+            Ok::<_, SiftError>(())
+        });
+        if let Err(error) = outcome.and_then(|outcome| outcome) {
+            // The receiver may be gone (the writer stopped first): nothing to tell then.
+            let _ = sender.blocking_send(Err(error));
+        }
+    });
+    Slices::Streamed(receiver)
+}
+
+/// Numbers the chunks of a streamed document's runs on and sends them in slices, one slice
+/// held back so that the last can say it is the last.
+struct Slicer<'a> {
+    slice_chunks: usize,
+    sender: &'a tokio::sync::mpsc::Sender<Result<NextSlice>>,
+    chunks: VecDeque<ChunkRecord>,
+    parents: VecDeque<ParentRecord>,
+    /// The positions the next run's first chunk and parent take.
+    next_chunk: u32,
+    next_parent: u32,
+    held: Option<NextSlice>,
+    read: f64,
+}
+
+impl<'a> Slicer<'a> {
+    fn new(slice_chunks: usize, sender: &'a tokio::sync::mpsc::Sender<Result<NextSlice>>) -> Self {
+        Slicer {
+            slice_chunks: slice_chunks.max(1),
+            sender,
+            chunks: VecDeque::new(),
+            parents: VecDeque::new(),
+            next_chunk: 0,
+            next_parent: 0,
+            held: None,
+            read: 0.0,
+        }
+    }
+
+    /// Chunks one run and sends the slices it completes. Fails once the writer is gone.
+    fn add(
+        &mut self,
+        run: RecordRun<'_>,
+        config: &ChunkerConfig,
+    ) -> std::result::Result<(), ParseError> {
+        let Chunked { parents, children } = chunk_run(run.text, run.heading_path, config);
+        let shift = |span: (u32, u32)| {
+            let start = u32::try_from(run.start_char).unwrap_or(u32::MAX);
+            (span.0.saturating_add(start), span.1.saturating_add(start))
+        };
+        let (chunk_base, parent_base) = (self.next_chunk, self.next_parent);
+        self.next_chunk += children.len() as u32;
+        self.next_parent += parents.len() as u32;
+        self.parents
+            .extend(parents.into_iter().map(|parent| ParentRecord {
+                position: parent_base + parent.position,
+                text: parent.text,
+                span: shift(parent.span),
+                pages: None,
+            }));
+        self.chunks
+            .extend(children.into_iter().map(|child| ChunkRecord {
+                position: chunk_base + child.position,
+                parent_position: parent_base + child.parent_position,
+                text: child.text,
+                heading_path: child.heading_path,
+                span: shift(child.span),
+                vector: Vec::new(),
+                pages: None,
+            }));
+        self.read = run.read;
+        while self.chunks.len() >= self.slice_chunks || self.text_bytes() >= SLICE_BYTES {
+            let (chunks, parents) = next_slice(
+                &mut self.chunks,
+                &mut self.parents,
+                self.slice_chunks,
+                SLICE_BYTES,
+            );
+            if !self.send(chunks, parents) {
+                return Err(ParseError::InvalidDocument("the writer stopped".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends what is left, the last slice marked as such.
+    fn finish(mut self) {
+        while !self.chunks.is_empty() || !self.parents.is_empty() {
+            let (chunks, parents) = next_slice(
+                &mut self.chunks,
+                &mut self.parents,
+                self.slice_chunks,
+                SLICE_BYTES,
+            );
+            if !self.send(chunks, parents) {
+                return;
+            }
+        }
+        if let Some(mut last) = self.held.take() {
+            last.total = self.next_chunk;
+            let _ = self.sender.blocking_send(Ok(last));
+        }
+    }
+
+    /// Sends the slice held back and holds this one; false once the writer is gone.
+    fn send(&mut self, chunks: Vec<ChunkRecord>, parents: Vec<ParentRecord>) -> bool {
+        let estimate = if self.read > 0.0 {
+            (f64::from(self.next_chunk) / self.read).min(f64::from(u32::MAX)) as u32
+        } else {
+            self.next_chunk
+        };
+        let slice = NextSlice {
+            chunks,
+            parents,
+            total: estimate.max(self.next_chunk),
+        };
+        match self.held.replace(slice) {
+            Some(before) => self.sender.blocking_send(Ok(before)).is_ok(),
+            None => true,
+        }
+    }
+
+    fn text_bytes(&self) -> usize {
+        self.chunks.iter().map(|c| c.text.len()).sum::<usize>()
+            + self.parents.iter().map(|p| p.text.len()).sum::<usize>()
+    }
 }
 
 /// Text a slice carries at most (its chunks' and parents' texts), whatever its chunk count: a

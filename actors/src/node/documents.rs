@@ -150,7 +150,7 @@ impl SiftNode {
         uploads: Vec<Upload>,
     ) -> Result<Vec<AddedDocument>> {
         let kb = self.find_kb_for_data(scope, kb, Need::Write).await?;
-        let mut options = pipeline::parse_options(&kb, &self.context.options.pdf_limits);
+        let mut options = pipeline::parse_options(&kb, &self.context.options);
         if self
             .context
             .options
@@ -183,6 +183,18 @@ impl SiftNode {
                 let bytes = std::fs::read(&temp).map_err(|e| SiftError::Storage(e.into()))?;
                 if format == SourceFormat::Image {
                     check_image(&bytes, &parse_options.image)?;
+                    return Ok(None);
+                }
+                if crate::ingest::office::streams_records(format) {
+                    // Read through without keeping its text: it may be too large to hold
+                    // parsed whole (a spreadsheet has no title either).
+                    crate::ingest::office::stream_records(
+                        &bytes,
+                        format,
+                        &parse_options.office,
+                        pipeline::RUN_BYTES,
+                        &mut |_| Ok(()),
+                    )?;
                     return Ok(None);
                 }
                 let parsed = parse_document(&bytes, format, &parse_options)?;

@@ -70,6 +70,11 @@ impl MarkdownOut {
         self.text
     }
 
+    /// Bytes written so far.
+    pub(crate) fn len(&self) -> usize {
+        self.text.len()
+    }
+
     fn block(&mut self, block: &str) {
         self.separate();
         self.text.push_str(block);

@@ -133,6 +133,57 @@ pub(crate) fn parse_office(
     parse_checked(bytes, format, limits)
 }
 
+pub use self::sheet::{RecordRun, RecordSink};
+
+/// Whether a file of `format` can be read a run of rows at a time ([`stream_records`]).
+pub fn streams_records(format: SourceFormat) -> bool {
+    matches!(
+        format,
+        SourceFormat::Csv | SourceFormat::Xlsx | SourceFormat::Ods
+    )
+}
+
+/// Reads a CSV, XLSX or ODS file row by row, handing its records to `sink` in runs of about
+/// `run_bytes` of Markdown (each within one sheet), under the limits of the whole-file
+/// parse, whose Markdown the runs make together. For files too large to hold parsed whole:
+/// memory stays at the file and one run (an XLSX file's shared strings, an ODS file's
+/// largest sheet). An error from `sink` stops the reading and is returned.
+pub fn stream_records(
+    bytes: &[u8],
+    format: SourceFormat,
+    limits: &OfficeLimits,
+    run_bytes: usize,
+    sink: &mut RecordSink<'_>,
+) -> Result<(), ParseError> {
+    if !streams_records(format) {
+        return Err(ParseError::UnsupportedType(format!(
+            "{} is not read row by row",
+            format.as_str()
+        )));
+    }
+    check_content(bytes, format)?;
+    let mut runs = 0usize;
+    let mut counted = |run: RecordRun<'_>| {
+        runs += 1;
+        sink(run)
+    };
+    // calamine and zip are large parsers of hostile input: a panic in one fails this
+    // document, not the caller's thread (as in `parse_checked`).
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        sheet::stream_records(bytes, format, limits, run_bytes, &mut counted)
+    }))
+    .map_err(|_| {
+        ParseError::InvalidDocument(format!(
+            "the {} parser failed on this file",
+            format_label(format)
+        ))
+    })??;
+    if runs == 0 {
+        return Err(ParseError::Empty);
+    }
+    Ok(())
+}
+
 /// Parses an Excel 97-2003 workbook under `limits`, in the worker process of `process` when
 /// it names one (killed past its budget, its memory capped), else on a guarded thread
 /// abandoned at the budget.

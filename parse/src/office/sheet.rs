@@ -21,9 +21,9 @@ use calamine::{Data, Ods, Reader, Xls, Xlsx};
 use super::OfficeLimits;
 use super::container::Container;
 use super::markdown::MarkdownOut;
-use super::xml::{Node, XmlWalker};
+use super::xml::{Node, XmlWalker, collapse};
 use super::zip_kind_mismatch;
-use crate::parse::{ParseError, SourceFormat, decode_text};
+use crate::parse::{ParseError, SourceFormat, clean_extracted, decode_text_borrowed};
 
 /// Returns the workbook's title (none: spreadsheets rarely have a useful one) and Markdown.
 pub(crate) fn workbook_to_markdown(
@@ -31,7 +31,59 @@ pub(crate) fn workbook_to_markdown(
     format: SourceFormat,
     limits: &OfficeLimits,
 ) -> Result<(Option<String>, String), ParseError> {
-    let mut records = Records::new(limits);
+    let mut records = Records::new(limits, None);
+    read_workbook(bytes, format, limits, &mut records)?;
+    Ok((None, records.finish()))
+}
+
+/// A run of a spreadsheet's records, handed on while the file is still being read
+/// ([`stream_records`]).
+#[derive(Debug)]
+pub struct RecordRun<'a> {
+    /// The sheet's name as a heading path (empty for a CSV file or a sheet without a name).
+    pub heading_path: &'a [String],
+    /// Markdown paragraphs, one per row (`Row 7: Item: Laptop; Cost: 1200`).
+    pub text: &'a str,
+    /// Char offset of `text` in the Markdown the whole-file parse makes of the same file.
+    pub start_char: u64,
+    /// The share of the file read so far, from 0 to 1.
+    pub read: f64,
+}
+
+/// What [`stream_records`] hands each run to; an error stops the reading and is returned.
+pub type RecordSink<'s> = dyn FnMut(RecordRun<'_>) -> Result<(), ParseError> + 's;
+
+/// Reads a CSV, XLSX or ODS file (content already checked) row by row and hands its records
+/// to `sink` in runs of about `run_bytes` of Markdown, each within one sheet, under the same
+/// limits as the whole-file parse. What it holds at a time is the file, calamine's shared
+/// strings (XLSX) or one sheet (ODS), and one run.
+pub(crate) fn stream_records(
+    bytes: &[u8],
+    format: SourceFormat,
+    limits: &OfficeLimits,
+    run_bytes: usize,
+    sink: &mut RecordSink<'_>,
+) -> Result<(), ParseError> {
+    let runs = Runs {
+        sink,
+        run_bytes: run_bytes.max(1),
+        path: Vec::new(),
+        chars: 0,
+    };
+    let mut records = Records::new(limits, Some(runs));
+    match format {
+        SourceFormat::Csv => read_csv(bytes, &mut records).map(|_| ()),
+        _ => read_workbook(bytes, format, limits, &mut records),
+    }
+}
+
+/// Feeds every cell of a workbook to `records`, sheet by sheet.
+fn read_workbook(
+    bytes: &[u8],
+    format: SourceFormat,
+    limits: &OfficeLimits,
+    records: &mut Records<'_, '_>,
+) -> Result<(), ParseError> {
     match format {
         SourceFormat::Xlsx => {
             let mut container = Container::open(bytes, limits)?;
@@ -41,15 +93,21 @@ pub(crate) fn workbook_to_markdown(
             // calamine reads the archive itself: every entry must inflate within the budget.
             container.check_every_entry()?;
             let mut workbook = Xlsx::new(Cursor::new(bytes)).map_err(invalid)?;
-            for name in workbook.sheet_names() {
-                records.start_sheet(&name);
-                let mut cells = workbook.worksheet_cells_reader(&name).map_err(invalid)?;
+            let names = workbook.sheet_names();
+            let sheets = names.len().max(1) as f64;
+            for (index, name) in names.iter().enumerate() {
+                records.start_sheet(name)?;
+                let mut cells = workbook.worksheet_cells_reader(name).map_err(invalid)?;
+                let dimensions = cells.dimensions();
+                let height = f64::from(dimensions.end.0.saturating_sub(dimensions.start.0) + 1);
                 while let Some(cell) = cells.next_cell().map_err(invalid)? {
                     let (row, column) = cell.get_position();
                     let value = Data::from(cell.get_value().clone());
+                    let within = f64::from(row.saturating_sub(dimensions.start.0)) / height;
+                    records.read = (index as f64 + within.min(1.0)) / sheets;
                     records.cell(row, column, &value)?;
                 }
-                records.end_sheet();
+                records.end_sheet()?;
             }
         }
         SourceFormat::Ods => {
@@ -58,16 +116,17 @@ pub(crate) fn workbook_to_markdown(
                 return Err(zip_kind_mismatch(&container, format));
             };
             check_ods_repeats(&content, limits)?;
+            drop(content);
             container.check_every_entry()?;
             let workbook = Ods::new(Cursor::new(bytes)).map_err(invalid)?;
-            read_ranges(workbook, &mut records)?;
+            read_ranges(workbook, records)?;
         }
         SourceFormat::Xls => {
             // An OLE compound file, not a zip: no container caps apply. Its sheets are bounded
             // by the format (65,536 rows by 256 columns), and this runs in a parse worker whose
             // memory is capped (`super::parse_xls`).
             let workbook = Xls::new(Cursor::new(bytes)).map_err(invalid)?;
-            read_ranges(workbook, &mut records)?;
+            read_ranges(workbook, records)?;
         }
         other => {
             return Err(ParseError::UnsupportedType(format!(
@@ -76,24 +135,28 @@ pub(crate) fn workbook_to_markdown(
             )));
         }
     }
-    Ok((None, records.finish()))
+    Ok(())
 }
 
 /// Reads every sheet of a workbook calamine loads whole.
-fn read_ranges<RS, R>(mut workbook: R, records: &mut Records) -> Result<(), ParseError>
+fn read_ranges<RS, R>(mut workbook: R, records: &mut Records<'_, '_>) -> Result<(), ParseError>
 where
     RS: std::io::Read + std::io::Seek,
     R: Reader<RS>,
     R::Error: std::fmt::Display,
 {
-    for name in workbook.sheet_names() {
-        let range = workbook.worksheet_range(&name).map_err(invalid)?;
-        records.start_sheet(&name);
+    let names = workbook.sheet_names();
+    let sheets = names.len().max(1) as f64;
+    for (index, name) in names.iter().enumerate() {
+        let range = workbook.worksheet_range(name).map_err(invalid)?;
+        records.start_sheet(name)?;
         let Some((first_row, first_column)) = range.start() else {
-            records.end_sheet();
+            records.end_sheet()?;
             continue;
         };
+        let height = range.height().max(1) as f64;
         for (offset, row) in range.rows().enumerate() {
+            records.read = (index as f64 + offset as f64 / height) / sheets;
             for (column_offset, value) in row.iter().enumerate() {
                 records.cell(
                     first_row + offset as u32,
@@ -102,7 +165,7 @@ where
                 )?;
             }
         }
-        records.end_sheet();
+        records.end_sheet()?;
     }
     Ok(())
 }
@@ -167,25 +230,37 @@ pub(crate) fn csv_to_markdown(
     bytes: &[u8],
     limits: &OfficeLimits,
 ) -> Result<(String, &'static str), ParseError> {
-    let (text, encoding) = decode_text(bytes)?;
+    let mut records = Records::new(limits, None);
+    let encoding = read_csv(bytes, &mut records)?;
+    Ok((records.finish(), encoding))
+}
+
+/// Feeds every field of a CSV file to `records`; returns the text's encoding.
+fn read_csv(bytes: &[u8], records: &mut Records<'_, '_>) -> Result<&'static str, ParseError> {
+    let (text, encoding) = decode_text_borrowed(bytes)?;
     let delimiter = sniff_delimiter(&text);
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
         .delimiter(delimiter)
         .from_reader(text.as_bytes());
-    let mut records = Records::new(limits);
-    records.start_sheet("");
-    for (row, record) in reader.records().enumerate() {
-        let record = record.map_err(|error| {
+    let length = text.len().max(1) as f64;
+    records.start_sheet("")?;
+    let mut record = csv::StringRecord::new();
+    for row in 0.. {
+        let more = reader.read_record(&mut record).map_err(|error| {
             ParseError::InvalidDocument(format!("unreadable CSV at row {}: {error}", row + 1))
         })?;
+        if !more {
+            break;
+        }
+        records.read = reader.position().byte() as f64 / length;
         for (column, value) in record.iter().enumerate() {
-            records.cell(row as u32, column as u32, &Data::String(value.to_string()))?;
+            records.cell(row, column as u32, &Data::String(value.to_string()))?;
         }
     }
-    records.end_sheet();
-    Ok((records.finish(), encoding))
+    records.end_sheet()?;
+    Ok(encoding)
 }
 
 /// The delimiter of the first line: the most frequent of `,`, `;` and tab outside quotes.
@@ -210,8 +285,9 @@ fn sniff_delimiter(text: &str) -> u8 {
         .map_or(b',', |(delimiter, _)| *delimiter)
 }
 
-/// Turns cells, given row by row in order, into `Row N: Header: value; ...` paragraphs.
-struct Records<'a> {
+/// Turns cells, given row by row in order, into `Row N: Header: value; ...` paragraphs: one
+/// Markdown text, or runs handed to a sink as they fill ([`Runs`]).
+struct Records<'a, 's> {
     limits: &'a OfficeLimits,
     out: MarkdownOut,
     rows: usize,
@@ -221,10 +297,24 @@ struct Records<'a> {
     header_only: bool,
     /// The row being collected: its 0-based index and `(column, text)` of non-empty cells.
     row: Option<(u32, Vec<(u32, String)>)>,
+    /// Streaming: `out` holds the current run only.
+    runs: Option<Runs<'s>>,
+    /// The share of the file read so far (set by the reader, passed on with each run).
+    read: f64,
 }
 
-impl<'a> Records<'a> {
-    fn new(limits: &'a OfficeLimits) -> Self {
+/// Where a streaming [`Records`] hands its runs, and where it stands in the whole Markdown.
+struct Runs<'s> {
+    sink: &'s mut RecordSink<'s>,
+    run_bytes: usize,
+    /// The current sheet's heading path.
+    path: Vec<String>,
+    /// Chars of the whole Markdown written before `out`.
+    chars: u64,
+}
+
+impl<'a, 's> Records<'a, 's> {
+    fn new(limits: &'a OfficeLimits, runs: Option<Runs<'s>>) -> Self {
         Records {
             limits,
             out: MarkdownOut::default(),
@@ -233,15 +323,33 @@ impl<'a> Records<'a> {
             header: None,
             header_only: false,
             row: None,
+            runs,
+            read: 0.0,
         }
     }
 
-    fn start_sheet(&mut self, name: &str) {
+    fn start_sheet(&mut self, name: &str) -> Result<(), ParseError> {
         self.header = None;
         self.row = None;
-        if !name.trim().is_empty() {
-            self.out.heading(1, name);
+        if self.runs.is_none() {
+            if !name.trim().is_empty() {
+                self.out.heading(1, name);
+            }
+            return Ok(());
         }
+        self.hand_on()?;
+        if let Some(runs) = self.runs.as_mut() {
+            // What `MarkdownOut::heading` writes, counted, not kept: the runs carry it as
+            // their heading path.
+            let title = collapse(name);
+            if !title.is_empty() {
+                runs.chars += separator(runs.chars) + 2 + title.chars().count() as u64;
+                runs.path = vec![title];
+            } else {
+                runs.path = Vec::new();
+            }
+        }
+        Ok(())
     }
 
     fn cell(&mut self, row: u32, column: u32, value: &Data) -> Result<(), ParseError> {
@@ -254,7 +362,7 @@ impl<'a> Records<'a> {
             .as_ref()
             .is_some_and(|(current, _)| *current != row)
         {
-            self.flush_row();
+            self.flush_row()?;
         }
         let current = self.row.get_or_insert_with(|| (row, Vec::new()));
         if current.1.is_empty() {
@@ -277,8 +385,8 @@ impl<'a> Records<'a> {
         Ok(())
     }
 
-    fn end_sheet(&mut self) {
-        self.flush_row();
+    fn end_sheet(&mut self) -> Result<(), ParseError> {
+        self.flush_row()?;
         if let Some(header) = self.header.take() {
             // A sheet with a header and no rows still says what it holds.
             if !header.is_empty() && self.header_only {
@@ -293,14 +401,15 @@ impl<'a> Records<'a> {
                 ));
             }
         }
+        self.hand_on()
     }
 
-    fn flush_row(&mut self) {
+    fn flush_row(&mut self) -> Result<(), ParseError> {
         let Some((row, cells)) = self.row.take() else {
-            return;
+            return Ok(());
         };
         if cells.is_empty() {
-            return;
+            return Ok(());
         }
         let Some(header) = &self.header else {
             let width = cells.iter().map(|(column, _)| *column as usize + 1).max();
@@ -310,7 +419,7 @@ impl<'a> Records<'a> {
             }
             self.header = Some(header);
             self.header_only = true;
-            return;
+            return Ok(());
         };
         self.header_only = false;
         let fields: Vec<String> = cells
@@ -326,11 +435,43 @@ impl<'a> Records<'a> {
             .collect();
         self.out
             .paragraph(&format!("Row {}: {}", row + 1, fields.join("; ")));
+        match &self.runs {
+            Some(runs) if self.out.len() >= runs.run_bytes => self.hand_on(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Streaming: hands the current run to the sink and starts the next.
+    fn hand_on(&mut self) -> Result<(), ParseError> {
+        let Some(Runs {
+            sink, path, chars, ..
+        }) = self.runs.as_mut()
+        else {
+            return Ok(());
+        };
+        // Cleaned as the whole-file parse cleans its Markdown (control characters dropped).
+        let text = clean_extracted(&std::mem::take(&mut self.out).finish());
+        if text.trim().is_empty() {
+            return Ok(());
+        }
+        let start_char = *chars + separator(*chars);
+        *chars = start_char + text.chars().count() as u64;
+        sink(RecordRun {
+            heading_path: path,
+            text: &text,
+            start_char,
+            read: self.read.clamp(0.0, 1.0),
+        })
     }
 
     fn finish(self) -> String {
         self.out.finish()
     }
+}
+
+/// The blank line `MarkdownOut` writes between blocks, after the first.
+fn separator(chars_before: u64) -> u64 {
+    if chars_before > 0 { 2 } else { 0 }
 }
 
 /// A cell as text: whole numbers without a fraction, dates as ISO dates, newlines as spaces.
@@ -364,4 +505,168 @@ fn column_letters(column: u32) -> String {
     }
     letters.reverse();
     String::from_utf8(letters).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::stream_records;
+    use super::*;
+    use crate::parse::{ParseOptions, parse_document};
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = format!(
+            "{}/../tests/fixtures/office/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        std::fs::read(&path).unwrap_or_else(|error| panic!("{path}: {error}"))
+    }
+
+    /// Every run of `bytes` read with `run_bytes`: (heading path, text, start char, read).
+    fn runs(
+        bytes: &[u8],
+        format: SourceFormat,
+        limits: &OfficeLimits,
+        run_bytes: usize,
+    ) -> Result<Vec<(Vec<String>, String, u64, f64)>, ParseError> {
+        let mut runs = Vec::new();
+        stream_records(bytes, format, limits, run_bytes, &mut |run| {
+            runs.push((
+                run.heading_path.to_vec(),
+                run.text.to_string(),
+                run.start_char,
+                run.read,
+            ));
+            Ok(())
+        })?;
+        Ok(runs)
+    }
+
+    fn rows(count: usize) -> Vec<u8> {
+        let mut csv = String::from("id,name,note\n");
+        for row in 0..count {
+            csv.push_str(&format!("{row},item {row},\"a note, with a comma\"\n"));
+        }
+        csv.into_bytes()
+    }
+
+    #[test]
+    fn runs_are_the_whole_file_markdown_piece_by_piece_under_their_sheet() {
+        let limits = OfficeLimits::default();
+        let large = rows(5_000);
+        for (name, bytes) in [
+            ("inventory.xlsx", fixture("inventory.xlsx")),
+            ("inventory.ods", fixture("inventory.ods")),
+            ("people.csv", fixture("people.csv")),
+            ("large.csv", large.clone()),
+        ] {
+            let format = SourceFormat::from_file_name(name).unwrap();
+            let whole = parse_document(&bytes, format, &ParseOptions::default())
+                .unwrap()
+                .text;
+            let whole_chars: Vec<char> = whole.chars().collect();
+            for run_bytes in [1, 100, 64 * 1024] {
+                let runs = runs(&bytes, format, &limits, run_bytes).unwrap();
+                let mut rows_seen = 0;
+                let mut last_end = 0;
+                let mut last_read = 0.0;
+                for (path, text, start, read) in &runs {
+                    // The run is the whole Markdown's text at its offset.
+                    let start = *start as usize;
+                    let length = text.chars().count();
+                    let at: String = whole_chars[start..start + length].iter().collect();
+                    assert_eq!(&at, text, "{name}, runs of {run_bytes}");
+                    assert!(start >= last_end, "{name}: runs in order");
+                    last_end = start + length;
+                    // Its heading path is the sheet heading above it.
+                    let before: String = whole_chars[..start].iter().collect();
+                    let heading = before
+                        .lines()
+                        .rev()
+                        .find_map(|line| line.strip_prefix("# "))
+                        .map(|title| vec![title.to_string()])
+                        .unwrap_or_default();
+                    assert_eq!(path, &heading, "{name}");
+                    assert!(*read >= last_read && *read <= 1.0, "{name}: {read}");
+                    last_read = *read;
+                    rows_seen += text.matches("Row ").count();
+                }
+                assert_eq!(rows_seen, whole.matches("Row ").count(), "{name}");
+                assert!(last_end <= whole_chars.len());
+                if run_bytes == 1 {
+                    assert_eq!(
+                        runs.len(),
+                        whole.matches("Row ").count(),
+                        "{name}: a run a row"
+                    );
+                }
+            }
+        }
+        // Runs of 64 KiB: the 5,000 rows come in a few runs, not one.
+        let count = runs(&large, SourceFormat::Csv, &limits, 64 * 1024)
+            .unwrap()
+            .len();
+        assert!((2..10).contains(&count), "{count} runs");
+    }
+
+    #[test]
+    fn a_limit_passed_half_way_stops_the_runs_with_its_error() {
+        let limits = OfficeLimits {
+            max_rows: 1_000,
+            ..OfficeLimits::default()
+        };
+        let mut handed = 0;
+        let error = stream_records(&rows(5_000), SourceFormat::Csv, &limits, 1024, &mut |_| {
+            handed += 1;
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(matches!(error, ParseError::DocumentTooLarge(_)), "{error}");
+        assert!(handed > 0, "runs before the limit were handed on");
+
+        // The sink's own error stops the reading at once and comes back.
+        let mut handed = 0;
+        let error = stream_records(
+            &rows(5_000),
+            SourceFormat::Csv,
+            &OfficeLimits::default(),
+            1024,
+            &mut |_| {
+                handed += 1;
+                Err(ParseError::InvalidDocument("stop".into()))
+            },
+        )
+        .unwrap_err();
+        assert_eq!(handed, 1);
+        assert!(matches!(error, ParseError::InvalidDocument(ref m) if m == "stop"));
+
+        // Nothing to read is `empty`, as for the whole-file parse; other formats are refused.
+        let empty = stream_records(b"id,name\n", SourceFormat::Csv, &limits, 1024, &mut |_| {
+            Ok(())
+        });
+        assert!(empty.is_ok(), "a header alone says what the file holds");
+        let blank = stream_records(b"\n\n", SourceFormat::Csv, &limits, 1024, &mut |_| Ok(()));
+        assert!(matches!(blank, Err(ParseError::Empty)), "{blank:?}");
+        let docx = stream_records(
+            &fixture("report.docx"),
+            SourceFormat::Docx,
+            &limits,
+            1024,
+            &mut |_| Ok(()),
+        );
+        assert!(
+            matches!(docx, Err(ParseError::UnsupportedType(_))),
+            "{docx:?}"
+        );
+        let lying = stream_records(
+            &fixture("report.docx"),
+            SourceFormat::Xlsx,
+            &limits,
+            1024,
+            &mut |_| Ok(()),
+        );
+        assert!(
+            matches!(lying, Err(ParseError::ContentMismatch { .. })),
+            "{lying:?}"
+        );
+    }
 }
