@@ -18,11 +18,15 @@ Workloads:
   texlive-latex-recommended-doc), embeddings from `scripts/embed-server.py` (hash vectors at
   fixed cost), for memory.
 - `csv100`: an 85 MB CSV written here (180,000 rows of five columns of prose; `--csv-rows`
-  for another size), hash embeddings, `max_upload_bytes` raised to 200 MB.
+  for another size: 200,000, the default `sheet_max_rows`, make 94 MB), hash embeddings.
 - `xlsx100`: an XLSX written here (one million rows of three cells of inline strings, 40 MB
   zipped; `--xlsx-rows` for fewer), hash embeddings: it unpacks past the 256 MiB cap and is
   refused with `document_too_large`; its memory is the figure. With `--xlsx-rows 150000` it
   is taken and indexed.
+
+The node's settings come from the environment as usual: `SIFT_INGEST_STREAM_BYTES=
+9223372036854775807` parses and chunks a spreadsheet whole instead of a run of rows at a time
+(ADR 0036), for a before/after on one build.
 
 Needs: a built `target/release/sift` (or $SIFT_BIN), the embedded model
 (scripts/fetch-model.sh), python3, the two Debian doc packages.
@@ -140,7 +144,7 @@ def stage_seconds(key):
 def run(name, path, hash_embeddings, work, extra_env=None):
     data = tempfile.mkdtemp(dir=work)
     key = "sk-sift-" + secrets.token_hex(6) + "-" + secrets.token_hex(24)
-    env = dict(os.environ, SIFT_ADMIN_KEY=key, SIFT_MAX_UPLOAD_BYTES=str(200 << 20))
+    env = dict(os.environ, SIFT_ADMIN_KEY=key)
     env.update(extra_env or {})
     config = os.path.join(data, "sift.toml")
     with open(config, "w") as f:

@@ -713,10 +713,13 @@ async fn kb(client: &Client, command: KbCommand) -> Result<(), CliError> {
 const INGESTED_EXTENSIONS: &[&str] = sift_actors::ingest::parse::SUPPORTED_EXTENSIONS;
 
 /// The files to upload: named files as they are, folders walked for files with an
-/// [`INGESTED_EXTENSIONS`] extension. Each other file met in a folder is named on stderr as
-/// skipped (hidden files, dot-files, are passed over without a word).
-fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+/// [`INGESTED_EXTENSIONS`] extension; and how many files met in a folder were refused. An
+/// old binary Word or PowerPoint file is a document Sift cannot read: named on stderr as
+/// refused (`unsupported_type`, as the node would answer) and counted. Any other file is named
+/// as skipped (hidden files, dot-files, are passed over without a word).
+fn collect_files(paths: &[PathBuf]) -> anyhow::Result<(Vec<PathBuf>, usize)> {
     let mut files = Vec::new();
+    let mut refused = 0;
     for path in paths {
         let metadata = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
         if metadata.is_dir() {
@@ -741,11 +744,17 @@ fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
                     {
                         let name = entry.to_string_lossy();
                         match sift_actors::ingest::office::legacy_office_format(&name) {
-                            Some(format) => eprintln!(
-                                "{}: skipped: {format} is an old binary format that is not \
-                                 supported (save it as the newer format)",
-                                entry.display()
-                            ),
+                            Some(format) => {
+                                refused += 1;
+                                eprintln!(
+                                    "{}: refused: unsupported_type: {}",
+                                    entry.display(),
+                                    sift_actors::ingest::office::legacy_office_message(
+                                        format,
+                                        sift_actors::ingest::office::legacy_save_as(format)
+                                    )
+                                );
+                            }
                             None => eprintln!(
                                 "{}: skipped: not a supported type ({})",
                                 entry.display(),
@@ -763,7 +772,7 @@ fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
             files.push(path.clone()); // named explicitly: let the node judge the type
         }
     }
-    Ok(files)
+    Ok((files, refused))
 }
 
 /// What `ingest` did.
@@ -771,7 +780,8 @@ fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
 pub struct Ingested {
     /// The document ids of the accepted files.
     pub ids: Vec<String>,
-    /// Files the node refused (each named on stderr with its reason).
+    /// Files the node refused and old binary Office files met in a folder (each named on
+    /// stderr with its reason).
     pub refused: usize,
     /// Accepted files that failed in the pipeline (when waited for).
     pub failed: usize,
@@ -800,8 +810,8 @@ pub async fn ingest(
             .is_some_and(|text| text.starts_with("http://") || text.starts_with("https://"))
     });
     let paths: Vec<PathBuf> = paths.into_iter().cloned().collect();
-    let files = collect_files(&paths)?;
-    if files.is_empty() && urls.is_empty() {
+    let (files, mut refused) = collect_files(&paths)?;
+    if files.is_empty() && urls.is_empty() && refused == 0 {
         return Err(CliError::Other(anyhow::anyhow!("no files to ingest")));
     }
     let bar = ProgressBar::new((files.len() + urls.len()) as u64);
@@ -812,7 +822,6 @@ pub async fn ingest(
     );
     bar.set_message("uploading");
     let mut ids = Vec::new();
-    let mut refused = 0;
     for url in urls {
         let url = url.to_string_lossy().into_owned();
         let answer: Result<Value, CliError> = client

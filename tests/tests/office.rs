@@ -426,7 +426,7 @@ async fn bad_office_files_are_refused_with_their_codes_and_nothing_is_stored() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sift_ingest_uploads_office_files_and_names_old_binary_ones_it_skips() {
+async fn sift_ingest_uploads_office_files_and_refuses_old_binary_ones() {
     let (dir, node) = node().await;
     let folder = dir.path().join("shared-drive");
     std::fs::create_dir_all(&folder).unwrap();
@@ -442,14 +442,16 @@ async fn sift_ingest_uploads_office_files_and_names_old_binary_ones_it_skips() {
         .await
         .expect("running sift ingest");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    let skipped = stderr
+    // The old Word file is a document the run could not take: named, counted, exit 1.
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let refused = stderr
         .lines()
         .find(|line| line.contains("old-minutes.doc"))
         .unwrap_or_else(|| panic!("the old file is named: {stderr}"));
-    assert!(skipped.contains("skipped"), "{skipped}");
-    assert!(skipped.contains("Word 97-2003"), "{skipped}");
-    assert!(stderr.contains("4 ready, 0 failed, 0 refused"), "{stderr}");
+    assert!(refused.contains("refused: unsupported_type"), "{refused}");
+    assert!(refused.contains("Word 97-2003"), "{refused}");
+    assert!(refused.contains("save it as .docx"), "{refused}");
+    assert!(stderr.contains("4 ready, 0 failed, 1 refused"), "{stderr}");
     let counts = node.client().wait_ready(KB, 4, WAIT).await;
     assert_eq!(counts["total"], 4, "{counts}");
     node.shutdown().await;
