@@ -5,11 +5,13 @@
 
 (default corpus: every PDF under /usr/share/doc). Builds `parse/examples/pdf_text.rs` in
 release (into `$CARGO_TARGET_DIR`, else `target/`), runs it on every file in one process,
-runs plain `pdftotext` (poppler-utils) per file as the reference, and runs each candidate per
-file: CMD is split like a shell line, `{in}` replaced by the PDF and `{out}` by the text file
-to write, e.g.
+runs plain `pdftotext` (poppler-utils) per file as the reference and each candidate per file,
+taking turns file by file (a load that changes during the run weighs on them alike): CMD is
+split like a shell line, `{in}` replaced by the PDF, `{out}` by the text file to write and
+`{dir}` by its folder (the file is named after the PDF's stem, `NAME.txt`), e.g.
 
     --candidate 'mupdf=mutool draw -q -F txt -o {out} {in}'
+    --candidate 'pdf_oxide per process=target/release/examples/pdf_text {dir} {in}'
 
 A candidate run ends as `ok` (exit 0, {out} written), `timeout` (past --timeout, default
 60 s, or exit 124), `panicked` (exit 3 or 101: a Rust tool that caught or died of a panic),
@@ -100,7 +102,10 @@ def run_sift(files, out_dir):
 
 def run_command(template, path, out, timeout):
     """Runs one candidate on one file: (status, seconds)."""
-    command = [part.replace("{in}", path).replace("{out}", out) for part in shlex.split(template)]
+    command = [
+        part.replace("{in}", path).replace("{out}", out).replace("{dir}", os.path.dirname(out))
+        for part in shlex.split(template)
+    ]
     started = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, timeout=timeout)
@@ -148,17 +153,16 @@ def main():
     # Tool -> {stem: (status, seconds)}.
     runs = {}
     runs[SIFT], tables = run_sift(files, dirs[SIFT])
+    # pdftotext and the candidates take turns file by file, so that a machine whose load
+    # changes during the run weighs on each of them alike.
     reference, pages = {}, {}
+    runs["pdftotext"] = reference
+    for name, _ in candidates:
+        runs[name] = {}
     for path in files:
         stem = stem_of(path)
-        target = os.path.join(dirs["pdftotext"], stem + ".txt")
-        reference[stem] = run_command("pdftotext -q {in} {out}", path, target, options.timeout)
         pages[stem] = pages_of(path)
-    runs["pdftotext"] = reference
-    for name, command in candidates:
-        runs[name] = {}
-        for path in files:
-            stem = stem_of(path)
+        for name, command in [("pdftotext", "pdftotext -q {in} {out}")] + candidates:
             target = os.path.join(dirs[name], stem + ".txt")
             runs[name][stem] = run_command(command, path, target, options.timeout)
 
