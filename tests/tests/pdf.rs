@@ -234,6 +234,8 @@ async fn bad_pdfs_are_refused_with_their_codes_and_nothing_is_stored() {
         ("truncated.pdf", fixture("truncated.pdf"), "invalid_pdf"),
         ("fake.pdf", b"%PDF-1.7\n%binary".to_vec(), "invalid_pdf"),
         ("scan.pdf", fixture("scanned.pdf"), "no_text_layer"),
+        ("loop.pdf", fixture("page-tree-loop.pdf"), "invalid_pdf"),
+        ("bomb.pdf", fixture("flate-bomb.pdf"), "pdf_too_large"),
     ];
     for (name, bytes, code) in refusals {
         let message = client.upload(KB, name, bytes).await.expect_error(422, code);
@@ -247,11 +249,18 @@ async fn bad_pdfs_are_refused_with_their_codes_and_nothing_is_stored() {
         .map(|entries| entries.filter_map(Result::ok).map(|e| e.path()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "{left:?}");
-    // The node still serves.
+    // The node still serves, and reads the damage readers repair: a broken xref table (the
+    // objects found by scanning) and a stream that declares 2 GiB (read to its `endstream`).
     client
         .upload_ok(KB, "fine.txt", b"still here".to_vec())
         .await;
-    client.wait_ready(KB, 1, WAIT).await;
+    client
+        .upload_ok(KB, "xref.pdf", fixture("broken-xref.pdf"))
+        .await;
+    client
+        .upload_ok(KB, "long.pdf", fixture("huge-length.pdf"))
+        .await;
+    client.wait_ready(KB, 3, WAIT).await;
     node.shutdown().await;
 }
 

@@ -53,6 +53,7 @@ pub fn extract_pdf(
         if Instant::now() >= deadline {
             return Err(over_budget(limits));
         }
+        check_content_stream(&document, index, page_count)?;
         // A page with a table (ruled, or text laid out as a grid) is read as Markdown, the
         // table as a Markdown table in its place; other pages as plain text.
         let raw = match page_with_tables(&document, index) {
@@ -191,6 +192,30 @@ fn save_page_image(
 }
 
 /// The parser's error as ours: a locked document, or one we cannot read.
+/// Refuses page `index` when its content stream decodes past pdf_oxide's cap on one
+/// FlateDecode stream (256 MiB, `FlateDecoder`'s `DEFAULT_MAX_DECOMPRESSED_BYTES`): its text
+/// extraction reads such a page as empty, which would make a flate bomb a "scanned" page (or a
+/// `no_text_layer` document) instead of a refusal. pdf_oxide keeps the decoded bytes of a page
+/// that passes, so the extraction after this does not decode them again. Other decoding errors
+/// are left to the extraction, as before. A stream inside an array of content streams or in a
+/// form XObject is skipped by pdf_oxide without an error and is not seen here.
+fn check_content_stream(
+    document: &PdfDocument,
+    index: usize,
+    page_count: usize,
+) -> Result<(), ParseError> {
+    match document.get_page_content_data(index) {
+        // pdf_oxide's only sign of its cap is the message of a `Decode` error.
+        Err(PdfError::Decode(message)) if message.contains("safety limit") => {
+            Err(ParseError::PdfTooLarge(reason(&format!(
+                "page {} of {page_count}: {message}",
+                index + 1
+            ))))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn classify(error: PdfError) -> ParseError {
     match error {
         PdfError::EncryptedPdf => ParseError::EncryptedPdf,

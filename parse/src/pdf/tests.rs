@@ -323,3 +323,47 @@ fn a_table_is_kept_as_a_markdown_table_in_its_place() {
         chunked.children
     );
 }
+
+#[test]
+fn a_broken_xref_table_is_rebuilt_from_the_objects() {
+    // Every offset of the xref table points into garbage; the objects are intact. pdf_oxide
+    // rebuilds the table by scanning them, as pdftotext and mutool do: every page is read.
+    let document = parse("broken-xref.pdf").unwrap();
+    assert_eq!(document.pages.len(), 3, "{document:?}");
+    assert!(page_text(&document, 1).starts_with("Harbour Lights"));
+    assert!(page_text(&document, 3).contains("Spring tides"));
+}
+
+#[test]
+fn a_page_tree_that_loops_is_invalid_pdf() {
+    // The root's /Kids holds a page, the root itself and a node whose /Kids holds the root
+    // and itself; /Count says 4. The loop is not followed: the page after the first is
+    // missing, and a document with a missing page is refused.
+    let error = parse("page-tree-loop.pdf").unwrap_err();
+    assert_eq!(error.code(), "invalid_pdf", "{error}");
+    assert!(error.to_string().contains("page 2 of 4"), "{error}");
+}
+
+#[test]
+fn a_declared_2_gib_stream_is_read_to_its_endstream() {
+    // /Length 2147483648 on a stream of a few hundred bytes: nothing of that size is
+    // allocated; the stream ends at its `endstream` and the page is read.
+    let document = parse("huge-length.pdf").unwrap();
+    assert_eq!(document.pages.len(), 1, "{document:?}");
+    assert!(page_text(&document, 1).contains("long winter nights"));
+}
+
+#[test]
+fn a_content_stream_that_inflates_past_the_cap_is_pdf_too_large() {
+    // 300 KB that inflate to 300 MiB: pdf_oxide stops at its 256 MiB cap, and the page is
+    // refused rather than read as an empty (scanned) page.
+    let error = parse("flate-bomb.pdf").unwrap_err();
+    assert_eq!(error.code(), "pdf_too_large", "{error}");
+    assert!(error.to_string().contains("page 1 of 1"), "{error}");
+    let accepted = PdfLimits {
+        scanned: Scanned::Accept,
+        ..PdfLimits::default()
+    };
+    let error = parse_pdf(&fixture("flate-bomb.pdf"), &accepted).unwrap_err();
+    assert_eq!(error.code(), "pdf_too_large", "{error}");
+}
