@@ -5,7 +5,7 @@
 // reload draws them again and resumes the stream after the last id (`Last-Event-ID`).
 import { api, stream, enc } from './api.js';
 import { h, replace, formatTime, notice, openDialog, field } from './dom.js';
-import { t } from './i18n.js';
+import { t, placeLabel } from './i18n.js';
 import { allKbs } from './kbs.js';
 
 const saved = (session) => `sift.run.${session}`;
@@ -324,7 +324,7 @@ async function openCitation(citation) {
   const title = `[${citation.n}] ${citation.document_title || citation.document_id}`;
   const meta = (chunk) => h('p', { class: 'meta' }, [
     chunk?.heading_path?.length ? chunk.heading_path.join(' › ') : '',
-    citation.pages ? t('pages', { first: citation.pages.first, last: citation.pages.last }) : '',
+    placeLabel(citation.pages, chunk?.heading_path),
     `${t('span')} ${citation.span?.[0]}–${citation.span?.[1]}`,
     citation.external_id || '',
   ].filter(Boolean).join(' · '));

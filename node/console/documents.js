@@ -3,7 +3,7 @@
 // status on the node (`?status=`); a document's chunks; delete.
 import { api, stream, enc } from './api.js';
 import { h, replace, field, formatBytes, formatTime, notice, openDialog } from './dom.js';
-import { t, statusLabel } from './i18n.js';
+import { t, placeLabel, statusLabel } from './i18n.js';
 
 const STATUSES = ['queued', 'parsing', 'chunking', 'embedding', 'indexing', 'ready', 'failed'];
 const FINAL = new Set(['ready', 'failed', 'deleted']);
@@ -273,7 +273,7 @@ async function showChunks(kb, doc) {
         { id: `chunk-${chunk.chunk_id}` },
         h('p', { class: 'meta' }, [
           (chunk.heading_path || []).join(' › '),
-          chunk.pages ? t('pages', { first: chunk.pages.first, last: chunk.pages.last }) : '',
+          placeLabel(chunk.pages, chunk.heading_path),
           `${t('span')} ${chunk.span?.[0]}–${chunk.span?.[1]}`,
         ].filter(Boolean).join(' · ')),
         h('p', { class: 'text' }, chunk.text),

@@ -18,7 +18,10 @@ const STRINGS = {
     delete: 'Delete',
     previous: 'Previous page',
     next: 'Next page',
+    page: 'page {first}',
     pages: 'pages {first}–{last}',
+    slide: 'slide {first}',
+    slides: 'slides {first}–{last}',
     span: 'characters',
     'signIn.title': 'Sign in',
     'signIn.key': 'API key',
@@ -175,7 +178,10 @@ const STRINGS = {
     delete: '删除',
     previous: '上一页',
     next: '下一页',
+    page: '第 {first} 页',
     pages: '第 {first}–{last} 页',
+    slide: '第 {first} 张幻灯片',
+    slides: '第 {first}–{last} 张幻灯片',
     span: '字符',
     'signIn.title': '登录',
     'signIn.key': 'API 密钥',
@@ -334,6 +340,18 @@ export function setLanguage(code) {
 export function t(name, values = {}) {
   const text = STRINGS[language()][name] ?? STRINGS.en[name] ?? name;
   return text.replace(/\{(\w+)\}/g, (whole, key) => (key in values ? String(values[key]) : whole));
+}
+
+/** Where a hit, chunk or citation lies: `page 2`, `pages 2–3`, or `slide 2` / `slides 2–3`
+ * for a deck's slides ('' without pages). Hits name no format, but a deck's Markdown heads
+ * every slide `# Slide N: title` (ADR 0026), so a chunk of a slide starts its heading path
+ * with the heading of its first page; without a heading path it says `page`. */
+export function placeLabel(pages, headingPath) {
+  if (!pages) return '';
+  const slide = /^Slide (\d+)(:|$)/.exec(headingPath?.[0] || '');
+  const deck = slide !== null && Number(slide[1]) === pages.first;
+  const one = pages.first === pages.last;
+  return t(deck ? (one ? 'slide' : 'slides') : (one ? 'page' : 'pages'), pages);
 }
 
 export function statusLabel(status) {

@@ -2,7 +2,7 @@
 // heading path, pages and each channel's rank and score; failed shards as a warning.
 import { api, enc } from './api.js';
 import { h, replace, field, notice } from './dom.js';
-import { t } from './i18n.js';
+import { t, placeLabel } from './i18n.js';
 import { allKbs } from './kbs.js';
 
 export function render(main, route) {
@@ -132,7 +132,7 @@ function show(results, answer) {
       h('span', { class: 'score' }, `${t('search.score')} ${number(hit.score)}`)),
     hit.heading_path?.length ? h('p', { class: 'meta' }, hit.heading_path.join(' › ')) : null,
     h('p', { class: 'meta' }, [
-      hit.pages ? t('pages', { first: hit.pages.first, last: hit.pages.last }) : '',
+      placeLabel(hit.pages, hit.heading_path),
       `${t('span')} ${hit.span?.[0]}–${hit.span?.[1]}`,
       ...Object.entries(hit.channels || {}).map(([channel, info]) =>
         `${channel} #${info.rank} (${number(info.score)})`),

@@ -936,15 +936,36 @@ pub async fn ingest(
 }
 
 /// Where a hit or citation lies: `page 2` or `pages 2–3` (and its chars) when its document
-/// has pages, else its chars.
+/// has pages, `slide 2` or `slides 2–3` when they are a deck's slides, else its chars.
 pub(crate) fn place(item: &Value) -> String {
     let chars = format!("chars {}–{}", item["span"][0], item["span"][1]);
     let pages = &item["pages"];
+    let (one, many) = if on_slides(item) {
+        ("slide", "slides")
+    } else {
+        ("page", "pages")
+    };
     match (pages["first"].as_u64(), pages["last"].as_u64()) {
-        (Some(first), Some(last)) if first == last => format!("page {first}, {chars}"),
-        (Some(first), Some(last)) => format!("pages {first}–{last}, {chars}"),
+        (Some(first), Some(last)) if first == last => format!("{one} {first}, {chars}"),
+        (Some(first), Some(last)) => format!("{many} {first}–{last}, {chars}"),
         _ => chars,
     }
+}
+
+/// Whether the pages of a hit are a deck's slides. A hit names no format, but a deck's Markdown
+/// gives every slide the heading `# Slide N: title` (ADR 0026), and only a slide's chunks start
+/// their heading path with the heading of their first page. A citation carries no heading
+/// path: it says `page`.
+fn on_slides(item: &Value) -> bool {
+    let Some(first) = item["pages"]["first"].as_u64() else {
+        return false;
+    };
+    item["heading_path"][0].as_str().is_some_and(|heading| {
+        heading
+            .strip_prefix("Slide ")
+            .map(|rest| rest.split(':').next().unwrap_or_default())
+            .is_some_and(|number| number == first.to_string())
+    })
 }
 
 pub fn print_hits(query: &str, answer: &Value) {
@@ -1080,6 +1101,30 @@ pub async fn search(
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn a_deck_hit_says_slide_and_a_pdf_hit_says_page() {
+        let slide = serde_json::json!({
+            "span": [10, 20],
+            "pages": {"first": 2, "last": 2},
+            "heading_path": ["Slide 2: Storage Engine"],
+        });
+        assert_eq!(place(&slide), "slide 2, chars 10–20");
+        let slides = serde_json::json!({
+            "span": [10, 90],
+            "pages": {"first": 3, "last": 4},
+            "heading_path": ["Slide 3"],
+        });
+        assert_eq!(place(&slides), "slides 3–4, chars 10–90");
+        let pdf = serde_json::json!({
+            "span": [0, 5],
+            "pages": {"first": 7, "last": 8},
+            "heading_path": ["Slide rules", "History"],
+        });
+        assert_eq!(place(&pdf), "pages 7–8, chars 0–5");
+        let text = serde_json::json!({"span": [0, 5], "pages": null, "heading_path": []});
+        assert_eq!(place(&text), "chars 0–5");
+    }
 
     /// Every argument of every command explains itself, and every command a user runs shows
     /// examples (its own, or its parent's for `sift kb create` and the like).

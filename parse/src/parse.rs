@@ -729,6 +729,22 @@ const SKIPPED_ROLES: &[&str] = &[
     "alertdialog",
 ];
 
+/// Whether `element` holds a footnote or endnote (EPUB's `<aside epub:type="footnote">`,
+/// DPUB-ARIA's `role="doc-footnote"`): text of the document, though an `aside`.
+fn is_note(element: ElementRef) -> bool {
+    let marks = |value: Option<&str>| {
+        value.is_some_and(|value| {
+            value.split_whitespace().any(|word| {
+                matches!(
+                    word,
+                    "footnote" | "endnote" | "rearnote" | "doc-footnote" | "doc-endnote"
+                )
+            })
+        })
+    };
+    marks(element.value().attr("epub:type")) || marks(element.value().attr("role"))
+}
+
 /// Elements that start a new paragraph.
 const BLOCK_ELEMENTS: &[&str] = &[
     "p",
@@ -907,7 +923,8 @@ impl MarkdownWriter {
     fn open(&mut self, element: ElementRef) -> Descend {
         let name = element.value().name();
         if (SKIPPED_ELEMENTS.contains(&name)
-            && !(self.keep_headers && matches!(name, "header" | "footer")))
+            && !(self.keep_headers && matches!(name, "header" | "footer"))
+            && !is_note(element))
             || element
                 .value()
                 .attr("role")

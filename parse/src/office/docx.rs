@@ -5,12 +5,16 @@
 //! English whatever the UI language, or by an outline level on the style or the paragraph,
 //! following `basedOn` chains) becomes a heading; a paragraph with numbering (its own or its
 //! style's) becomes a list item at its level; tables become pipe tables (a nested table is
-//! flattened into its cell; a merged cell stands in every grid cell it covers). A comment is
-//! written after the paragraph that carries its reference, so it is indexed under the same
-//! heading. A picture (`a:blip`) of a paragraph is placed after it as a marker for OCR
-//! ([`super::Pictures`]); the comments and pictures of a table's cells follow the table.
-//! Deleted revisions (`w:delText`), field codes and the `mc:Fallback` copies of drawings are
-//! left out; headers, footers and footnotes are not read.
+//! flattened into its cell; a merged cell stands in every grid cell it covers). A comment, a
+//! footnote and an endnote are written after the paragraph that carries their reference
+//! (`Comment (author): ...`, `Footnote 1: ...`, `Endnote 1: ...`, numbered in reference
+//! order as Word shows them), so each is indexed under the same heading as the text it
+//! annotates. The headers and footers the sections use follow the body under
+//! `# Headers and footers`, each distinct text once (`Header: ...`, `Footer: ...`), so that a
+//! header repeated on every section is indexed once and never joins a body chunk. A picture
+//! (`a:blip`) of a paragraph is placed after it as a marker for OCR ([`super::Pictures`]);
+//! the comments, notes and pictures of a table's cells follow the table. Deleted revisions
+//! (`w:delText`), field codes and the `mc:Fallback` copies of drawings are left out.
 
 use std::collections::HashMap;
 
@@ -42,7 +46,10 @@ pub(crate) fn docx_to_markdown(
         Some(xml) => Numbering::parse(&xml)?,
         None => Numbering::default(),
     };
-    let comments = read_comments(&mut container, &main)?;
+    let relationships = part_relationships(&mut container, &main)?;
+    let comments = read_notes(&mut container, &relationships, NoteKind::Comment)?;
+    let footnotes = read_notes(&mut container, &relationships, NoteKind::Footnote)?;
+    let endnotes = read_notes(&mut container, &relationships, NoteKind::Endnote)?;
     let core_title = core_title(&mut container)?;
     let xml = container
         .read_text(&main)?
@@ -55,11 +62,27 @@ pub(crate) fn docx_to_markdown(
         styles: &styles,
         numbering: &numbering,
         comments: &comments,
+        footnotes: &footnotes,
+        endnotes: &endnotes,
     };
-    let relationships = part_relationships(&mut container, &main)?;
     let mut pictures = Pictures::default();
-    let (first_title, mut markdown) =
-        body_to_markdown(&xml, &main, &context, &relationships, &mut pictures)?;
+    let mut out = MarkdownOut::default();
+    let body = body_to_markdown(
+        &xml,
+        &main,
+        &context,
+        &relationships,
+        &mut pictures,
+        &mut out,
+    )?;
+    write_headers_and_footers(
+        &mut container,
+        &relationships,
+        &body.section_parts,
+        &mut out,
+    )?;
+    let first_title = body.title;
+    let mut markdown = out.finish();
     let pictures = pictures.resolve(&mut container, &mut markdown)?;
     Ok((core_title.or(first_title), markdown, pictures))
 }
@@ -140,63 +163,183 @@ pub(crate) fn core_title(container: &mut Container<'_>) -> Result<Option<String>
         .next())
 }
 
-/// Comment id -> `"Comment (author): text"`.
-fn read_comments(
+/// The annotations a paragraph can reference, each in a part of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoteKind {
+    /// `w:comment` in `comments.xml`, referenced by `w:commentReference`.
+    Comment,
+    /// `w:footnote` in `footnotes.xml`, referenced by `w:footnoteReference`.
+    Footnote,
+    /// `w:endnote` in `endnotes.xml`, referenced by `w:endnoteReference`.
+    Endnote,
+}
+
+impl NoteKind {
+    /// The element of one note and the tail of its part's relationship type.
+    fn element(self) -> &'static str {
+        match self {
+            NoteKind::Comment => "comment",
+            NoteKind::Footnote => "footnote",
+            NoteKind::Endnote => "endnote",
+        }
+    }
+
+    fn relationship(self) -> &'static str {
+        match self {
+            NoteKind::Comment => "/comments",
+            NoteKind::Footnote => "/footnotes",
+            NoteKind::Endnote => "/endnotes",
+        }
+    }
+}
+
+/// One comment, footnote or endnote: its author (comments only) and its text on one line.
+#[derive(Debug, Clone)]
+struct Note {
+    author: String,
+    text: String,
+}
+
+/// Note id -> note, from the parts of `kind` the main part's `relationships` name. Footnote
+/// separators (`w:type="separator"` and the like) have no text and are left out.
+fn read_notes(
     container: &mut Container<'_>,
-    main: &str,
-) -> Result<HashMap<String, String>, ParseError> {
-    let mut comments = HashMap::new();
-    let targets: Vec<String> = part_relationships(container, main)?
-        .into_iter()
-        .filter(|relationship| relationship.kind.ends_with("/comments"))
-        .map(|relationship| relationship.target)
-        .collect();
-    for target in targets {
-        let Some(xml) = container.read_text(&target)? else {
+    relationships: &[Relationship],
+    kind: NoteKind,
+) -> Result<HashMap<String, Note>, ParseError> {
+    let mut notes = HashMap::new();
+    let element = kind.element();
+    for relationship in relationships {
+        if !relationship.kind.ends_with(kind.relationship()) {
+            continue;
+        }
+        let target = &relationship.target;
+        let Some(xml) = container.read_text(target)? else {
             continue;
         };
-        let mut walker = XmlWalker::new(&xml, &target);
-        let mut current: Option<(String, String, String)> = None;
+        let mut walker = XmlWalker::new(&xml, target);
+        let mut current: Option<(String, Note)> = None;
         let mut in_text = false;
+        let mut skip_depth = 0usize;
         while let Some(node) = walker.next_node()? {
-            match &node {
-                node if node.is_open("comment") => {
-                    current = Some((
-                        node.attribute("id").unwrap_or("").to_string(),
-                        node.attribute("author").unwrap_or("").to_string(),
-                        String::new(),
-                    ));
+            if skip_depth > 0 {
+                if node.is_open("Fallback") {
+                    skip_depth += 1;
+                } else if node.is_close("Fallback") {
+                    skip_depth -= 1;
                 }
-                node if node.is_close("comment") => {
-                    if let Some((id, author, text)) = current.take() {
-                        let text = collapse(&text);
-                        if !text.is_empty() {
-                            let label = if author.trim().is_empty() {
-                                "Comment".to_string()
-                            } else {
-                                format!("Comment ({})", collapse(&author))
-                            };
-                            comments.insert(id, format!("{label}: {text}"));
+                continue;
+            }
+            match &node {
+                node if node.is_open("Fallback") => skip_depth = 1,
+                node if node.is_open(element) => {
+                    let note = Note {
+                        author: collapse(node.attribute("author").unwrap_or("")),
+                        text: String::new(),
+                    };
+                    current = Some((node.attribute("id").unwrap_or("").to_string(), note));
+                }
+                node if node.is_close(element) => {
+                    if let Some((id, mut note)) = current.take() {
+                        note.text = collapse(&note.text);
+                        if !note.text.is_empty() {
+                            notes.insert(id, note);
                         }
                     }
                 }
                 node if node.is_open("t") => in_text = true,
                 node if node.is_close("t") => in_text = false,
-                node if node.is_close("p") => {
-                    if let Some((_, _, text)) = current.as_mut() {
-                        text.push(' ');
+                node if node.is_close("p") || node.is_open("tab") || node.is_open("br") => {
+                    if let Some((_, note)) = current.as_mut() {
+                        note.text.push(' ');
                     }
                 }
                 Node::Text(text) if in_text => {
-                    if let Some((_, _, current_text)) = current.as_mut() {
-                        current_text.push_str(text);
+                    if let Some((_, note)) = current.as_mut() {
+                        note.text.push_str(text);
                     }
                 }
                 _ => {}
             }
         }
     }
-    Ok(comments)
+    Ok(notes)
+}
+
+/// The `# Headers and footers` section: the header and footer parts the sections reference
+/// (`section_parts`, relationship ids in document order), each distinct text once.
+fn write_headers_and_footers(
+    container: &mut Container<'_>,
+    relationships: &[Relationship],
+    section_parts: &[String],
+    out: &mut MarkdownOut,
+) -> Result<(), ParseError> {
+    let mut seen: Vec<String> = Vec::new();
+    let mut lines: Vec<String> = Vec::new();
+    for id in section_parts {
+        let Some(relationship) = relationships.iter().find(|r| &r.id == id) else {
+            continue;
+        };
+        let label = if relationship.kind.ends_with("/header") {
+            "Header"
+        } else if relationship.kind.ends_with("/footer") {
+            "Footer"
+        } else {
+            continue;
+        };
+        if seen.contains(&relationship.target) {
+            continue;
+        }
+        seen.push(relationship.target.clone());
+        let Some(xml) = container.read_text(&relationship.target)? else {
+            continue;
+        };
+        let text = part_text(&xml, &relationship.target)?;
+        if text.is_empty() {
+            continue;
+        }
+        let line = format!("{label}: {text}");
+        if !lines.contains(&line) {
+            lines.push(line);
+        }
+    }
+    if !lines.is_empty() {
+        out.heading(1, "Headers and footers");
+        for line in &lines {
+            out.paragraph(line);
+        }
+    }
+    Ok(())
+}
+
+/// Every `w:t` of a header or footer part on one line, paragraphs and cells apart, the
+/// `mc:Fallback` copies of drawings left out.
+fn part_text(xml: &str, part: &str) -> Result<String, ParseError> {
+    let mut walker = XmlWalker::new(xml, part);
+    let mut text = String::new();
+    let mut in_text = false;
+    let mut skip_depth = 0usize;
+    while let Some(node) = walker.next_node()? {
+        if skip_depth > 0 {
+            if node.is_open("Fallback") {
+                skip_depth += 1;
+            } else if node.is_close("Fallback") {
+                skip_depth -= 1;
+            }
+            continue;
+        }
+        match &node {
+            node if node.is_open("Fallback") => skip_depth = 1,
+            node if node.is_open("t") => in_text = true,
+            node if node.is_close("t") => in_text = false,
+            node if node.is_close("p") || node.is_open("tab") || node.is_open("br") => {
+                text.push(' ')
+            }
+            Node::Text(piece) if in_text => text.push_str(piece),
+            _ => {}
+        }
+    }
+    Ok(collapse(&text))
 }
 
 /// What a paragraph style makes of its paragraphs.
@@ -424,7 +567,37 @@ fn role_by_name(name: &str) -> Option<StyleRole> {
 struct Context<'a> {
     styles: &'a Styles,
     numbering: &'a Numbering,
-    comments: &'a HashMap<String, String>,
+    comments: &'a HashMap<String, Note>,
+    footnotes: &'a HashMap<String, Note>,
+    endnotes: &'a HashMap<String, Note>,
+}
+
+impl Context<'_> {
+    /// The line written for a reference to note `id` of `kind`; `number` is the footnote or
+    /// endnote number Word shows (`None` for a custom mark).
+    fn note_line(&self, kind: NoteKind, id: &str, number: Option<usize>) -> Option<String> {
+        let (notes, label) = match kind {
+            NoteKind::Comment => (self.comments, "Comment"),
+            NoteKind::Footnote => (self.footnotes, "Footnote"),
+            NoteKind::Endnote => (self.endnotes, "Endnote"),
+        };
+        let note = notes.get(id)?;
+        Some(match (kind, number) {
+            (NoteKind::Comment, _) if !note.author.is_empty() => {
+                format!("{label} ({}): {}", note.author, note.text)
+            }
+            (NoteKind::Comment, _) | (_, None) => format!("{label}: {}", note.text),
+            (_, Some(number)) => format!("{label} {number}: {}", note.text),
+        })
+    }
+}
+
+/// What the walk over the main part found besides its Markdown.
+struct Body {
+    /// The first `Title` paragraph's text.
+    title: Option<String>,
+    /// Relationship ids of the header and footer parts the sections reference, in order.
+    section_parts: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -434,7 +607,8 @@ struct Paragraph {
     list_level: Option<usize>,
     num_id: Option<String>,
     text: String,
-    comments: Vec<String>,
+    /// Its comments, footnotes and endnotes, each a line to write after it.
+    notes: Vec<String>,
     /// Relationship ids of its pictures (`a:blip r:embed`).
     pictures: Vec<String>,
 }
@@ -473,26 +647,29 @@ impl Table {
     }
 }
 
-/// Walks the main part; returns the first `Title` paragraph's text and the Markdown.
+/// Walks the main part, writing its Markdown to `out`.
 fn body_to_markdown(
     xml: &str,
     part: &str,
     context: &Context<'_>,
     relationships: &[Relationship],
     pictures: &mut Pictures,
-) -> Result<(Option<String>, String), ParseError> {
+    out: &mut MarkdownOut,
+) -> Result<Body, ParseError> {
     let styles = context.styles;
-    let comments = context.comments;
+    // Footnotes and endnotes are numbered in the order of their references.
+    let mut footnote_number = 0usize;
+    let mut endnote_number = 0usize;
+    let mut section_parts: Vec<String> = Vec::new();
     // The next number of each numbered list, by (numId, level).
     let mut counters: HashMap<(String, usize), usize> = HashMap::new();
     let mut walker = XmlWalker::new(xml, part);
-    let mut out = MarkdownOut::default();
     let mut title = None;
     let mut paragraphs: Vec<Paragraph> = Vec::new();
     let mut tables: Vec<Table> = Vec::new();
-    // Comments and pictures of paragraphs inside a table, written after the table (a marker
+    // Notes and pictures of paragraphs inside a table, written after the table (a marker
     // paragraph inside a cell would break the table).
-    let mut table_comments: Vec<String> = Vec::new();
+    let mut table_notes: Vec<String> = Vec::new();
     let mut table_pictures: Vec<String> = Vec::new();
     let mut in_text = false;
     let mut skip_depth = 0usize;
@@ -546,12 +723,29 @@ fn body_to_markdown(
                         paragraph.num_id = node.attribute("val").map(str::to_string);
                     }
                 }
-                "commentReference" => {
-                    if let (Some(paragraph), Some(comment)) = (
+                "commentReference" | "footnoteReference" | "endnoteReference" => {
+                    let (kind, counter) = match name.as_str() {
+                        "commentReference" => (NoteKind::Comment, None),
+                        "footnoteReference" => (NoteKind::Footnote, Some(&mut footnote_number)),
+                        _ => (NoteKind::Endnote, Some(&mut endnote_number)),
+                    };
+                    // A custom mark (`w:customMarkFollows`) takes no number.
+                    let custom = matches!(node.attribute("customMarkFollows"), Some("1" | "true"));
+                    let number = counter.filter(|_| !custom).map(|counter| {
+                        *counter += 1;
+                        *counter
+                    });
+                    if let (Some(paragraph), Some(line)) = (
                         paragraphs.last_mut(),
-                        node.attribute("id").and_then(|id| comments.get(id)),
+                        node.attribute("id")
+                            .and_then(|id| context.note_line(kind, id, number)),
                     ) {
-                        paragraph.comments.push(comment.clone());
+                        paragraph.notes.push(line);
+                    }
+                }
+                "headerReference" | "footerReference" => {
+                    if let Some(id) = node.prefixed_attribute("id") {
+                        section_parts.push(id.to_string());
                     }
                 }
                 "tbl" => tables.push(Table::default()),
@@ -585,14 +779,14 @@ fn body_to_markdown(
                     };
                     if let Some(table) = tables.last_mut() {
                         push_words(&mut table.cell, &paragraph.text);
-                        table_comments.extend(paragraph.comments);
+                        table_notes.extend(paragraph.notes);
                         table_pictures.extend(paragraph.pictures);
                         continue;
                     }
                     if let Some(outer) = paragraphs.last_mut() {
                         // A text box inside a paragraph: its text joins the paragraph.
                         push_words(&mut outer.text, &paragraph.text);
-                        outer.comments.extend(paragraph.comments);
+                        outer.notes.extend(paragraph.notes);
                         outer.pictures.extend(paragraph.pictures);
                         continue;
                     }
@@ -626,12 +820,12 @@ fn body_to_markdown(
                         }
                         StyleRole::Body => out.paragraph(&paragraph.text),
                     }
-                    for comment in &paragraph.comments {
-                        out.paragraph(comment);
+                    for note in &paragraph.notes {
+                        out.paragraph(note);
                     }
                     for id in &paragraph.pictures {
                         if let Some(picture) = relationships.iter().find(|r| &r.id == id) {
-                            pictures.place(&mut out, picture.target.clone());
+                            pictures.place(out, picture.target.clone());
                         }
                     }
                 }
@@ -666,12 +860,12 @@ fn body_to_markdown(
                         push_words(&mut outer.cell, &flat.join("; "));
                     } else {
                         out.table(&table.rows);
-                        for comment in table_comments.drain(..) {
-                            out.paragraph(&comment);
+                        for note in table_notes.drain(..) {
+                            out.paragraph(&note);
                         }
                         for id in table_pictures.drain(..) {
                             if let Some(picture) = relationships.iter().find(|r| r.id == id) {
-                                pictures.place(&mut out, picture.target.clone());
+                                pictures.place(out, picture.target.clone());
                             }
                         }
                     }
@@ -680,7 +874,10 @@ fn body_to_markdown(
             },
         }
     }
-    Ok((title.filter(|title| !title.is_empty()), out.finish()))
+    Ok(Body {
+        title: title.filter(|title| !title.is_empty()),
+        section_parts,
+    })
 }
 
 fn paragraph_role(paragraph: &Paragraph, styles: &Styles) -> StyleRole {

@@ -4,15 +4,18 @@
 //! `# Slide N: <title>` (the title or centred-title placeholder; `# Slide N` without one), then
 //! its text: paragraphs of body and content placeholders as `- ` items at their indent level
 //! (unless the paragraph turns bullets off), other text boxes as paragraphs, tables as pipe
-//! tables. The slide's speaker notes (`Speaker notes: ...`) and comments (`Comment: ...`, old
-//! and modern comment parts) follow under the same heading, so a hit on them names the slide.
+//! tables. The slide's speaker notes (`Speaker notes: ...`) and comments
+//! (`Comment (author): ...`, from old `p:cm` parts and modern `p188:cm` parts with their
+//! replies) follow under the same heading, so a hit on them names the slide.
 //! The slide's pictures follow its text as markers for OCR ([`super::Pictures`]). Slide
 //! numbers, dates and footers are left out.
 
+use std::collections::HashMap;
+
 use super::container::Container;
-use super::docx::{core_title, main_part, part_relationships};
+use super::docx::{Relationship, core_title, main_part, part_relationships};
 use super::markdown::MarkdownOut;
-use super::xml::{Node, XmlWalker, collapse, texts_of};
+use super::xml::{Node, XmlWalker, collapse};
 use super::{OfficeLimits, Pictures, zip_kind_mismatch};
 use crate::parse::{Page, ParseError, Picture, SourceFormat};
 
@@ -27,6 +30,7 @@ pub(crate) fn pptx_to_markdown(
         .filter(|part| container.has(part) && part.ends_with("presentation.xml"))
         .ok_or_else(|| zip_kind_mismatch(&container, SourceFormat::Pptx))?;
     let relationships = part_relationships(&mut container, &main)?;
+    let authors = comment_authors(&mut container, &relationships)?;
     let presentation = container
         .read_text(&main)?
         .ok_or_else(|| ParseError::InvalidDocument(format!("no {main}")))?;
@@ -83,8 +87,8 @@ pub(crate) fn pptx_to_markdown(
                 let Some(xml) = container.read_text(&relationship.target)? else {
                     continue;
                 };
-                for comment in texts_of(&xml, &relationship.target, "cm")? {
-                    out.paragraph(&format!("Comment: {comment}"));
+                for comment in slide_comments(&xml, &relationship.target, &authors)? {
+                    out.paragraph(&comment);
                 }
             }
         }
@@ -93,6 +97,96 @@ pub(crate) fn pptx_to_markdown(
     let mut markdown = out.finish();
     let pictures = pictures.resolve(&mut container, &mut markdown)?;
     Ok((title, markdown, pictures))
+}
+
+/// Comment author id -> name, from the old (`commentAuthors.xml`, `p:cmAuthor`) and modern
+/// (`authors.xml`, `p188:author`) author lists the presentation names.
+fn comment_authors(
+    container: &mut Container<'_>,
+    relationships: &[Relationship],
+) -> Result<HashMap<String, String>, ParseError> {
+    let mut authors = HashMap::new();
+    for relationship in relationships {
+        if !(relationship.kind.ends_with("/commentAuthors")
+            || relationship.kind.ends_with("/authors"))
+        {
+            continue;
+        }
+        let Some(xml) = container.read_text(&relationship.target)? else {
+            continue;
+        };
+        let mut walker = XmlWalker::new(&xml, &relationship.target);
+        while let Some(node) = walker.next_node()? {
+            if (node.is_open("cmAuthor") || node.is_open("author"))
+                && let (Some(id), Some(name)) = (node.attribute("id"), node.attribute("name"))
+            {
+                let name = collapse(name);
+                if !name.is_empty() {
+                    authors.insert(id.to_string(), name);
+                }
+            }
+        }
+    }
+    Ok(authors)
+}
+
+/// The comments of a slide's comments part, each a line `Comment (author): text`: old
+/// comments (`p:cm` with `p:text`) and modern ones (`p188:cm` with a `p188:txBody`), a modern
+/// comment's replies (`p188:reply`) after it, in the order they open.
+fn slide_comments(
+    xml: &str,
+    part: &str,
+    authors: &HashMap<String, String>,
+) -> Result<Vec<String>, ParseError> {
+    let mut walker = XmlWalker::new(xml, part);
+    // Every comment and reply in the order it opens: author, text.
+    let mut found: Vec<(Option<String>, String)> = Vec::new();
+    // Indexes into `found` of the open comment and the reply inside it.
+    let mut open: Vec<usize> = Vec::new();
+    let mut in_text = 0usize;
+    while let Some(node) = walker.next_node()? {
+        match &node {
+            node if node.is_open("cm") || node.is_open("reply") => {
+                let author = node
+                    .attribute("authorId")
+                    .and_then(|id| authors.get(id))
+                    .cloned();
+                open.push(found.len());
+                found.push((author, String::new()));
+            }
+            node if node.is_close("cm") || node.is_close("reply") => {
+                open.pop();
+            }
+            node if node.is_open("text") || node.is_open("t") => in_text += 1,
+            node if node.is_close("text") || node.is_close("t") => {
+                in_text = in_text.saturating_sub(1)
+            }
+            node if node.is_close("p") || node.is_open("br") => {
+                if let Some(&index) = open.last() {
+                    found[index].1.push(' ');
+                }
+            }
+            Node::Text(text) if in_text > 0 => {
+                if let Some(&index) = open.last() {
+                    found[index].1.push_str(text);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(found
+        .into_iter()
+        .filter_map(|(author, text)| {
+            let text = collapse(&text);
+            if text.is_empty() {
+                return None;
+            }
+            Some(match author {
+                Some(author) => format!("Comment ({author}): {text}"),
+                None => format!("Comment: {text}"),
+            })
+        })
+        .collect())
 }
 
 /// What a slide (or notes page) shows, in document order.
