@@ -6,9 +6,9 @@
 //!
 //! | format | headings | also kept |
 //! |---|---|---|
-//! | `.docx` ([`docx`]) | paragraph styles `Title`, `Heading 1`-`9` (or an outline level) | lists, tables, comments after the paragraph they mark |
+//! | `.docx` ([`docx`]) | paragraph styles `Title`, `Heading 1`-`9` (or an outline level) | lists, tables, comments, footnotes and endnotes after the paragraph they mark; headers and footers once, at the end |
 //! | `.pptx` ([`pptx`]) | `# Slide N: title` per slide | bullets, tables, speaker notes and comments under their slide |
-//! | `.xlsx` `.xls` `.ods` `.csv` ([`sheet`]) | `# sheet name` | one record per row: `Row N: Header: value; ...` |
+//! | `.xlsx` `.xls` `.ods` `.csv` ([`sheet`]) | `# sheet name` | one record per row: `Row N: Header: value; ...` (a large `.csv`, `.xlsx` or `.ods` file read a run of rows at a time: [`stream_records`]) |
 //! | `.epub` ([`epub`]) | the chapters' own HTML headings | lists, tables (through the HTML converter) |
 //!
 //! Zip containers are untrusted: [`container::Container`] refuses more than
