@@ -191,7 +191,6 @@ fn save_page_image(
     Ok(Some(path))
 }
 
-/// The parser's error as ours: a locked document, or one we cannot read.
 /// Refuses page `index` when its content stream decodes past pdf_oxide's cap on one
 /// FlateDecode stream (256 MiB, `FlateDecoder`'s `DEFAULT_MAX_DECOMPRESSED_BYTES`): its text
 /// extraction reads such a page as empty, which would make a flate bomb a "scanned" page (or a
@@ -216,6 +215,7 @@ fn check_content_stream(
     }
 }
 
+/// The parser's error as ours: a locked document, or one we cannot read.
 fn classify(error: PdfError) -> ParseError {
     match error {
         PdfError::EncryptedPdf => ParseError::EncryptedPdf,
