@@ -509,8 +509,9 @@ struct Reply {
 }
 
 /// The citations whose `[n]` marker is in `answer`, in the `annotations` shape of an OpenAI
-/// message: a `url_citation` over the marker (character offsets), its URL the document's
-/// external id when that is an http(s) URL, else `sift://kb/{kb}/documents/{doc}#{chunk}`.
+/// message: a `url_citation` over the marker (character offsets), its URL the page the
+/// document was fetched from (after redirects) for a document added by URL, else the external
+/// id when that is an http(s) URL, else `sift://kb/{kb}/documents/{doc}#{chunk}`.
 fn annotations(answer: &str, citations: &[Citation]) -> Vec<Value> {
     let mut annotations = Vec::new();
     for citation in citations {
@@ -519,9 +520,15 @@ fn annotations(answer: &str, citations: &[Citation]) -> Vec<Value> {
             continue;
         };
         let start = answer[..at].chars().count();
-        let url = match &citation.external_id {
-            Some(id) if id.starts_with("http://") || id.starts_with("https://") => id.clone(),
-            _ => format!(
+        let web = |url: &&String| url.starts_with("http://") || url.starts_with("https://");
+        let url = match citation
+            .source_url
+            .as_ref()
+            .filter(web)
+            .or(citation.external_id.as_ref().filter(web))
+        {
+            Some(url) => url.clone(),
+            None => format!(
                 "sift://kb/{}/documents/{}#{}",
                 citation.kb_id, citation.document_id, citation.chunk_id
             ),

@@ -174,6 +174,7 @@ async fn start_node_with(
         listen: Some("127.0.0.1:0".into()),
         admin_key: Some(sift_node::config::TEST_ADMIN_KEY.into()),
         ingest_slice_chunks: slice_chunks,
+        url_fetch_loopback_only: Some(true), // as every test node
         ..FileConfig::default()
     };
     let remote = RemoteEmbedderConfig {
