@@ -5,11 +5,11 @@
 //! The guard ([`AddressGuard`]): the node connects only to public unicast addresses, never
 //! to loopback, private, shared (CGNAT), link-local (cloud metadata at 169.254.169.254
 //! included), multicast, unspecified, reserved, benchmarking or documentation ranges, in IPv4
-//! or IPv6 (IPv4-mapped and NAT64 addresses are judged by the IPv4 address inside), unless an
-//! operator allow-lists a range (`url_fetch_allow`). Host names are resolved by the guard's
-//! own resolver ([`GuardedResolver`]), which drops refused addresses; reqwest connects to what
-//! it returned, so the connection is pinned to a checked address and no second lookup can
-//! rebind it. A literal IP in a URL is checked before any request. Redirects are followed here,
+//! or IPv6 (IPv4-mapped, NAT64, 6to4 and Teredo addresses are judged by the IPv4 address
+//! inside), unless an operator allow-lists a range (`url_fetch_allow`). Host names are
+//! resolved by the guard's own resolver ([`GuardedResolver`]), which drops refused addresses;
+//! reqwest connects to what it returned, so the connection is pinned to a checked address and
+//! no second lookup can rebind it. A literal IP in a URL is checked before any request. Redirects are followed here,
 //! one hop at a time, each checked like the first URL. No proxy is used: a proxy would connect
 //! on our behalf to an address the guard never saw.
 //!
