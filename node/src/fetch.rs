@@ -9,9 +9,9 @@
 //! inside), unless an operator allow-lists a range (`url_fetch_allow`). Host names are
 //! resolved by the guard's own resolver ([`GuardedResolver`]), which drops refused addresses;
 //! reqwest connects to what it returned, so the connection is pinned to a checked address and
-//! no second lookup can rebind it. A literal IP in a URL is checked before any request. Redirects are followed here,
-//! one hop at a time, each checked like the first URL. No proxy is used: a proxy would connect
-//! on our behalf to an address the guard never saw.
+//! no second lookup can rebind it. A literal IP in a URL is checked before any request.
+//! Redirects are followed here, one hop at a time, each checked like the first URL. No proxy is
+//! used: a proxy would connect on our behalf to an address the guard never saw.
 //!
 //! The connect seam ([`ConnectGuard`]): every address the fetcher is about to connect to
 //! passes it last, after the SSRF guard: the addresses the resolver hands reqwest, and a
@@ -138,9 +138,8 @@ fn v6_refusal(ip: Ipv6Addr) -> Option<&'static str> {
     let bits = u128::from(ip);
     // The IPv4 address in the 32 bits that start `shift` bits from the right.
     let embedded = |shift: u32| Ipv4Addr::from((bits >> shift) as u32);
-    // Addresses that carry an IPv4 address are judged by it (and refused outright when that
-    // is public but the carrier is not): a relay or translator on the path would deliver them
-    // there.
+    // Addresses that carry an IPv4 address are judged by it, since a relay or translator on
+    // the path would deliver them there; refused outright where it cannot be found.
     if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
         // NAT64, well-known prefix (64:ff9b::/96): the IPv4 address in the last 32 bits.
         return v4_refusal(embedded(0));

@@ -182,10 +182,13 @@ async fn node() -> (tempfile::TempDir, InProcessNode) {
 async fn assert_stayed_on_loopback(client: &ApiClient) {
     let metric = "sift_url_fetch_outside_loopback_total";
     let text = client.metrics_text().await;
-    assert!(
-        text.contains(metric),
-        "the connect seam's counter is missing from /metrics"
-    );
+    for kind in ["connect", "lookup"] {
+        assert!(
+            text.lines()
+                .any(|line| line.starts_with(&format!("{metric}{{kind=\"{kind}\"}}"))),
+            "the connect seam's counter ({kind}) is missing from /metrics: {text}"
+        );
+    }
     assert_eq!(
         client.metric_sum(metric, None).await,
         0.0,
