@@ -195,15 +195,12 @@ struct RefusedAddress {
     why: &'static str,
 }
 
-/// The counter of connections and lookups [`ConnectGuard`] refused in loopback-only mode.
-pub const OUTSIDE_LOOPBACK_METRIC: &str = "sift_url_fetch_outside_loopback_total";
-
 /// The connect seam: the last check of an address before the fetcher connects to it, after
 /// the SSRF guard ([`AddressGuard`]) admitted it. It admits everything unless
 /// `loopback_only` is set (`url_fetch_loopback_only`, for tests), when it admits only
 /// loopback addresses and no lookup outside `url_fetch_hosts`; each refusal is logged as an
-/// error, counted in [`OUTSIDE_LOOPBACK_METRIC`] (by `kind`: `connect`, `lookup`) and fails
-/// the fetch with `outside_loopback`.
+/// error, counted in `sift_url_fetch_outside_loopback_total` (by `kind`: `connect`,
+/// `lookup`) and fails the fetch with `outside_loopback`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ConnectGuard {
     loopback_only: bool,
@@ -213,8 +210,10 @@ impl ConnectGuard {
     pub fn new(loopback_only: bool) -> ConnectGuard {
         if loopback_only {
             // Registered at 0, so a test reading `/metrics` sees the seam is there.
-            metrics::counter!(OUTSIDE_LOOPBACK_METRIC, "kind" => "connect").increment(0);
-            metrics::counter!(OUTSIDE_LOOPBACK_METRIC, "kind" => "lookup").increment(0);
+            metrics::counter!("sift_url_fetch_outside_loopback_total", "kind" => "connect")
+                .increment(0);
+            metrics::counter!("sift_url_fetch_outside_loopback_total", "kind" => "lookup")
+                .increment(0);
         }
         ConnectGuard { loopback_only }
     }
@@ -251,7 +250,7 @@ pub struct OutsideLoopback {
 
 impl OutsideLoopback {
     fn record(kind: &'static str, what: String) -> OutsideLoopback {
-        metrics::counter!(OUTSIDE_LOOPBACK_METRIC, "kind" => kind).increment(1);
+        metrics::counter!("sift_url_fetch_outside_loopback_total", "kind" => kind).increment(1);
         tracing::error!(kind, %what, "url fetch tried to leave loopback (url_fetch_loopback_only)");
         OutsideLoopback { what }
     }
