@@ -111,8 +111,10 @@ model = "fake-model"
 tool_mode = "native"
 TOML
 # documents by URL may come from 127.0.0.1 only (e2e.mjs serves a page there); every other
-# non-public address stays refused (the test checks that 10.0.0.1 is, before any connection)
-SIFT_URL_FETCH_ALLOW=127.0.0.1/32 SIFT_ADMIN_KEY=$key "$bin" serve --config "$work/sift.toml" --data-dir "$work/data" --listen "127.0.0.1:$port" \
+# non-public address stays refused (the test checks that 10.0.0.1 is, before any connection);
+# SIFT_URL_FETCH_LOOPBACK_ONLY: the node connects to nothing but loopback and asks no DNS
+# (checked at the end: sift_url_fetch_outside_loopback_total stays 0)
+SIFT_URL_FETCH_LOOPBACK_ONLY=true SIFT_URL_FETCH_ALLOW=127.0.0.1/32 SIFT_ADMIN_KEY=$key "$bin" serve --config "$work/sift.toml" --data-dir "$work/data" --listen "127.0.0.1:$port" \
   > "$work/node.log" 2>&1 &
 node=$!
 pids+=($node)
@@ -125,6 +127,16 @@ done
 status=0
 CONSOLE_URL=$console_url API_BASE=$api_base SIFT_KEY=$key SCREENSHOTS=$screenshots \
   CHROMIUM=$(command -v chromium) node "$tests/e2e.mjs" || status=$?
+if [[ $status -eq 0 ]]; then
+  python3 - "$node_url" "$key" <<'PY' || status=$?
+import sys, urllib.request
+request = urllib.request.Request(sys.argv[1] + "/metrics", headers={"Authorization": "Bearer " + sys.argv[2]})
+lines = urllib.request.urlopen(request, timeout=10).read().decode().splitlines()
+series = [l for l in lines if l.startswith("sift_url_fetch_outside_loopback_total")]
+if not series or any(float(l.rsplit(" ", 1)[1]) != 0 for l in series):
+    sys.exit("console-e2e: the node tried to fetch outside loopback: %s" % series)
+PY
+fi
 if [[ $status -ne 0 ]]; then
   echo "console-e2e: the node's log:" >&2
   tail -n 40 "$work/node.log" >&2

@@ -326,9 +326,13 @@ async function openCitation(citation) {
     chunk?.heading_path?.length ? chunk.heading_path.join(' › ') : '',
     placeLabel(citation.pages, chunk?.heading_path),
     `${t('span')} ${citation.span?.[0]}–${citation.span?.[1]}`,
-    citation.external_id || '',
+    citation.source_url || citation.external_id || '',
   ].filter(Boolean).join(' · '));
-  const link = h('p', {}, h('a', { href: `#/kbs/${enc(citation.kb_id)}` }, t('chat.openKb')));
+  // a document fetched by URL links to its page (after redirects); only http(s) links
+  const source = /^https?:\/\//.test(citation.source_url || '')
+    ? [' · ', h('a', { href: citation.source_url, target: '_blank', rel: 'noopener noreferrer' }, t('chat.openSource'))]
+    : [];
+  const link = h('p', {}, [h('a', { href: `#/kbs/${enc(citation.kb_id)}` }, t('chat.openKb')), ...source]);
   openDialog(title, meta(null), h('blockquote', { class: 'cited' }, h('mark', {}, citation.text)), link);
   let chunk;
   try {

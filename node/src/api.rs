@@ -787,7 +787,7 @@ async fn add_urls(
 const MAX_DEFAULT_EXTERNAL_ID_BYTES: usize = 512;
 
 /// The metadata key of a fetched document's final URL (after redirects).
-pub const SOURCE_URL_KEY: &str = "sift.source_url";
+pub use sift_storage::chunk::SOURCE_URL_KEY;
 
 /// Largest text field (`external_id`, `metadata`) of a multipart upload, in bytes.
 pub const MAX_MULTIPART_TEXT_BYTES: usize = 64 * 1024;

@@ -152,8 +152,10 @@ impl Renderer {
                         "  [{}] {} ({}, {})",
                         citation["n"],
                         citation["document_title"].as_str().unwrap_or(""),
-                        citation["external_id"]
+                        // a page fetched by URL: where it was fetched from
+                        citation["source_url"]
                             .as_str()
+                            .or(citation["external_id"].as_str())
                             .or(citation["document_id"].as_str())
                             .unwrap_or(""),
                         crate::cli::place(citation)

@@ -509,8 +509,9 @@ struct Reply {
 }
 
 /// The citations whose `[n]` marker is in `answer`, in the `annotations` shape of an OpenAI
-/// message: a `url_citation` over the marker (character offsets), its URL the document's
-/// external id when that is an http(s) URL, else `sift://kb/{kb}/documents/{doc}#{chunk}`.
+/// message: a `url_citation` over the marker (character offsets), its URL the page the
+/// document was fetched from (after redirects) for a document added by URL, else the external
+/// id when that is an http(s) URL, else `sift://kb/{kb}/documents/{doc}#{chunk}`.
 fn annotations(answer: &str, citations: &[Citation]) -> Vec<Value> {
     let mut annotations = Vec::new();
     for citation in citations {
@@ -519,9 +520,15 @@ fn annotations(answer: &str, citations: &[Citation]) -> Vec<Value> {
             continue;
         };
         let start = answer[..at].chars().count();
-        let url = match &citation.external_id {
-            Some(id) if id.starts_with("http://") || id.starts_with("https://") => id.clone(),
-            _ => format!(
+        let web = |url: &&String| url.starts_with("http://") || url.starts_with("https://");
+        let url = match citation
+            .source_url
+            .as_ref()
+            .filter(web)
+            .or(citation.external_id.as_ref().filter(web))
+        {
+            Some(url) => url.clone(),
+            None => format!(
                 "sift://kb/{}/documents/{}#{}",
                 citation.kb_id, citation.document_id, citation.chunk_id
             ),
@@ -998,4 +1005,53 @@ async fn embeddings(
         "model": request.model,
         "usage": { "prompt_tokens": tokens, "total_tokens": tokens },
     })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn citation(n: u32, external_id: Option<&str>, source_url: Option<&str>) -> Citation {
+        Citation {
+            n,
+            chunk_id: format!("d{n}#0"),
+            kb_id: "kb1".into(),
+            document_id: format!("d{n}"),
+            document_title: format!("Page {n}"),
+            external_id: external_id.map(str::to_string),
+            source_url: source_url.map(str::to_string),
+            span: (0, 10),
+            pages: None,
+            text: "cited".into(),
+        }
+    }
+
+    #[test]
+    fn annotations_link_to_the_fetched_page_then_a_web_external_id_then_sift() {
+        let answer = "One [1]. Two [2]. Three [3]. Four [4].";
+        let citations = [
+            // fetched by URL with an explicit external id, through a redirect
+            citation(1, Some("tides-v1"), Some("https://example.com/tides")),
+            citation(
+                2,
+                Some("https://example.com/old"),
+                Some("https://example.com/new"),
+            ),
+            citation(3, Some("https://example.com/posted"), None),
+            citation(4, Some("notes-4"), None),
+        ];
+        let urls: Vec<Value> = annotations(answer, &citations)
+            .into_iter()
+            .map(|a| a["url_citation"]["url"].clone())
+            .collect();
+        assert_eq!(
+            urls,
+            [
+                "https://example.com/tides",
+                "https://example.com/new",
+                "https://example.com/posted",
+                "sift://kb/kb1/documents/d4#d4#0",
+            ]
+        );
+    }
 }

@@ -72,6 +72,11 @@ pub struct FileConfig {
     pub url_fetch_timeout_ms: Option<u64>,
     /// Redirects a URL fetch follows before it fails (default 5, at most 20).
     pub url_fetch_max_redirects: Option<usize>,
+    /// For tests: URL fetches connect only to loopback and resolve names only through
+    /// `url_fetch_hosts`; anything else fails with `outside_loopback` and is counted in
+    /// `sift_url_fetch_outside_loopback_total` (default false; also
+    /// SIFT_URL_FETCH_LOOPBACK_ONLY).
+    pub url_fetch_loopback_only: Option<bool>,
     /// Open connections to the public port, all clients together.
     pub max_connections: Option<usize>,
     /// Open connections to the public port from one IP address.
@@ -320,6 +325,7 @@ const ENV_KEYS: &[&str] = &[
     "SIFT_URL_FETCH_ALLOW",
     "SIFT_URL_FETCH_TIMEOUT_MS",
     "SIFT_URL_FETCH_MAX_REDIRECTS",
+    "SIFT_URL_FETCH_LOOPBACK_ONLY",
     "SIFT_MAX_CONNECTIONS",
     "SIFT_MAX_CONNECTIONS_PER_IP",
     "SIFT_HEADER_READ_TIMEOUT_MS",
@@ -810,12 +816,14 @@ impl Config {
         })
     }
 
-    /// A config for tests: a temp data dir, port 0, fault injection on, [`TEST_ADMIN_KEY`].
+    /// A config for tests: a temp data dir, port 0, fault injection on, [`TEST_ADMIN_KEY`],
+    /// URL fetches confined to loopback (`url_fetch_loopback_only`).
     pub fn for_test(data_dir: &Path) -> Config {
         let mut file = FileConfig {
             data_dir: Some(data_dir.to_path_buf()),
             listen: Some("127.0.0.1:0".into()),
             debug_faults: Some(true),
+            url_fetch_loopback_only: Some(true),
             admin_key: Some(TEST_ADMIN_KEY.to_string()),
             ..FileConfig::default()
         };
@@ -938,6 +946,7 @@ fn url_fetch_settings(file: &FileConfig) -> anyhow::Result<crate::fetch::FetchSe
         hosts,
         timeout,
         max_redirects,
+        loopback_only: file.url_fetch_loopback_only.unwrap_or(false),
     })
 }
 
@@ -1281,6 +1290,13 @@ mod tests {
         }
         let file = Config::load(None, &env(&[("SIFT_DEBUG_FAULTS", "yes")])).unwrap();
         assert_eq!(file.debug_faults, Some(true));
+        let file = Config::load(None, &env(&[("SIFT_URL_FETCH_LOOPBACK_ONLY", "true")]));
+        assert!(
+            Config::check(file.unwrap())
+                .unwrap()
+                .url_fetch
+                .loopback_only
+        );
         let file = Config::load(None, &env(&[("SIFT_URL_FETCH_ALLOW", " 10.0.0.0/8,,::1 ")]));
         assert_eq!(
             file.unwrap().url_fetch_allow.unwrap(),

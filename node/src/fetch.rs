@@ -5,13 +5,23 @@
 //! The guard ([`AddressGuard`]): the node connects only to public unicast addresses, never
 //! to loopback, private, shared (CGNAT), link-local (cloud metadata at 169.254.169.254
 //! included), multicast, unspecified, reserved, benchmarking or documentation ranges, in IPv4
-//! or IPv6 (IPv4-mapped and NAT64 addresses are judged by the IPv4 address inside), unless an
-//! operator allow-lists a range (`url_fetch_allow`). Host names are resolved by the guard's
-//! own resolver ([`GuardedResolver`]), which drops refused addresses; reqwest connects to what
-//! it returned, so the connection is pinned to a checked address and no second lookup can
-//! rebind it. A literal IP in a URL is checked before any request. Redirects are followed here,
-//! one hop at a time, each checked like the first URL. No proxy is used: a proxy would connect
-//! on our behalf to an address the guard never saw.
+//! or IPv6 (IPv4-mapped, NAT64, 6to4 and Teredo addresses are judged by the IPv4 address
+//! inside), unless an operator allow-lists a range (`url_fetch_allow`). Host names are
+//! resolved by the guard's own resolver ([`GuardedResolver`]), which drops refused addresses;
+//! reqwest connects to what it returned, so the connection is pinned to a checked address and
+//! no second lookup can rebind it. A literal IP in a URL is checked before any request.
+//! Redirects are followed here, one hop at a time, each checked like the first URL. No proxy is
+//! used: a proxy would connect on our behalf to an address the guard never saw.
+//!
+//! The connect seam ([`ConnectGuard`]): every address the fetcher is about to connect to
+//! passes it last, after the SSRF guard: the addresses the resolver hands reqwest, and a
+//! literal address right before its request (reqwest connects to a literal without asking
+//! the resolver); the peer of every answer is checked again after the fact. In production it
+//! admits everything the guard admitted. With `url_fetch_loopback_only` (a test setting) it
+//! admits only loopback (127.0.0.0/8, ::1), never asks the system resolver (a name outside
+//! `url_fetch_hosts` fails), and counts every refusal in
+//! `sift_url_fetch_outside_loopback_total`, failing the fetch with `outside_loopback`: the tests
+//! assert that neither is ever seen, so a test that would reach past this machine fails instead.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -41,6 +51,9 @@ pub struct FetchSettings {
     pub timeout: Duration,
     /// Redirects followed before the fetch fails (`url_fetch_max_redirects`).
     pub max_redirects: usize,
+    /// Tests only (`url_fetch_loopback_only`): connect to loopback and nothing else, resolve
+    /// names from `hosts` alone (see [`ConnectGuard`]).
+    pub loopback_only: bool,
 }
 
 impl Default for FetchSettings {
@@ -50,6 +63,7 @@ impl Default for FetchSettings {
             hosts: BTreeMap::new(),
             timeout: Duration::from_secs(30),
             max_redirects: 5,
+            loopback_only: false,
         }
     }
 }
@@ -121,10 +135,29 @@ fn v6_refusal(ip: Ipv6Addr) -> Option<&'static str> {
         return v4_refusal(v4);
     }
     let segments = ip.segments();
-    // NAT64 (64:ff9b::/96): the IPv4 address in its last 32 bits is where it leads.
+    let bits = u128::from(ip);
+    // The IPv4 address in the 32 bits that start `shift` bits from the right.
+    let embedded = |shift: u32| Ipv4Addr::from((bits >> shift) as u32);
+    // Addresses that carry an IPv4 address are judged by it, since a relay or translator on
+    // the path would deliver them there; refused outright where it cannot be found.
     if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-        let [.., high, low] = segments;
-        return v4_refusal(Ipv4Addr::from(((high as u32) << 16) | low as u32));
+        // NAT64, well-known prefix (64:ff9b::/96): the IPv4 address in the last 32 bits.
+        return v4_refusal(embedded(0));
+    }
+    if segments[0] == 0x64 && segments[1] == 0xff9b && segments[2] == 1 {
+        // NAT64, local-use prefix (64:ff9b:1::/48): where the IPv4 address sits depends on
+        // the operator's prefix length, so it cannot be judged.
+        return Some("a local NAT64 address");
+    }
+    if segments[0] == 0x2002 {
+        // 6to4 (2002::/16): the relay's IPv4 address in bits 16..48.
+        return v4_refusal(embedded(80));
+    }
+    if segments[0] == 0x2001 && segments[1] == 0 {
+        // Teredo (2001::/32): the client's IPv4 address, inverted, in the last 32 bits; the
+        // server's in bits 32..64.
+        let client = Ipv4Addr::from(!((bits & 0xffff_ffff) as u32));
+        return v4_refusal(client).or_else(|| v4_refusal(embedded(64)));
     }
     if ip.is_loopback() {
         Some("a loopback address")
@@ -136,10 +169,17 @@ fn v6_refusal(ip: Ipv6Addr) -> Option<&'static str> {
         Some("a private (unique local) address")
     } else if ip.is_unicast_link_local() {
         Some("a link-local address")
+    } else if segments[0] & 0xffc0 == 0xfec0 {
+        Some("a site-local address (deprecated, private)")
     } else if segments[0] == 0x2001 && segments[1] == 0x0db8 {
         Some("a documentation address")
+    } else if segments[..3] == [0x2001, 2, 0] {
+        Some("a benchmarking address")
+    } else if segments[..4] == [0x100, 0, 0, 0] {
+        Some("a discard-only address")
     } else if segments[..5] == [0, 0, 0, 0, 0] {
-        // IPv4-compatible (deprecated) and the rest of ::/80
+        // IPv4-compatible (::a.b.c.d, deprecated) and the rest of ::/80: refused whatever the
+        // IPv4 address, nothing routes them any more
         Some("a reserved address")
     } else {
         None
@@ -155,10 +195,73 @@ struct RefusedAddress {
     why: &'static str,
 }
 
+/// The connect seam: the last check of an address before the fetcher connects to it, after
+/// the SSRF guard ([`AddressGuard`]) admitted it. It admits everything unless
+/// `loopback_only` is set (`url_fetch_loopback_only`, for tests), when it admits only
+/// loopback addresses and no lookup outside `url_fetch_hosts`; each refusal is logged as an
+/// error, counted in `sift_url_fetch_outside_loopback_total` (by `kind`: `connect`,
+/// `lookup`) and fails the fetch with `outside_loopback`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ConnectGuard {
+    loopback_only: bool,
+}
+
+impl ConnectGuard {
+    pub fn new(loopback_only: bool) -> ConnectGuard {
+        if loopback_only {
+            // Registered at 0, so a test reading `/metrics` sees the seam is there.
+            metrics::counter!("sift_url_fetch_outside_loopback_total", "kind" => "connect")
+                .increment(0);
+            metrics::counter!("sift_url_fetch_outside_loopback_total", "kind" => "lookup")
+                .increment(0);
+        }
+        ConnectGuard { loopback_only }
+    }
+
+    /// Whether the fetcher may connect to `address`; a refusal is recorded.
+    pub fn admit(&self, address: SocketAddr) -> Result<(), OutsideLoopback> {
+        if !self.loopback_only || address.ip().to_canonical().is_loopback() {
+            return Ok(());
+        }
+        Err(OutsideLoopback::record(
+            "connect",
+            format!("a connection to {address}"),
+        ))
+    }
+
+    /// Whether the system resolver may be asked for `host` (never in loopback-only mode).
+    fn admit_lookup(&self, host: &str) -> Result<(), OutsideLoopback> {
+        if !self.loopback_only {
+            return Ok(());
+        }
+        Err(OutsideLoopback::record(
+            "lookup",
+            format!("a DNS lookup of {host} (a name outside url_fetch_hosts)"),
+        ))
+    }
+}
+
+/// What [`ConnectGuard`] refused in loopback-only mode.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: url_fetch_loopback_only (a test setting) admits only loopback")]
+pub struct OutsideLoopback {
+    what: String,
+}
+
+impl OutsideLoopback {
+    fn record(kind: &'static str, what: String) -> OutsideLoopback {
+        metrics::counter!("sift_url_fetch_outside_loopback_total", "kind" => kind).increment(1);
+        tracing::error!(kind, %what, "url fetch tried to leave loopback (url_fetch_loopback_only)");
+        OutsideLoopback { what }
+    }
+}
+
 /// Resolves host names through `url_fetch_hosts`, then the system resolver, and returns only
-/// the addresses the guard lets through (an error naming the first refused one when none is).
+/// the addresses the guard lets through (an error naming the first refused one when none is),
+/// each passed through the connect seam.
 pub struct GuardedResolver {
     guard: AddressGuard,
+    connect: ConnectGuard,
     hosts: BTreeMap<String, IpAddr>,
 }
 
@@ -166,14 +269,18 @@ impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let host = name.as_str().to_ascii_lowercase();
         let guard = self.guard.clone();
+        let connect = self.connect;
         let fixed = self.hosts.get(&host).copied();
         Box::pin(async move {
             let addresses: Vec<IpAddr> = match fixed {
                 Some(ip) => vec![ip],
-                None => tokio::net::lookup_host((host.as_str(), 0))
-                    .await?
-                    .map(|address| address.ip())
-                    .collect(),
+                None => {
+                    connect.admit_lookup(&host)?;
+                    tokio::net::lookup_host((host.as_str(), 0))
+                        .await?
+                        .map(|address| address.ip())
+                        .collect()
+                }
             };
             let mut refused = None;
             let mut allowed = Vec::new();
@@ -191,6 +298,10 @@ impl Resolve for GuardedResolver {
                         as Box<dyn std::error::Error + Send + Sync>);
                 }
                 return Err(format!("{host} has no address").into());
+            }
+            // reqwest connects to exactly these: the connect seam sees each one first.
+            for address in &allowed {
+                connect.admit(*address)?;
             }
             Ok(Box::new(allowed.into_iter()) as Addrs)
         })
@@ -219,15 +330,23 @@ pub struct Fetched {
 pub struct UrlFetcher {
     client: reqwest::Client,
     guard: AddressGuard,
+    connect: ConnectGuard,
     settings: FetchSettings,
 }
 
 impl UrlFetcher {
     pub fn new(settings: FetchSettings) -> anyhow::Result<UrlFetcher> {
         let guard = AddressGuard::new(settings.allow.clone());
+        let connect = ConnectGuard::new(settings.loopback_only);
+        if settings.loopback_only {
+            tracing::info!(
+                "url fetches reach only loopback (url_fetch_loopback_only, a test setting)"
+            );
+        }
         let client = reqwest::Client::builder()
             .dns_resolver(GuardedResolver {
                 guard: guard.clone(),
+                connect,
                 hosts: settings.hosts.clone(),
             })
             .no_proxy()
@@ -242,6 +361,7 @@ impl UrlFetcher {
         Ok(UrlFetcher {
             client,
             guard,
+            connect,
             settings,
         })
     }
@@ -288,6 +408,20 @@ impl UrlFetcher {
         Ok(())
     }
 
+    /// The connect seam for a URL whose host is a literal address, which reqwest connects to
+    /// without asking the resolver; called right before each request.
+    fn admit_literal(&self, url: &Url) -> Result<(), ApiError> {
+        let ip = match url.host() {
+            Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip),
+            Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
+            _ => return Ok(()), // a name: the resolver passes its addresses through the seam
+        };
+        let port = url.port_or_known_default().unwrap_or(80);
+        self.connect
+            .admit(SocketAddr::new(ip, port))
+            .map_err(|refused| outside_loopback(url, &refused))
+    }
+
     /// Fetches `url` into `temp_dir`, following redirects, within the timeout and
     /// `max_bytes`. The file is removed again on any error.
     pub async fn fetch(
@@ -326,6 +460,7 @@ impl UrlFetcher {
         let mut url = requested.clone();
         let mut seen = vec![url.clone()];
         let mut response = loop {
+            self.admit_literal(&url)?;
             let response = self
                 .client
                 .get(url.clone())
@@ -336,6 +471,12 @@ impl UrlFetcher {
                 .send()
                 .await
                 .map_err(|error| request_error(&url, &error))?;
+            // After the fact: the peer reqwest reached must be one the seam admitted.
+            if let Some(peer) = response.remote_addr() {
+                self.connect
+                    .admit(peer)
+                    .map_err(|refused| outside_loopback(&url, &refused))?;
+            }
             if !response.status().is_redirection() {
                 break response;
             }
@@ -547,6 +688,16 @@ fn fetch_failed(url: &Url, why: &str) -> ApiError {
     .with_param("urls")
 }
 
+/// The connect seam refused an address in loopback-only mode: a test reached past loopback.
+fn outside_loopback(url: &Url, refused: &OutsideLoopback) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "outside_loopback",
+        format!("{}: {refused}", shorten(url.as_str())),
+    )
+    .with_param("urls")
+}
+
 fn too_large(url: &Url, max_bytes: u64) -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -566,13 +717,16 @@ fn storage_error(error: &std::io::Error) -> ApiError {
     )
 }
 
-/// A failed request: refused by the guard (`forbidden_url`), else `fetch_failed` with the
-/// cause (connection refused, timeout, TLS).
+/// A failed request: refused by the guard (`forbidden_url`) or the connect seam
+/// (`outside_loopback`), else `fetch_failed` with the cause (connection refused, timeout, TLS).
 fn request_error(url: &Url, error: &reqwest::Error) -> ApiError {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(cause) = source {
         if let Some(refused) = cause.downcast_ref::<RefusedAddress>() {
             return forbidden(url, &refused.to_string());
+        }
+        if let Some(refused) = cause.downcast_ref::<OutsideLoopback>() {
+            return outside_loopback(url, refused);
         }
         source = cause.source();
     }
@@ -614,6 +768,30 @@ mod tests {
             "64:ff9b::a00:1",
             "::127.0.0.1",
             "2001:db8::1",
+            // IPv6 that carries a refused IPv4 address: 6to4 (bits 16..48)
+            "2002:7f00:1::",
+            "2002:a9fe:a9fe::1",
+            "2002:a00:1:1::1",
+            "2002::1",
+            // Teredo: the client's address inverted in the last 32 bits (127.0.0.1, 10.0.0.1,
+            // 169.254.169.254), or a private server in bits 32..64
+            "2001:0:4136:e378:8000:63bf:80ff:fffe",
+            "2001:0:4136:e378:8000:63bf:f5ff:fffe",
+            "2001:0:4136:e378:8000:63bf:5601:5601",
+            "2001:0:a00:1:8000:63bf:fefe:fefe",
+            // NAT64 (well-known prefix) to loopback and metadata; the local-use prefix
+            "64:ff9b::7f00:1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::a00:1",
+            "64:ff9b:1:2:3::1",
+            // IPv4-compatible, whatever the address
+            "::a00:1",
+            "::808:808",
+            // site-local (deprecated), benchmarking, discard-only
+            "fec0::1",
+            "feff:ffff::1",
+            "2001:2::1",
+            "100::1",
         ] {
             assert!(refused(&guard, ip), "{ip} passed");
         }
@@ -622,6 +800,10 @@ mod tests {
             "1.1.1.1",
             "2606:4700:4700::1111",
             "64:ff9b::101:101",
+            // 6to4 of 8.8.8.8, Teredo with a public server and client 8.8.8.8
+            "2002:808:808::1",
+            "2001:0:4136:e378:8000:63bf:f7f7:f7f7",
+            "2001:4860:4860::8888",
         ] {
             assert!(!refused(&guard, ip), "{ip} was refused");
         }
@@ -684,6 +866,111 @@ mod tests {
         assert_eq!(error.code, "forbidden_url", "{}", error.message);
         assert!(error.message.contains("10.0.0.1"), "{}", error.message);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// A fetcher in loopback-only mode whose SSRF guard admits a documentation range, so that
+    /// only the connect seam stands between it and 192.0.2.1.
+    fn loopback_only_fetcher() -> UrlFetcher {
+        let mut hosts = BTreeMap::new();
+        hosts.insert("public.test".to_string(), "192.0.2.1".parse().unwrap());
+        hosts.insert("local.test".to_string(), "127.0.0.1".parse().unwrap());
+        UrlFetcher::new(FetchSettings {
+            allow: vec![
+                "192.0.2.0/24".parse().unwrap(),
+                "127.0.0.0/8".parse().unwrap(),
+            ],
+            hosts,
+            // far below a connection attempt's timeout: a fetch that tried to connect to
+            // 192.0.2.1 would end with `fetch_failed`, not `outside_loopback`
+            timeout: Duration::from_secs(5),
+            loopback_only: true,
+            ..FetchSettings::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_connect_seam_admits_only_loopback_in_loopback_only_mode() {
+        let seam = ConnectGuard::new(true);
+        for address in [
+            "127.0.0.1:80",
+            "127.9.9.9:8080",
+            "[::1]:443",
+            "[::ffff:127.0.0.1]:80",
+        ] {
+            assert!(seam.admit(address.parse().unwrap()).is_ok(), "{address}");
+        }
+        for address in [
+            "192.0.2.1:80",
+            "10.0.0.1:80",
+            "[2606:4700::1]:443",
+            "0.0.0.0:80",
+        ] {
+            let refused = seam.admit(address.parse().unwrap()).unwrap_err();
+            assert!(refused.to_string().contains(address), "{refused}");
+        }
+        assert!(seam.admit_lookup("example.com").is_err());
+        let open = ConnectGuard::new(false);
+        assert!(open.admit("192.0.2.1:80".parse().unwrap()).is_ok());
+        assert!(open.admit_lookup("example.com").is_ok());
+    }
+
+    #[tokio::test]
+    async fn in_loopback_only_mode_the_fetcher_refuses_other_addresses_before_connecting() {
+        let fetcher = loopback_only_fetcher();
+        let dir = tempfile::tempdir().unwrap();
+        for (url, names) in [
+            // a literal address: refused right before the request
+            ("http://192.0.2.1:8080/page", "192.0.2.1:8080"),
+            // a name mapped to it: refused in the resolver, before reqwest connects
+            ("http://public.test/page", "192.0.2.1"),
+            // a name outside url_fetch_hosts: never looked up
+            ("http://unmapped.example/page", "unmapped.example"),
+        ] {
+            let url = fetcher.check_url(url).unwrap();
+            let started = std::time::Instant::now();
+            let error = fetcher
+                .fetch(url.clone(), dir.path(), 1024)
+                .await
+                .unwrap_err();
+            assert_eq!(error.code, "outside_loopback", "{url}: {}", error.message);
+            assert!(error.message.contains(names), "{}", error.message);
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{url}: it waited on a connection"
+            );
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn in_loopback_only_mode_the_fetcher_still_reaches_loopback() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut request = [0u8; 4096];
+                let _ = stream.read(&mut request).await;
+                let _ = stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\
+                          Content-Length: 5\r\nConnection: close\r\n\r\nhello",
+                    )
+                    .await;
+            }
+        });
+        let fetcher = loopback_only_fetcher();
+        let dir = tempfile::tempdir().unwrap();
+        for url in [
+            format!("http://127.0.0.1:{port}/a.txt"),
+            format!("http://local.test:{port}/a.txt"),
+        ] {
+            let url = fetcher.check_url(&url).unwrap();
+            let fetched = fetcher.fetch(url, dir.path(), 1024).await.unwrap();
+            assert_eq!(fetched.size_bytes, 5);
+            assert_eq!(fetched.format, SourceFormat::Text);
+        }
     }
 
     #[test]

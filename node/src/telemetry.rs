@@ -78,6 +78,10 @@ fn describe() {
         "connections closed because nothing was sent before the header-read timeout, by server"
     );
     describe_counter!(
+        "sift_url_fetch_outside_loopback_total",
+        "URL fetches that tried to reach past loopback with url_fetch_loopback_only on (a test setting), by kind (connect, lookup); a test fails on any"
+    );
+    describe_counter!(
         "sift_rate_limited_total",
         "requests refused by a rate limit, by scope (key, tenant)"
     );

@@ -14,6 +14,18 @@ pub type Metadata = BTreeMap<String, String>;
 /// metadata may not set them.
 pub const ACCESS_GROUPS_KEY: &str = "sift.groups";
 
+/// The metadata key of a document fetched by URL: the URL its bytes came from, after
+/// redirects. Citations link to it.
+pub const SOURCE_URL_KEY: &str = "sift.source_url";
+
+/// The page a document was fetched from ([`SOURCE_URL_KEY`]), when it is an http(s) URL.
+pub fn source_url(metadata: &Metadata) -> Option<&str> {
+    metadata
+        .get(SOURCE_URL_KEY)
+        .map(String::as_str)
+        .filter(|url| url.starts_with("http://") || url.starts_with("https://"))
+}
+
 /// The access groups of a document (empty: open to everyone who reaches its KB).
 pub fn access_groups(metadata: &Metadata) -> Vec<&str> {
     metadata

@@ -90,6 +90,8 @@ impl NodeProcess {
         }
         // Every test node shares one admin key; `extra_env` may override it ("" for none).
         command.env("SIFT_ADMIN_KEY", sift_node::config::TEST_ADMIN_KEY);
+        // URL fetches of a test node reach loopback and nothing else (as `Config::for_test`).
+        command.env("SIFT_URL_FETCH_LOOPBACK_ONLY", "true");
         for (name, value) in extra_env {
             command.env(name, value);
         }

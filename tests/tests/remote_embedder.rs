@@ -173,6 +173,7 @@ async fn start_node_with(
         data_dir: Some(dir.path().join("data")),
         listen: Some("127.0.0.1:0".into()),
         admin_key: Some(sift_node::config::TEST_ADMIN_KEY.into()),
+        url_fetch_loopback_only: Some(true), // as every test node
         ..FileConfig::default()
     };
     tweak(&mut file);

@@ -4,7 +4,11 @@
 //! The node allows only `127.0.0.1/32` (`url_fetch_allow`), and its `url_fetch_hosts` maps
 //! `site.test` to 127.0.0.1 and `intranet.test` to 10.0.0.1: a name that resolves to a
 //! private address without any DNS. Every URL the guard must refuse is refused before a
-//! connection is opened; the only connections the tests make go to 127.0.0.1.
+//! connection is opened; the only connections the tests make go to 127.0.0.1. That is
+//! enforced, not hoped for: the node runs with `url_fetch_loopback_only` (as every test node,
+//! `Config::for_test`), whose connect seam refuses any connection outside loopback and any DNS
+//! lookup with `outside_loopback` and counts it in `sift_url_fetch_outside_loopback_total`;
+//! each test ends by asserting that counter is 0 (see [`assert_stayed_on_loopback`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -55,6 +59,21 @@ async fn start_site() -> (Arc<Site>, u16) {
             }),
         )
         .route("/moved", get(|| async { Redirect::permanent("/article") }))
+        .route(
+            "/old-tides",
+            get(|| async { Redirect::temporary("/tides") }),
+        )
+        .route(
+            "/tides",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                    r#"<!doctype html><html><head><title>Ardmore tide tables</title></head>
+                    <body><main><h1>Tide tables</h1><p>The Ardmore tide tables are posted on the
+                    harbour office door every Monday morning.</p></main></body></html>"#,
+                )
+            }),
+        )
         .route(
             "/files/manual",
             get(move || {
@@ -149,9 +168,32 @@ async fn node() -> (tempfile::TempDir, InProcessNode) {
     .into_iter()
     .collect();
     config.url_fetch.timeout = Duration::from_secs(2);
+    assert!(
+        config.url_fetch.loopback_only,
+        "test nodes fetch from loopback only"
+    );
     let node = InProcessNode::start_with(config).await;
     node.client().create_kb(json!({ "name": KB })).await;
     (dir, node)
+}
+
+/// Fails the test when any node of this test binary tried to fetch from outside loopback:
+/// the connect seam's counter (process-wide, all nodes of the binary) is there and 0.
+async fn assert_stayed_on_loopback(client: &ApiClient) {
+    let metric = "sift_url_fetch_outside_loopback_total";
+    let text = client.metrics_text().await;
+    for kind in ["connect", "lookup"] {
+        assert!(
+            text.lines()
+                .any(|line| line.starts_with(&format!("{metric}{{kind=\"{kind}\"}}"))),
+            "the connect seam's counter ({kind}) is missing from /metrics: {text}"
+        );
+    }
+    assert_eq!(
+        client.metric_sum(metric, None).await,
+        0.0,
+        "a URL fetch tried to reach past loopback (a connection or a DNS lookup)"
+    );
 }
 
 /// `POST /v1/kbs/{KB}/documents` with `body` (`{"urls": [...]}`).
@@ -236,6 +278,23 @@ async fn pages_by_url_are_fetched_parsed_and_kept_with_their_source() {
         hits["hits"][0]["document_id"], page_id,
         "the fetched page answers: {hits}"
     );
+    // hits show where the page came from (after the redirect), and so do packed citations
+    assert_eq!(
+        hits["hits"][0]["metadata"]["sift.source_url"],
+        format!("{base}/article"),
+        "{hits}"
+    );
+    let packed = client
+        .search(
+            KB,
+            json!({ "query": "green flashing harbour light", "top_k": 1, "context_tokens": 200 }),
+        )
+        .await;
+    assert_eq!(
+        packed["context"]["citations"][0]["source_url"],
+        format!("{base}/article"),
+        "{packed}"
+    );
 
     // Fetched again unchanged: a duplicate. Changed: a new version replaces the old one.
     let again = added(&client, json!({ "urls": [format!("{base}/moved")] })).await;
@@ -258,7 +317,33 @@ async fn pages_by_url_are_fetched_parsed_and_kept_with_their_source() {
         "the old version is gone: {text}"
     );
 
-    // An answer cites the page by its URL (the message's `annotations`).
+    // A page behind a redirect, posted with an explicit external id: cited by its final URL.
+    let tides = added(
+        &client,
+        json!({ "urls": [{ "url": format!("{base}/old-tides"), "external_id": "tides-v1" }] }),
+    )
+    .await;
+    let record = client
+        .wait_document(KB, tides["id"].as_str().unwrap(), WAIT)
+        .await;
+    assert_eq!(record["status"], "ready", "{record}");
+    assert_eq!(
+        record["metadata"]["sift.source_url"],
+        format!("{base}/tides"),
+        "{record}"
+    );
+
+    // An answer cites each page by the URL it was fetched from after redirects, whatever its
+    // external id (the message's `annotations`, and `sift.citations`).
+    let annotation_urls = |answer: &Value| -> Vec<String> {
+        answer["choices"][0]["message"]["annotations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|a| a["url_citation"]["url"].as_str().map(str::to_string))
+            .collect()
+    };
     let answer = client
         .post_json(
             "/v1/chat/completions",
@@ -269,14 +354,31 @@ async fn pages_by_url_are_fetched_parsed_and_kept_with_their_source() {
         )
         .await
         .expect(200);
-    let annotations = answer["choices"][0]["message"]["annotations"]
+    let urls = annotation_urls(&answer);
+    assert!(urls.contains(&format!("{base}/article")), "{answer:#}");
+    // every document of the KB came by URL: none is cited by a sift:// link
+    assert!(urls.iter().all(|url| url.starts_with(&base)), "{answer:#}");
+    let answer = client
+        .post_json(
+            "/v1/chat/completions",
+            &json!({
+                "model": format!("kb:{KB}"),
+                "messages": [{ "role": "user", "content": "When are the Ardmore tide tables posted?" }],
+            }),
+        )
+        .await
+        .expect(200);
+    let urls = annotation_urls(&answer);
+    assert!(urls.contains(&format!("{base}/tides")), "{answer:#}");
+    assert!(urls.iter().all(|url| url.starts_with(&base)), "{answer:#}");
+    let citations = answer["sift"]["citations"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     assert!(
-        annotations
+        citations
             .iter()
-            .any(|a| a["url_citation"]["url"] == format!("{base}/moved")),
+            .any(|c| c["external_id"] == "tides-v1" && c["source_url"] == format!("{base}/tides")),
         "{answer:#}"
     );
 
@@ -299,6 +401,7 @@ async fn pages_by_url_are_fetched_parsed_and_kept_with_their_source() {
         "{stderr}"
     );
     assert!(stderr.contains("1 ready, 0 failed, 1 refused"), "{stderr}");
+    assert_stayed_on_loopback(&client).await;
     node.shutdown().await;
 }
 
@@ -387,5 +490,6 @@ async fn urls_the_guard_or_the_fetch_refuses_store_nothing() {
     let temp = dir.path().join("node/tmp");
     let left: Vec<_> = std::fs::read_dir(&temp).unwrap().flatten().collect();
     assert!(left.is_empty(), "temp files left: {left:?}");
+    assert_stayed_on_loopback(&client).await;
     node.shutdown().await;
 }

@@ -100,6 +100,7 @@ pub fn citation_for(n: u32, evidence: &EvidenceChunk) -> Citation {
         document_id: chunk.document_id.clone(),
         document_title: chunk.title.clone(),
         external_id: chunk.external_id.clone(),
+        source_url: sift_storage::chunk::source_url(&chunk.metadata).map(str::to_string),
         span: chunk.span,
         pages: chunk.pages,
         text: chunk.text.clone(),

@@ -117,6 +117,7 @@ pub fn extractive_answer(
             document_id: chunk.document_id.clone(),
             document_title: chunk.title.clone(),
             external_id: chunk.external_id.clone(),
+            source_url: sift_storage::chunk::source_url(&chunk.metadata).map(str::to_string),
             span: sentence_span(&chunk.text, chunk.span, pick.start, pick.end),
             pages: chunk.pages,
             text: pick.sentence.clone(),

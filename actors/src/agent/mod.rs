@@ -41,6 +41,9 @@ pub struct Citation {
     pub document_id: String,
     pub document_title: String,
     pub external_id: Option<String>,
+    /// The page the document was fetched from, after redirects (`sift.source_url`), for a
+    /// document added by URL; else `null`.
+    pub source_url: Option<String>,
     /// Character offsets `[start, end)` in the document's extracted text.
     #[schema(value_type = Vec<u32>, min_items = 2, max_items = 2)]
     pub span: (u32, u32),

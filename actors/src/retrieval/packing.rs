@@ -25,6 +25,9 @@ pub struct Citation {
     pub n: usize,
     pub document_id: String,
     pub external_id: Option<String>,
+    /// The page the document was fetched from, after redirects (`sift.source_url`), for a
+    /// document added by URL; else `null`.
+    pub source_url: Option<String>,
     pub title: String,
     /// The hits (by chunk id) this citation covers.
     pub chunk_ids: Vec<String>,
@@ -132,6 +135,8 @@ pub fn pack(hits: &mut [SearchHit], expand_parent: bool, budget: usize) -> Packe
                     n,
                     document_id: hit.chunk.document_id.clone(),
                     external_id: hit.chunk.external_id.clone(),
+                    source_url: sift_storage::chunk::source_url(&hit.chunk.metadata)
+                        .map(str::to_string),
                     title: hit.chunk.title.clone(),
                     chunk_ids: vec![hit.chunk.chunk_id.clone()],
                     pages: hit.chunk.pages,

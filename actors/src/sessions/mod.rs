@@ -888,8 +888,10 @@ fn citation_from(citation: TurnCitation) -> Citation {
         document_title: citation.document_title,
         external_id: citation.external_id,
         span: citation.span,
-        // Stored turns keep no pages (their record predates them; see ADR 0024).
+        // Stored turns keep no pages nor source URL (their record predates them; see ADR
+        // 0024).
         pages: None,
+        source_url: None,
         text: citation.text,
     }
 }
