@@ -521,13 +521,16 @@ mod tests {
         std::fs::read(&path).unwrap_or_else(|error| panic!("{path}: {error}"))
     }
 
-    /// Every run of `bytes` read with `run_bytes`: (heading path, text, start char, read).
+    /// One run as the tests see it: (heading path, text, start char, read).
+    type SeenRun = (Vec<String>, String, u64, f64);
+
+    /// Every run of `bytes` read with `run_bytes`.
     fn runs(
         bytes: &[u8],
         format: SourceFormat,
         limits: &OfficeLimits,
         run_bytes: usize,
-    ) -> Result<Vec<(Vec<String>, String, u64, f64)>, ParseError> {
+    ) -> Result<Vec<SeenRun>, ParseError> {
         let mut runs = Vec::new();
         stream_records(bytes, format, limits, run_bytes, &mut |run| {
             runs.push((

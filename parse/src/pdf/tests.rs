@@ -367,3 +367,117 @@ fn a_content_stream_that_inflates_past_the_cap_is_pdf_too_large() {
     let error = parse_pdf(&fixture("flate-bomb.pdf"), &accepted).unwrap_err();
     assert_eq!(error.code(), "pdf_too_large", "{error}");
 }
+
+/// Asserts that each of `words` is found in `text` after the one before it.
+fn assert_in_order(text: &str, words: &[&str]) {
+    let mut after = 0;
+    for word in words {
+        let at = text[after..]
+            .find(word)
+            .unwrap_or_else(|| panic!("{word:?} after byte {after} of:\n{text}"));
+        after += at + word.len();
+    }
+}
+
+#[test]
+fn two_columns_are_read_column_by_column_under_their_title() {
+    // The columns' lines stand at the same heights (a sort by height then x would interleave
+    // them) and the content stream draws the right column first and the title last.
+    let document = parse("two-columns.pdf").unwrap();
+    assert_eq!(document.pages.len(), 1, "{document:?}");
+    let text = page_text(&document, 1);
+    assert!(!text.contains('|'), "read as prose, not a table: {text}");
+    assert!(
+        text.starts_with("Tidal Harbours of the North Coast"),
+        "{text}"
+    );
+    let left = [
+        "breakwater",
+        "granite",
+        "hauled",
+        "1881",
+        "seaward",
+        "parapet",
+        "waves back to sea",
+    ];
+    let right = [
+        "Harbour pilots",
+        "outer buoy",
+        "sandbar",
+        "cutter",
+        "lighthouse",
+        "hut on the",
+        "long nights",
+    ];
+    let all: Vec<&str> = ["Tidal Harbours"]
+        .iter()
+        .chain(&left)
+        .chain(&right)
+        .copied()
+        .collect();
+    assert_in_order(text, &all);
+    // No line holds words of both columns.
+    for line in text.lines() {
+        let holds = |words: &[&str]| words.iter().any(|word| line.contains(word));
+        assert!(!(holds(&left) && holds(&right)), "{line:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn running_headers_and_footers_are_dropped_from_every_page() {
+    // Six pages under the same header, each with "Page N of 6" at its foot; bookmarks
+    // "Operations" on page 1 and "Finances" on page 4.
+    let document = parse("running-headers.pdf").unwrap();
+    assert_eq!(document.pages.len(), 6, "{document:?}");
+    // clean.rs drops a running line on every page that has it, the first included.
+    assert!(
+        !document.text.contains("Annual Report"),
+        "{}",
+        document.text
+    );
+    for number in 1..=6 {
+        assert!(
+            !document.text.contains(&format!("Page {number} of 6")),
+            "{}",
+            document.text
+        );
+    }
+    assert!(!document.text.contains(" of 6"), "{}", document.text);
+    let bodies = [
+        ("Operations", "inner basin."),
+        ("Dredging of the channel", "a new lantern."),
+        ("Pilotage kept its record", "within twenty minutes."),
+        ("Finances", "start of the year."),
+        ("Spending on the quays", "the fish market."),
+        ("The reserves stand", "begins next spring."),
+    ];
+    for (number, (first, last)) in (1..).zip(bodies) {
+        let text = page_text(&document, number);
+        assert!(text.starts_with(first), "page {number}: {text}");
+        assert!(text.ends_with(last), "page {number}: {text}");
+    }
+    // "light-" / "house" at a line end on page 2, joined (pdf_oxide's `extract_text` joins it
+    // itself, line and all; `clean_page_text` would otherwise). The header and footer, though,
+    // are in pdf_oxide's text: `strip_running_lines` drops them.
+    let second = page_text(&document, 2);
+    assert!(second.contains("old lighthouse"), "{second}");
+    assert!(!second.contains("light-"), "{second}");
+    let paths: Vec<&[String]> = document
+        .pages
+        .iter()
+        .map(|page| page.heading_path.as_slice())
+        .collect();
+    let operations = ["Operations".to_string()];
+    let finances = ["Finances".to_string()];
+    assert_eq!(
+        paths,
+        [
+            &operations[..],
+            &operations[..],
+            &operations[..],
+            &finances[..],
+            &finances[..],
+            &finances[..]
+        ]
+    );
+}
