@@ -401,14 +401,15 @@ async fn images_are_read_by_the_vision_model_and_found_by_their_text() {
     assert_eq!(record["status"], "ready", "{record}");
     if renders {
         assert_eq!(record["pages_needing_ocr"], 0, "{record}");
-        let calls = vision.calls.lock().unwrap();
-        assert_eq!(calls.len(), calls_before + 2, "pages 2 and 4, rendered");
-        assert!(
-            calls[calls_before..]
-                .iter()
-                .all(|(_, image)| image.starts_with("data:image/png;base64,"))
-        );
-        drop(calls);
+        {
+            let calls = vision.calls.lock().unwrap();
+            assert_eq!(calls.len(), calls_before + 2, "pages 2 and 4, rendered");
+            assert!(
+                calls[calls_before..]
+                    .iter()
+                    .all(|(_, image)| image.starts_with("data:image/png;base64,"))
+            );
+        }
         let pages = page_texts(&client, "scans", &tiled_id).await;
         assert!(
             pages

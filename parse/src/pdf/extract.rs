@@ -177,7 +177,9 @@ fn page_size(document: &PdfDocument, index: usize) -> Option<(u32, u32)> {
     let (x0, y0, x1, y1) = document.get_page_media_box(index).ok()?;
     let side = |from: f32, to: f32| {
         let length = (to - from).abs().ceil();
-        (length.is_finite() && length >= 1.0 && length <= MAX_PAGE_SIDE_POINTS)
+        // NaN and infinities are outside the range too.
+        (1.0..=MAX_PAGE_SIDE_POINTS)
+            .contains(&length)
             .then_some(length as u32)
     };
     Some((side(x0, x1)?, side(y0, y1)?))
