@@ -1333,6 +1333,27 @@ mod tests {
     }
 
     #[test]
+    fn pdftoppm_is_on_by_default_and_an_empty_command_turns_it_off() {
+        let default = ocr_config(&OcrFileConfig::default()).unwrap();
+        assert_eq!(default.pdftoppm, Some(PathBuf::from("pdftoppm")));
+        let off = ocr_config(&OcrFileConfig {
+            pdftoppm: Some(String::new()),
+            ..OcrFileConfig::default()
+        })
+        .unwrap();
+        assert_eq!(off.pdftoppm, None);
+        let named = ocr_config(&OcrFileConfig {
+            pdftoppm: Some("/opt/poppler/bin/pdftoppm".into()),
+            ..OcrFileConfig::default()
+        })
+        .unwrap();
+        assert_eq!(
+            named.pdftoppm,
+            Some(PathBuf::from("/opt/poppler/bin/pdftoppm"))
+        );
+    }
+
+    #[test]
     fn every_count_and_duration_has_an_upper_bound() {
         // Each key at half the largest value its type takes, under its table where it has one.
         let keys = [
