@@ -14,7 +14,8 @@ pub struct DocumentEvent {
     pub progress: f32,
     /// Set when the document was deleted.
     pub deleted: bool,
-    /// Pages indexed without their text: it needs OCR and none read it.
+    /// Parts indexed without their text (a PDF's scanned pages, a Word or PowerPoint file's
+    /// pictures): it needs OCR and none read it.
     pub pages_needing_ocr: u32,
     /// While scanned pages are read by OCR (status `parsing`): how many of how many are done.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -173,8 +173,12 @@ pub struct OcrFileConfig {
     /// also SIFT_OCR_TESSERACT).
     pub tesseract: Option<String>,
     /// tesseract's `-l` (default `eng`; `eng+chi_sim` with Chinese installed; also
-    /// SIFT_OCR_LANGUAGES).
+    /// SIFT_OCR_LANGUAGES). A KB whose language is `zh` reads with `chi_sim` first when
+    /// tesseract has it installed.
     pub tesseract_languages: Option<String>,
+    /// The pdftoppm program that renders scanned PDF pages no one image holds (default
+    /// `pdftoppm`, used when it runs; `""` turns it off; also SIFT_OCR_PDFTOPPM).
+    pub pdftoppm: Option<String>,
     /// Longest one image's recognition may take, per attempt (ms, default 120000, at most
     /// 600000).
     pub timeout_ms: Option<u64>,
@@ -355,7 +359,8 @@ const ENV_KEYS: &[&str] = &[
 ];
 
 /// The `SIFT_*` variables named otherwise than their key, which is in a table.
-/// SIFT_OCR_TESSERACT and the SIFT_LLM_* variables are read apart (see [`Config::load`]).
+/// SIFT_OCR_TESSERACT, SIFT_OCR_PDFTOPPM and the SIFT_LLM_* variables are read apart (see
+/// [`Config::load`]).
 const ENV_TABLE_KEYS: &[(&str, &str)] = &[
     ("SIFT_TLS_CERT", "tls.cert"),
     ("SIFT_TLS_KEY", "tls.key"),
@@ -465,6 +470,9 @@ impl Config {
         // only UTF-8 values); empty turns tesseract off, so it is not filtered like the rest.
         if let Some(v) = std::env::var_os("SIFT_OCR_TESSERACT") {
             file.ocr.tesseract = Some(v.to_string_lossy().into_owned());
+        }
+        if let Some(v) = std::env::var_os("SIFT_OCR_PDFTOPPM") {
+            file.ocr.pdftoppm = Some(v.to_string_lossy().into_owned());
         }
         // SIFT_LLM_BASE_URL + SIFT_LLM_MODEL (+ SIFT_LLM_API_KEY and the rest of
         // `LlmConfig::from_lookup`): one OpenAI-compatible provider named `openai` put first,
@@ -881,6 +889,11 @@ fn ocr_config(file: &OcrFileConfig) -> anyhow::Result<sift_models::ocr::OcrConfi
             );
         }
     }
+    let pdftoppm = match file.pdftoppm.as_deref() {
+        Some("") => None,
+        Some(command) => Some(PathBuf::from(command)),
+        None => defaults.pdftoppm.clone(),
+    };
     let timeout_ms = file
         .timeout_ms
         .unwrap_or(defaults.timeout.as_millis() as u64);
@@ -898,6 +911,7 @@ fn ocr_config(file: &OcrFileConfig) -> anyhow::Result<sift_models::ocr::OcrConfi
     Ok(OcrConfig {
         vision,
         tesseract,
+        pdftoppm,
         timeout: Duration::from_millis(timeout_ms),
         retries,
         max_in_flight,
@@ -1332,6 +1346,27 @@ mod tests {
         // The environment wins over the file, value by value.
         let error = Config::load(Some(&path), &env(&[("SIFT_MAX_QUEUED_RUNS", "4")]));
         assert_eq!(error.unwrap().runs.max_queued, Some(4));
+    }
+
+    #[test]
+    fn pdftoppm_is_on_by_default_and_an_empty_command_turns_it_off() {
+        let default = ocr_config(&OcrFileConfig::default()).unwrap();
+        assert_eq!(default.pdftoppm, Some(PathBuf::from("pdftoppm")));
+        let off = ocr_config(&OcrFileConfig {
+            pdftoppm: Some(String::new()),
+            ..OcrFileConfig::default()
+        })
+        .unwrap();
+        assert_eq!(off.pdftoppm, None);
+        let named = ocr_config(&OcrFileConfig {
+            pdftoppm: Some("/opt/poppler/bin/pdftoppm".into()),
+            ..OcrFileConfig::default()
+        })
+        .unwrap();
+        assert_eq!(
+            named.pdftoppm,
+            Some(PathBuf::from("/opt/poppler/bin/pdftoppm"))
+        );
     }
 
     #[test]

@@ -239,9 +239,17 @@ pub struct ScannedPage {
     pub number: u32,
     /// The outline's headings that hold this page, as for [`Page::heading_path`].
     pub heading_path: Vec<String>,
-    /// Its largest image, saved for OCR when the parse was asked to
-    /// ([`crate::pdf::Scanned::SaveImages`]) and the page has one the parser can read.
+    /// Its image, saved for OCR when the parse was asked to
+    /// ([`crate::pdf::Scanned::SaveImages`]) and the page has exactly one image the parser
+    /// can read. `None`: no image, or several (a tiled scan), so no one image holds the page.
     pub image: Option<std::path::PathBuf>,
+    /// Whether `image` covers the page (three quarters of its area or more, or where it is
+    /// drawn is unknown), so that reading it reads the page. When not, the page is better
+    /// rendered whole (`pdftoppm`), and its image read only when it cannot be.
+    pub image_covers_page: bool,
+    /// Width and height of the page in points (1/72 inch, rounded up), from its `MediaBox`,
+    /// when known: to render it within a pixel cap.
+    pub size_points: Option<(u32, u32)>,
 }
 
 /// One page's text in [`ParsedDocument::text`].

@@ -88,6 +88,10 @@ struct WireScanned {
     number: u32,
     heading_path: Vec<String>,
     image: Option<PathBuf>,
+    #[serde(default)]
+    image_covers_page: bool,
+    #[serde(default)]
+    size_points: Option<(u32, u32)>,
 }
 
 /// What a worker parses, with its limits.
@@ -389,6 +393,8 @@ fn from_reply(reply: Reply, job: &Job) -> Result<ParsedDocument, ParseError> {
                         number: page.number,
                         heading_path: page.heading_path,
                         image: page.image,
+                        image_covers_page: page.image_covers_page,
+                        size_points: page.size_points,
                     })
                     .collect(),
                 pictures: Vec::new(),
@@ -477,6 +483,8 @@ fn answer(job: &Job, input: impl Read, output: impl Write + Send + 'static) -> u
                     number: page.number,
                     heading_path: page.heading_path,
                     image: page.image,
+                    image_covers_page: page.image_covers_page,
+                    size_points: page.size_points,
                 })
                 .collect(),
         },
@@ -660,6 +668,8 @@ mod tests {
                 number: 3,
                 heading_path: vec!["Intro".into()],
                 image: Some("/scratch/doc/page-3.png".into()),
+                image_covers_page: true,
+                size_points: Some((612, 792)),
             }],
         }))
         .unwrap();
@@ -674,6 +684,8 @@ mod tests {
             parsed.scanned_pages[0].image.as_deref(),
             Some(Path::new("/scratch/doc/page-3.png"))
         );
+        assert!(parsed.scanned_pages[0].image_covers_page);
+        assert_eq!(parsed.scanned_pages[0].size_points, Some((612, 792)));
         let workbook = Reply::Parsed {
             title: None,
             text: "# Stock\n\nRow 2: Item: lamp".into(),
@@ -749,6 +761,8 @@ mod tests {
                         number: 1,
                         heading_path: Vec::new(),
                         image: Some("/etc/passwd".into()),
+                        image_covers_page: true,
+                        size_points: None,
                     }],
                 },
                 &job,

@@ -4,6 +4,9 @@
 //! `tesseract` CLI when it is installed (`.ci/run` installs it); a KB's `ocr` setting picks
 //! the engine. Scanned PDF pages: their images go to the same engine and their text takes
 //! its place among the pages; without an engine the document says how many pages need OCR.
+//! A page that no one image holds (a tiled scan, shapes) is rendered by `pdftoppm` when it is
+//! installed (`.ci/run` installs poppler-utils), else counted; a TIFF reaches the vision model
+//! as PNG; a Chinese KB's images are read by tesseract with `chi_sim`.
 //! Bad input: an image of 30,000 × 30,000 pixels, bytes that are no image, an image where no
 //! engine is set, a vision server that refuses the image.
 
@@ -99,6 +102,14 @@ async fn start_vision() -> (Arc<Vision>, String) {
     (vision, format!("http://127.0.0.1:{port}/v1"))
 }
 
+/// Whether `command probe` runs (tesseract, pdftoppm).
+fn installed(command: &str, probe: &str) -> bool {
+    std::process::Command::new(command)
+        .arg(probe)
+        .output()
+        .is_ok_and(|output| output.status.success())
+}
+
 fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(repo_root().join("tests/fixtures/ocr").join(name)).unwrap()
 }
@@ -121,6 +132,13 @@ async fn chunks_of(client: &sift_tests::ApiClient, kb: &str, id: &str) -> Vec<Va
 }
 
 async fn node_with_vision(base_url: &str) -> (tempfile::TempDir, InProcessNode) {
+    node_with_vision_and(base_url, |_| {}).await
+}
+
+async fn node_with_vision_and(
+    base_url: &str,
+    change: impl FnOnce(&mut Config),
+) -> (tempfile::TempDir, InProcessNode) {
     let dir = sift_tests::temp_dir();
     let mut config = Config::for_test(&dir.path().join("node"));
     config.embedding.model_dir = Some(require_model());
@@ -135,8 +153,23 @@ async fn node_with_vision(base_url: &str) -> (tempfile::TempDir, InProcessNode) 
     // One ingestion worker: a document queued behind another waits for it (the parse
     // progress check below follows a PDF's events before its parse starts).
     config.options.ingest_workers = 1;
+    change(&mut config);
     let node = InProcessNode::start_with(config).await;
     (dir, node)
+}
+
+/// The text of a document's chunks by page (`0`: none).
+async fn page_texts(client: &sift_tests::ApiClient, kb: &str, id: &str) -> Vec<(u64, String)> {
+    chunks_of(client, kb, id)
+        .await
+        .iter()
+        .map(|chunk| {
+            (
+                chunk["pages"]["first"].as_u64().unwrap_or(0),
+                chunk["text"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,6 +219,35 @@ async fn images_are_read_by_the_vision_model_and_found_by_their_text() {
         )
         .await;
     assert_eq!(hits["hits"][0]["document_id"], id.as_str(), "{hits}");
+
+    // A JPEG goes as it is; a TIFF goes as PNG (most vision servers take no TIFF).
+    for (name, media_type) in [
+        ("harbour-notice.jpg", "image/jpeg"),
+        ("harbour-notice.tif", "image/png"),
+    ] {
+        let calls_before = vision.calls.lock().unwrap().len();
+        let added = client.upload_ok("scans", name, fixture(name)).await;
+        let id = added["id"].as_str().unwrap().to_string();
+        let record = client.wait_document("scans", &id, WAIT).await;
+        assert_eq!(record["status"], "ready", "{name}: {record}");
+        let calls = vision.calls.lock().unwrap();
+        assert_eq!(calls.len(), calls_before + 1, "{name}");
+        let uri = &calls[calls_before].1;
+        let prefix = format!("data:{media_type};base64,");
+        assert!(
+            uri.starts_with(&prefix),
+            "{name}: {}",
+            &uri[..40.min(uri.len())]
+        );
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(&uri[prefix.len()..])
+            .unwrap();
+        let magic: &[u8] = match media_type {
+            "image/png" => b"\x89PNG\r\n\x1a\n",
+            _ => b"\xff\xd8\xff",
+        };
+        assert!(data.starts_with(magic), "{name}: not {media_type}");
+    }
 
     // A model that refuses the image: the document fails with the reason, nothing retried.
     let calls_before = vision.calls.lock().unwrap().len();
@@ -326,6 +388,41 @@ async fn images_are_read_by_the_vision_model_and_found_by_their_text() {
         "{chunks:#?}"
     );
 
+    // A tiled scan (page 2: three image strips, no one of which holds the page) and a page
+    // of shapes (page 4) are rendered whole by pdftoppm and read; the blank page 3 is no
+    // scan. Without pdftoppm both are counted.
+    let renders = installed("pdftoppm", "-v");
+    let calls_before = vision.calls.lock().unwrap().len();
+    let tiled = client
+        .upload_ok("scans", "tiled.pdf", pdf_fixture("tiled-scan.pdf"))
+        .await;
+    let tiled_id = tiled["id"].as_str().unwrap().to_string();
+    let record = client.wait_document("scans", &tiled_id, WAIT).await;
+    assert_eq!(record["status"], "ready", "{record}");
+    if renders {
+        assert_eq!(record["pages_needing_ocr"], 0, "{record}");
+        {
+            let calls = vision.calls.lock().unwrap();
+            assert_eq!(calls.len(), calls_before + 2, "pages 2 and 4, rendered");
+            assert!(
+                calls[calls_before..]
+                    .iter()
+                    .all(|(_, image)| image.starts_with("data:image/png;base64,"))
+            );
+        }
+        let pages = page_texts(&client, "scans", &tiled_id).await;
+        assert!(
+            pages
+                .iter()
+                .any(|(page, text)| *page == 2 && text.contains("Pilots board vessels")),
+            "{pages:?}"
+        );
+    } else {
+        eprintln!("pdftoppm is not installed: checking that unrendered pages are counted");
+        assert_eq!(record["pages_needing_ocr"], 2, "{record}");
+        assert_eq!(vision.calls.lock().unwrap().len(), calls_before);
+    }
+
     // Pictures of Word and PowerPoint files: read where they stand.
     for name in ["pictured.docx", "pictured.pptx"] {
         let calls_before = vision.calls.lock().unwrap().len();
@@ -427,6 +524,8 @@ async fn images_are_read_by_the_vision_model_and_found_by_their_text() {
     let pictured_id = pictured["id"].as_str().unwrap().to_string();
     let record = client.wait_document("no-ocr", &pictured_id, WAIT).await;
     assert_eq!(record["status"], "ready", "{record}");
+    // Its one picture is counted as needing OCR.
+    assert_eq!(record["pages_needing_ocr"], 1, "{record}");
     let text = chunks_of(&client, "no-ocr", &pictured_id).await;
     let text = serde_json::to_string(&text).unwrap();
     assert!(text.contains("The notice below is posted"), "{text}");
@@ -434,16 +533,67 @@ async fn images_are_read_by_the_vision_model_and_found_by_their_text() {
         !text.contains("sift-picture") && !text.contains("Pilots"),
         "{text}"
     );
+    // A tiled scan and a page of shapes without an engine: counted (the blank page is not).
+    let tiled = client
+        .upload_ok("no-ocr", "tiled.pdf", pdf_fixture("tiled-scan.pdf"))
+        .await;
+    let record = client
+        .wait_document("no-ocr", tiled["id"].as_str().unwrap(), WAIT)
+        .await;
+    assert_eq!(record["status"], "ready", "{record}");
+    assert_eq!(record["pages_needing_ocr"], 2, "{record}");
+}
+
+/// A node without pdftoppm: a page that no one image holds is counted, never silently empty;
+/// a page with one image that covers only part of it is read from that image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_pdftoppm_pages_that_no_image_holds_are_counted() {
+    let (vision, base_url) = start_vision().await;
+    let (_dir, node) = node_with_vision_and(&base_url, |config| config.ocr.pdftoppm = None).await;
+    let client = node.client();
+    client.create_kb(json!({ "name": "scans" })).await;
+    let tiled = client
+        .upload_ok("scans", "tiled.pdf", pdf_fixture("tiled-scan.pdf"))
+        .await;
+    let record = client
+        .wait_document("scans", tiled["id"].as_str().unwrap(), WAIT)
+        .await;
+    assert_eq!(record["status"], "ready", "{record}");
+    assert_eq!(record["pages_needing_ocr"], 2, "{record}");
+    assert_eq!(vision.calls.lock().unwrap().len(), 0, "nothing to send");
+
+    let mixed = client
+        .upload_ok("scans", "handbook.pdf", pdf_fixture("mixed-scan.pdf"))
+        .await;
+    let mixed_id = mixed["id"].as_str().unwrap().to_string();
+    let record = client.wait_document("scans", &mixed_id, WAIT).await;
+    assert_eq!(record["status"], "ready", "{record}");
+    assert_eq!(record["pages_needing_ocr"], 0, "{record}");
+    {
+        let calls = vision.calls.lock().unwrap();
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        // The page's own image, as the PDF stores it (1000 × 360), not a rendering.
+        let uri = &calls[0].1;
+        let prefix = "data:image/png;base64,";
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(&uri[prefix.len()..])
+            .unwrap();
+        assert_eq!(&png[16..24], &[0, 0, 3, 0xe8, 0, 0, 1, 0x68], "1000 × 360");
+    }
+    let pages = page_texts(&client, "scans", &mixed_id).await;
+    assert!(
+        pages
+            .iter()
+            .any(|(page, text)| *page == 2 && text.contains("Pilots board vessels")),
+        "{pages:?}"
+    );
 }
 
 /// `tesseract` on the PATH (as `.ci/run` installs it) reads the notice; without it, a KB that
 /// asks for tesseract refuses images.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tesseract_reads_an_image_when_it_is_installed() {
-    let installed = std::process::Command::new("tesseract")
-        .arg("--version")
-        .output()
-        .is_ok_and(|output| output.status.success());
+    let has_tesseract = installed("tesseract", "--version");
     let dir = sift_tests::temp_dir();
     let mut config = Config::for_test(&dir.path().join("node"));
     config.embedding.model_dir = Some(require_model());
@@ -452,8 +602,9 @@ async fn tesseract_reads_an_image_when_it_is_installed() {
     client
         .create_kb(json!({ "name": "scans", "ocr": "tesseract" }))
         .await;
+    let installed_renderer = installed("pdftoppm", "-v");
     let png = fixture("harbour-notice.png");
-    if !installed {
+    if !has_tesseract {
         eprintln!("tesseract is not installed: checking that images are refused");
         client
             .upload("scans", "notice.png", png)
@@ -461,11 +612,17 @@ async fn tesseract_reads_an_image_when_it_is_installed() {
             .expect_error(422, "ocr_unavailable");
         return;
     }
-    let files = [
+    let mut files = vec![
         ("harbour-notice.png", fixture("harbour-notice.png")),
+        ("harbour-notice.jpg", fixture("harbour-notice.jpg")),
+        ("harbour-notice.tif", fixture("harbour-notice.tif")),
         ("harbour-notice.webp", fixture("harbour-notice.webp")),
         ("notice-scan.pdf", pdf_fixture("notice-scan.pdf")),
     ];
+    // The tiled scan's page 2 is rendered (pdftoppm), then read.
+    if installed_renderer {
+        files.push(("tiled-scan.pdf", pdf_fixture("tiled-scan.pdf")));
+    }
     for (name, bytes) in files {
         let added = client.upload_ok("scans", name, bytes).await;
         let id = added["id"].as_str().unwrap().to_string();
@@ -481,4 +638,32 @@ async fn tesseract_reads_an_image_when_it_is_installed() {
             assert!(chunks.contains(words), "{name}: {words:?} not in {chunks}");
         }
     }
+
+    // A KB whose language is zh reads with chi_sim (Debian tesseract-ocr-chi-sim, which
+    // `.ci/run` installs), and the notice is found by a Chinese word alone (BM25).
+    client
+        .create_kb(json!({ "name": "zh-scans", "ocr": "tesseract", "language": "zh" }))
+        .await;
+    let added = client
+        .upload_ok("zh-scans", "notice.png", fixture("chinese-notice.png"))
+        .await;
+    let id = added["id"].as_str().unwrap().to_string();
+    let record = client.wait_document("zh-scans", &id, WAIT).await;
+    assert_eq!(record["status"], "ready", "{record}");
+    let chunks = chunks_of(&client, "zh-scans", &id).await;
+    let text: String = chunks
+        .iter()
+        .map(|chunk| chunk["text"].as_str().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
+        .split_whitespace()
+        .collect();
+    assert!(text.contains("引航员在外浮标登船"), "{text}");
+    let hits = client
+        .search(
+            "zh-scans",
+            json!({ "query": "浮标", "channels": ["bm25"], "top_k": 3 }),
+        )
+        .await;
+    assert_eq!(hits["hits"][0]["document_id"], id.as_str(), "{hits}");
 }

@@ -1092,7 +1092,9 @@ async fn recognize_images(
                 Ok((bytes, info.media_type))
             })
             .await??;
-            let text = ocr.recognize(engine, &bytes, media_type).await?;
+            let text = ocr
+                .recognize(engine, &bytes, media_type, &kb.settings.language)
+                .await?;
             let markdown = engine == OcrEngine::Vision;
             Ok::<_, SiftError>((text, markdown))
         }
@@ -1132,11 +1134,14 @@ fn parse_pages_report(meta: &MetaHandle, record: &DocumentRecord) -> PageReport 
     })
 }
 
-/// Reads the scanned pages of the PDFs among `works` with the KB's OCR engine (their images
-/// saved by the parse), each document's pages at once within the engine's node-wide bound,
-/// and puts their text among the other pages in page order. Without an engine, the pages
-/// are counted in `pages_needing_ocr`. An engine away (after its retries) defers the
-/// document; a page it refuses is counted and logged. The saved images are removed.
+/// Reads the scanned pages of the PDFs among `works` with the KB's OCR engine, each
+/// document's pages at once within the engine's node-wide bound, and puts their text among
+/// the other pages in page order. A page is read from its image when one image covers it,
+/// else rendered whole by `pdftoppm` when the node has it (a tiled scan, text drawn as
+/// shapes), else from its one image if it has one. Pages left unread are counted in
+/// `pages_needing_ocr`: every scanned page without an engine, and with one a page it
+/// refuses or that has no image to read and cannot be rendered. An engine away (after its
+/// retries) defers the document. The saved images are removed.
 async fn recognize_scanned_pages(
     context: &Arc<NodeContext>,
     kb: &KbRecord,
@@ -1153,9 +1158,15 @@ async fn recognize_scanned_pages(
         };
         if !scanned.is_empty() {
             match engine {
-                None => work.pages_needing_ocr = scanned.len() as u32,
+                None => work.pages_needing_ocr += scanned.len() as u32,
                 Some(engine) => {
-                    read_scanned_pages(context, engine, &limits, work, scanned, deferred).await;
+                    let reading = ScanReading {
+                        context,
+                        engine,
+                        language: &kb.settings.language,
+                        limits: &limits,
+                    };
+                    read_scanned_pages(&reading, work, scanned, deferred).await;
                 }
             }
         }
@@ -1179,8 +1190,8 @@ async fn recognize_scanned_pages(
 /// Reads the pictures of the Word and PowerPoint documents among `works` with the KB's OCR
 /// engine, a document's pictures at once within the engine's node-wide bound, and puts each
 /// one's text where its marker paragraph stands. Without an engine, and for a picture the
-/// engine refuses, the marker is removed. An engine away (after its retries) defers the
-/// document.
+/// engine refuses, the marker is removed and the picture counted in `pages_needing_ocr`. An
+/// engine away (after its retries) defers the document.
 async fn recognize_pictures(
     context: &Arc<NodeContext>,
     kb: &KbRecord,
@@ -1198,13 +1209,23 @@ async fn recognize_pictures(
             continue;
         }
         let read: Vec<std::result::Result<String, OcrError>> = match engine {
-            None => pictures.iter().map(|_| Ok(String::new())).collect(),
+            None => pictures
+                .iter()
+                .map(|_| {
+                    Err(OcrError::Unavailable(
+                        "no OCR engine for the knowledge base".into(),
+                    ))
+                })
+                .collect(),
             Some(engine) => {
-                join_all(
-                    pictures
-                        .iter()
-                        .map(|picture| ocr.recognize(engine, &picture.bytes, picture.media_type)),
-                )
+                join_all(pictures.iter().map(|picture| {
+                    ocr.recognize(
+                        engine,
+                        &picture.bytes,
+                        picture.media_type,
+                        &kb.settings.language,
+                    )
+                }))
                 .await
             }
         };
@@ -1218,38 +1239,87 @@ async fn recognize_pictures(
         let Some(parsed) = work.parsed.as_mut() else {
             continue;
         };
+        let mut unread = 0u32;
         for (picture, outcome) in pictures.iter().zip(read) {
             let text = outcome.unwrap_or_else(|error| {
-                warn!(document_id = %work.record.id, %error, "OCR refused a picture");
+                if engine.is_some() {
+                    warn!(document_id = %work.record.id, %error, "OCR refused a picture");
+                }
+                unread += 1;
                 String::new()
             });
             parsed.replace_marker(&picture.marker, text.trim());
         }
+        work.pages_needing_ocr += unread;
+    }
+}
+
+/// What reads one document's scanned pages: the node, the KB's engine and language, the
+/// image caps.
+struct ScanReading<'a> {
+    context: &'a Arc<NodeContext>,
+    engine: OcrEngine,
+    language: &'a str,
+    limits: &'a ImageLimits,
+}
+
+/// Where a scanned page's text is read from.
+enum PageSource<'a> {
+    /// The page's image, saved by the parse.
+    Image(&'a std::path::Path),
+    /// The page rendered whole from the raw PDF.
+    Render(&'a std::path::Path),
+    /// Nothing: no image holds the page and it cannot be rendered here.
+    Unreadable,
+}
+
+/// Where `page` is read from: its image when it covers the page, else the page rendered
+/// when `raw_pdf` is given (the node renders pages), else its one image if any.
+fn page_source<'a>(page: &'a ScannedPage, raw_pdf: Option<&'a std::path::Path>) -> PageSource<'a> {
+    match (&page.image, raw_pdf) {
+        (Some(image), _) if page.image_covers_page => PageSource::Image(image),
+        (_, Some(pdf)) => PageSource::Render(pdf),
+        (Some(image), None) => PageSource::Image(image),
+        (None, None) => PageSource::Unreadable,
     }
 }
 
 /// [`recognize_scanned_pages`] for one document that has scanned pages and an engine.
 async fn read_scanned_pages(
-    context: &Arc<NodeContext>,
-    engine: OcrEngine,
-    limits: &ImageLimits,
+    reading: &ScanReading<'_>,
     work: &mut Work,
     scanned: Vec<ScannedPage>,
     deferred: &mut Deferred,
 ) {
+    let context = reading.context;
     let ocr = &context.options.ocr;
-    let total = scanned.iter().filter(|page| page.image.is_some()).count() as u32;
+    // pdftoppm reads the upload as stored.
+    let raw_pdf = ocr
+        .renders_pages()
+        .then(|| context.raw.file_path(&work.record.id).ok())
+        .flatten();
+    let sources: Vec<PageSource> = scanned
+        .iter()
+        .map(|page| page_source(page, raw_pdf.as_deref()))
+        .collect();
+    let total = sources
+        .iter()
+        .filter(|source| !matches!(source, PageSource::Unreadable))
+        .count() as u32;
     let done = std::sync::atomic::AtomicU32::new(0);
     let record = &work.record;
-    let read = join_all(scanned.iter().map(|page| async {
-        let Some(path) = &page.image else {
-            return Ok(None);
+    let read = join_all(scanned.iter().zip(&sources).map(|(page, source)| async {
+        let bytes = match source {
+            PageSource::Image(path) => tokio::fs::read(path)
+                .await
+                .map_err(|e| SiftError::Storage(e.into()))?,
+            PageSource::Render(pdf) => ocr.render_page(pdf, page.number, page.size_points).await?,
+            PageSource::Unreadable => return Ok(None),
         };
-        let bytes = tokio::fs::read(path)
-            .await
-            .map_err(|e| SiftError::Storage(e.into()))?;
-        let media_type = check_image(&bytes, limits)?.media_type;
-        let text = ocr.recognize(engine, &bytes, media_type).await?;
+        let media_type = check_image(&bytes, reading.limits)?.media_type;
+        let text = ocr
+            .recognize(reading.engine, &bytes, media_type, reading.language)
+            .await?;
         let done = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let mut event = DocumentEvent::parsing(record);
         event.ocr_pages = Some(PageProgress { done, total });
@@ -1278,7 +1348,7 @@ async fn read_scanned_pages(
             }
         }
     }
-    work.pages_needing_ocr = needing;
+    work.pages_needing_ocr += needing;
     let Some(parsed) = work.parsed.as_mut() else {
         return;
     };
@@ -1287,6 +1357,10 @@ async fn read_scanned_pages(
         work.parsed = None;
         work.fail(match refused {
             Some(error) => format!("{}: {error}", error.code()),
+            None if needing > 0 => "no_text_layer: the PDF has no text layer, and its scanned \
+                                    pages have no image OCR can read and cannot be rendered \
+                                    on this node (pdftoppm is not installed)"
+                .to_string(),
             None => "no_text_layer: the PDF has no text layer and OCR found no text on its \
                      scanned pages"
                 .to_string(),

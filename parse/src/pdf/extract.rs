@@ -23,6 +23,10 @@ const MAX_OUTLINE_DEPTH: usize = 8;
 const MAX_TITLE_CHARS: usize = 200;
 /// Largest page image saved for OCR, in pixels (as an image upload's cap).
 const MAX_PAGE_IMAGE_PIXELS: u64 = 100_000_000;
+/// Share of a page's area its one image must cover for reading the image to read the page.
+const COVERING_SHARE: f64 = 0.75;
+/// Longest page side taken as a page's size, in points (PDF's own limit is 14,400).
+const MAX_PAGE_SIDE_POINTS: f32 = 200_000.0;
 
 /// Reads every page's text of the PDF in `bytes`, checking `limits` (page cap first, then
 /// `deadline` between pages). Runs on the caller's thread with no guard: [`super::parse_pdf`]
@@ -86,6 +90,10 @@ pub fn extract_pdf(
         // A garbled text layer (fonts without a usable map to characters) is no text: the
         // page goes to OCR as a scan does, its text left out.
         if page_text.is_empty() || is_garbled(&page_text) {
+            // A page that draws nothing is blank, not a scan.
+            if draws_nothing(&document, index) {
+                continue;
+            }
             let heading_path = headings.get(index).cloned().unwrap_or_default();
             let number = (index + 1) as u32;
             match &limits.scanned {
@@ -93,19 +101,23 @@ pub fn extract_pdf(
                     if Instant::now() >= deadline {
                         return Err(over_budget(limits));
                     }
-                    // A page without an image it can read is blank, not a scan.
-                    if let Some(image) = save_page_image(&document, index, folder)? {
-                        scanned_pages.push(ScannedPage {
-                            number,
-                            heading_path,
-                            image: Some(image),
-                        });
-                    }
+                    let size_points = page_size(&document, index);
+                    let (image, image_covers_page) =
+                        save_page_image(&document, index, size_points, folder)?;
+                    scanned_pages.push(ScannedPage {
+                        number,
+                        heading_path,
+                        image,
+                        image_covers_page,
+                        size_points,
+                    });
                 }
                 Scanned::Refuse | Scanned::Accept => scanned_pages.push(ScannedPage {
                     number,
                     heading_path,
                     image: None,
+                    image_covers_page: false,
+                    size_points: None,
                 }),
             }
             continue;
@@ -152,34 +164,66 @@ fn page_with_tables(document: &PdfDocument, index: usize) -> Option<String> {
     document.to_markdown(index, &options).ok()
 }
 
-/// Saves the largest image of page `index` in `folder` as `page-N.jpg` (a JPEG stream, as
-/// stored) or `page-N.png`; `None` when the page has no image the parser can read.
+/// Whether page `index` draws nothing at all (its content stream is empty): a blank page.
+/// A page whose content cannot be read is taken as drawing something.
+fn draws_nothing(document: &PdfDocument, index: usize) -> bool {
+    document
+        .get_page_content_data(index)
+        .is_ok_and(|content| content.iter().all(u8::is_ascii_whitespace))
+}
+
+/// Width and height of page `index` in points, rounded up, from its `MediaBox`; `None` when
+/// it has none the parser reads, or an empty or absurd one.
+fn page_size(document: &PdfDocument, index: usize) -> Option<(u32, u32)> {
+    let (x0, y0, x1, y1) = document.get_page_media_box(index).ok()?;
+    let side = |from: f32, to: f32| {
+        let length = (to - from).abs().ceil();
+        // NaN and infinities are outside the range too.
+        (1.0..=MAX_PAGE_SIDE_POINTS)
+            .contains(&length)
+            .then_some(length as u32)
+    };
+    Some((side(x0, x1)?, side(y0, y1)?))
+}
+
+/// Saves the image of page `index` in `folder` as `page-N.jpg` (a JPEG stream, as stored) or
+/// `page-N.png` when the page has exactly one image the parser can read, and says whether it
+/// covers the page (see [`ScannedPage::image_covers_page`]); `(None, false)` for a page
+/// with none, or several (a tiled scan: no one image holds the page).
 fn save_page_image(
     document: &PdfDocument,
     index: usize,
+    size_points: Option<(u32, u32)>,
     folder: &Path,
-) -> Result<Option<PathBuf>, ParseError> {
-    let Ok(images) = document.extract_images(index) else {
-        return Ok(None);
+) -> Result<(Option<PathBuf>, bool), ParseError> {
+    let nothing = Ok((None, false));
+    let Ok(mut images) = document.extract_images(index) else {
+        return nothing;
     };
-    let Some(largest) = images
-        .into_iter()
-        .filter(|image| {
-            u64::from(image.width()) * u64::from(image.height()) <= MAX_PAGE_IMAGE_PIXELS
-        })
-        .max_by_key(|image| u64::from(image.width()) * u64::from(image.height()))
-    else {
-        return Ok(None);
+    if images.len() != 1 {
+        return nothing;
+    }
+    let image = images.remove(0);
+    if u64::from(image.width()) * u64::from(image.height()) > MAX_PAGE_IMAGE_PIXELS {
+        return nothing;
+    }
+    let covers = match (image.bbox(), size_points) {
+        (Some(bbox), Some((width, height))) => {
+            let drawn = f64::from(bbox.width.abs()) * f64::from(bbox.height.abs());
+            drawn >= COVERING_SHARE * f64::from(width) * f64::from(height)
+        }
+        // Where it is drawn, or the page's size, is unknown: taken as the page.
+        _ => true,
     };
-    let (bytes, extension) = match largest.data() {
+    let (bytes, extension) = match image.data() {
         ImageData::Jpeg(bytes) => (bytes.clone(), "jpg"),
-        ImageData::Raw { .. } => match largest.to_png_bytes() {
+        ImageData::Raw { .. } => match image.to_png_bytes() {
             Ok(bytes) => (bytes, "png"),
-            Err(_) => return Ok(None),
+            Err(_) => return nothing,
         },
     };
     if bytes.is_empty() {
-        return Ok(None);
+        return nothing;
     }
     let path = folder.join(format!("page-{}.{extension}", index + 1));
     std::fs::write(&path, bytes).map_err(|error| {
@@ -188,7 +232,7 @@ fn save_page_image(
             index + 1
         ))
     })?;
-    Ok(Some(path))
+    Ok((Some(path), covers))
 }
 
 /// Refuses page `index` when its content stream decodes past pdf_oxide's cap on one

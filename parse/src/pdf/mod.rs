@@ -20,7 +20,8 @@
 //! an empty user password opens by itself), `invalid_pdf`, `pdf_too_large` (page cap or time
 //! budget) and `no_text_layer` (no page has text and [`PdfLimits::scanned`] refuses scans:
 //! no OCR engine). Pages without text are listed with their saved images
-//! ([`Scanned::SaveImages`]) for the OCR engine the ingestion pipeline calls.
+//! ([`Scanned::SaveImages`]) for the OCR engine the ingestion pipeline calls, which renders
+//! those that no one image covers.
 
 // Without the `pdf` feature (the fuzz build of the other parsers) only the page cleaning and
 // the scan check are left, unused.
@@ -116,7 +117,8 @@ impl PartialEq for PageReport {
 impl Eq for PageReport {}
 
 /// What a parse does with pages that have no text layer (scans). Each is listed in
-/// [`ParsedDocument::scanned_pages`] whatever the choice.
+/// [`ParsedDocument::scanned_pages`] whatever the choice; a page that draws nothing (an
+/// empty content stream) is blank, not a scan, and is not.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Scanned {
     /// A PDF where no page has text is `no_text_layer` (no OCR engine to read it).
@@ -125,9 +127,12 @@ pub enum Scanned {
     /// A PDF where no page has text is a document with empty text and every page scanned
     /// (an OCR engine will read them; used to check an upload).
     Accept,
-    /// As `Accept`, and each scanned page's largest image is saved in this folder
-    /// (`page-N.png` or `page-N.jpg`) for OCR; a page without an image it can read is left out
-    /// of the scanned pages (a blank page).
+    /// As `Accept`, and each scanned page's image, when it has exactly one the parser can
+    /// read, is saved in this folder (`page-N.png` or `page-N.jpg`) for OCR, with whether it
+    /// covers the page and the page's size (see [`ScannedPage`]); a page with no image, or
+    /// several, is listed without one (to be rendered whole).
+    ///
+    /// [`ScannedPage`]: crate::parse::ScannedPage
     SaveImages(PathBuf),
 }
 

@@ -146,7 +146,8 @@ fn scanned_pages_are_listed_and_their_images_saved_when_asked() {
     assert!(scan.text.is_empty() && scan.pages.is_empty(), "{scan:?}");
     assert_eq!(scan.scanned_pages.len(), 1);
 
-    // Saved: the page's image, whole, in the folder given.
+    // Saved: the page's one image, whole, in the folder given, with the page's size; it
+    // covers a fifth of the page (the page is better rendered whole).
     let folder = tempfile::tempdir().unwrap();
     let save = PdfLimits {
         scanned: Scanned::SaveImages(folder.path().to_path_buf()),
@@ -156,6 +157,8 @@ fn scanned_pages_are_listed_and_their_images_saved_when_asked() {
         let parsed = parse_pdf(&fixture(name), &save).unwrap();
         let page = &parsed.scanned_pages[0];
         assert_eq!(page.number, number, "{name}");
+        assert_eq!(page.size_points, Some((612, 792)), "{name}");
+        assert!(!page.image_covers_page, "{name}");
         let image = page.image.as_deref().expect("an image saved");
         assert_eq!(image.parent(), Some(folder.path()), "{name}");
         let bytes = std::fs::read(image).unwrap();
@@ -165,6 +168,39 @@ fn scanned_pages_are_listed_and_their_images_saved_when_asked() {
     // A page whose only image is 8 × 8 grey is still a scan with its image.
     let tiny = parse_pdf(&fixture("scanned.pdf"), &save).unwrap();
     assert!(tiny.scanned_pages[0].image.is_some(), "{tiny:?}");
+    // An image drawn over the whole page covers it: reading the image reads the page.
+    let whole = parse_pdf(&fixture("page-scan.pdf"), &save).unwrap();
+    assert!(whole.scanned_pages[0].image.is_some(), "{whole:?}");
+    assert!(whole.scanned_pages[0].image_covers_page, "{whole:?}");
+}
+
+#[test]
+fn a_tiled_scan_or_a_page_of_shapes_has_no_one_image_and_a_blank_page_is_no_scan() {
+    // Page 2: the notice in three image strips; page 3: an empty content stream; page 4: a
+    // filled box (shapes only).
+    let folder = tempfile::tempdir().unwrap();
+    let save = PdfLimits {
+        scanned: Scanned::SaveImages(folder.path().to_path_buf()),
+        ..PdfLimits::default()
+    };
+    let parsed = parse_pdf(&fixture("tiled-scan.pdf"), &save).unwrap();
+    assert!(page_text(&parsed, 1).starts_with("Port handbook"));
+    let numbers: Vec<u32> = parsed
+        .scanned_pages
+        .iter()
+        .map(|page| page.number)
+        .collect();
+    assert_eq!(numbers, [2, 4]);
+    for page in &parsed.scanned_pages {
+        assert_eq!(page.image, None, "{page:?}");
+        assert!(!page.image_covers_page, "{page:?}");
+        assert_eq!(page.size_points, Some((612, 792)), "{page:?}");
+    }
+    assert_eq!(std::fs::read_dir(folder.path()).unwrap().count(), 0);
+    // Without an engine the same pages are listed (the blank one is not).
+    let plain = parse("tiled-scan.pdf").unwrap();
+    let numbers: Vec<u32> = plain.scanned_pages.iter().map(|page| page.number).collect();
+    assert_eq!(numbers, [2, 4]);
 }
 
 #[test]

@@ -291,8 +291,10 @@ pub struct DocumentRecord {
     pub metadata: Metadata,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
-    /// Pages indexed without their text because it needs OCR and none read it (no engine, or
-    /// a page it could not read); absent in records written before it existed.
+    /// Parts indexed without their text because it needs OCR and none read it: a PDF's
+    /// scanned pages, a Word or PowerPoint file's pictures (no engine, one that could not
+    /// read them, or a page with no image to read that could not be rendered); absent in
+    /// records written before it existed.
     #[serde(default)]
     pub pages_needing_ocr: u32,
 }
