@@ -316,11 +316,11 @@ async fn sift_ingest_of_a_folder_uploads_pdfs_and_exits_1_naming_the_refused_fil
     assert!(refusal.contains("refused: encrypted_pdf"), "{refusal}");
     assert!(
         stderr.lines().any(|line| line.contains("slides.ppt")
-            && line.contains("skipped")
+            && line.contains("refused: unsupported_type")
             && line.contains("PowerPoint 97-2003")),
         "{stderr}"
     );
-    assert!(stderr.contains("2 ready, 0 failed, 1 refused"), "{stderr}");
+    assert!(stderr.contains("2 ready, 0 failed, 2 refused"), "{stderr}");
     let client = node.client();
     let counts = client.wait_ready(KB, 2, WAIT).await;
     assert_eq!(counts["total"], 2, "{counts}");
