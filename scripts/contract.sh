@@ -28,7 +28,8 @@ read -r key port < <(python3 -c '
 import secrets, socket
 s = socket.socket(); s.bind(("127.0.0.1", 0))
 print(f"sk-sift-{secrets.token_hex(6)}-{secrets.token_hex(24)}", s.getsockname()[1])')
-SIFT_ADMIN_KEY=$key "$bin" serve --data-dir "$work/data" --listen "127.0.0.1:$port" \
+# url_fetch_loopback_only: generated URLs never reach past this machine (no DNS, loopback only)
+SIFT_ADMIN_KEY=$key SIFT_URL_FETCH_LOOPBACK_ONLY=true "$bin" serve --data-dir "$work/data" --listen "127.0.0.1:$port" \
   > "$work/node.log" 2>&1 &
 node=$!
 # (`|| true`: under set -e, `wait` on the killed node fails and would end the trap before the rm)

@@ -689,9 +689,11 @@ fn fetch_failed(url: &Url, why: &str) -> ApiError {
 }
 
 /// The connect seam refused an address in loopback-only mode: a test reached past loopback.
+/// A 422 like any fetch that could not be made (the API contract run, which posts generated
+/// URLs, sees a refusal, not a server error); the counter is what the tests assert on.
 fn outside_loopback(url: &Url, refused: &OutsideLoopback) -> ApiError {
     ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
+        StatusCode::UNPROCESSABLE_ENTITY,
         "outside_loopback",
         format!("{}: {refused}", shorten(url.as_str())),
     )

@@ -53,10 +53,7 @@ pub struct RecordRun<'a> {
 /// What [`stream_records`] hands each run to; an error stops the reading and is returned.
 pub type RecordSink<'s> = dyn FnMut(RecordRun<'_>) -> Result<(), ParseError> + 's;
 
-/// Reads a CSV, XLSX or ODS file (content already checked) row by row and hands its records
-/// to `sink` in runs of about `run_bytes` of Markdown, each within one sheet, under the same
-/// limits as the whole-file parse. What it holds at a time is the file, calamine's shared
-/// strings (XLSX) or one sheet (ODS), and one run.
+/// The reading behind [`super::stream_records`], the file's content already checked.
 pub(crate) fn stream_records(
     bytes: &[u8],
     format: SourceFormat,
