@@ -324,7 +324,7 @@ async function openCitation(citation) {
   const title = `[${citation.n}] ${citation.document_title || citation.document_id}`;
   const meta = (chunk) => h('p', { class: 'meta' }, [
     chunk?.heading_path?.length ? chunk.heading_path.join(' › ') : '',
-    placeLabel(citation.pages, chunk?.heading_path),
+    placeLabel(citation.pages, citation.heading_path?.length ? citation.heading_path : chunk?.heading_path),
     `${t('span')} ${citation.span?.[0]}–${citation.span?.[1]}`,
     citation.source_url || citation.external_id || '',
   ].filter(Boolean).join(' · '));

@@ -1023,6 +1023,7 @@ mod tests {
             span: (0, 10),
             pages: None,
             text: "cited".into(),
+            heading_path: Vec::new(),
         }
     }
 

@@ -952,10 +952,10 @@ pub(crate) fn place(item: &Value) -> String {
     }
 }
 
-/// Whether the pages of a hit are a deck's slides. A hit names no format, but a deck's Markdown
-/// gives every slide the heading `# Slide N: title` (ADR 0026), and only a slide's chunks start
-/// their heading path with the heading of their first page. A citation carries no heading
-/// path: it says `page`.
+/// Whether the pages of a hit or citation are a deck's slides. Neither names a format, but a
+/// deck's Markdown gives every slide the heading `# Slide N: title` (ADR 0026), and only a
+/// slide's chunks start their heading path with the heading of their first page. (A citation
+/// of a turn stored before citations carried their heading path says `page`.)
 fn on_slides(item: &Value) -> bool {
     let Some(first) = item["pages"]["first"].as_u64() else {
         return false;

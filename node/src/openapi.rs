@@ -1326,6 +1326,7 @@ mod tests {
                 span: (0, 24),
                 pages: Some(PageRange { first: 1, last: 1 }),
                 text: "Lighthouses guide ships.".into(),
+                heading_path: vec!["Lights".into()],
             }],
             finish_reason: "stop".into(),
             mode: "extractive".into(),

@@ -456,3 +456,40 @@ async fn sift_ingest_uploads_office_files_and_refuses_old_binary_ones() {
     assert_eq!(counts["total"], 4, "{counts}");
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deck_is_cited_by_its_slides() {
+    let (_dir, node) = node().await;
+    let client = node.client();
+    client
+        .upload_ok(KB, "deck.pptx", fixture("deck.pptx"))
+        .await;
+    client.wait_ready(KB, 1, WAIT).await;
+    // No model: the extractive answer cites the chunks it quotes, each with its heading path.
+    let output = tokio::process::Command::new(sift_tests::node_binary())
+        .env("SIFT_API_KEY", TEST_ADMIN_KEY)
+        .env_remove("SIFT_NODE")
+        .args([
+            "ask",
+            "--node",
+            &node.url,
+            KB,
+            "What is the raft snapshot format?",
+        ])
+        .output()
+        .await
+        .expect("running sift ask");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let sources = stdout
+        .split("Sources")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no sources: {stdout}"));
+    assert!(sources.contains("slide 2"), "{stdout}");
+    assert!(!sources.contains("page"), "{stdout}");
+    node.shutdown().await;
+}

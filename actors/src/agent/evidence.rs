@@ -104,6 +104,7 @@ pub fn citation_for(n: u32, evidence: &EvidenceChunk) -> Citation {
         span: chunk.span,
         pages: chunk.pages,
         text: chunk.text.clone(),
+        heading_path: chunk.heading_path.clone(),
     }
 }
 

@@ -121,6 +121,7 @@ pub fn extractive_answer(
             span: sentence_span(&chunk.text, chunk.span, pick.start, pick.end),
             pages: chunk.pages,
             text: pick.sentence.clone(),
+            heading_path: chunk.heading_path.clone(),
         });
     }
     (text, citations)

@@ -51,6 +51,10 @@ pub struct Citation {
     pub pages: Option<sift_storage::chunk::PageRange>,
     /// The cited text (the chunk, or the sentence used for an extractive answer).
     pub text: String,
+    /// The cited chunk's heading path (a deck's `Slide N: title` first, so that its pages
+    /// read as slides; a spreadsheet's sheet); empty in turns stored before it.
+    #[serde(default)]
+    pub heading_path: Vec<String>,
 }
 
 /// A hit as a `tool_result` event shows it.

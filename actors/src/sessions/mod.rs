@@ -893,6 +893,7 @@ fn citation_from(citation: TurnCitation) -> Citation {
         pages: None,
         source_url: None,
         text: citation.text,
+        heading_path: Vec::new(),
     }
 }
 
