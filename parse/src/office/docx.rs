@@ -20,7 +20,7 @@ use std::collections::HashMap;
 
 use super::container::{Container, parent_dir, resolve};
 use super::markdown::MarkdownOut;
-use super::xml::{Node, XmlWalker, collapse, root_name, texts_of};
+use super::xml::{FallbackSkip, Node, XmlWalker, collapse, root_name, texts_of};
 use super::{OfficeLimits, Pictures, zip_kind_mismatch};
 use crate::parse::{ParseError, Picture, SourceFormat};
 
@@ -220,18 +220,12 @@ fn read_notes(
         let mut walker = XmlWalker::new(&xml, target);
         let mut current: Option<(String, Note)> = None;
         let mut in_text = false;
-        let mut skip_depth = 0usize;
+        let mut fallback = FallbackSkip::default();
         while let Some(node) = walker.next_node()? {
-            if skip_depth > 0 {
-                if node.is_open("Fallback") {
-                    skip_depth += 1;
-                } else if node.is_close("Fallback") {
-                    skip_depth -= 1;
-                }
+            if fallback.skips(&node) {
                 continue;
             }
             match &node {
-                node if node.is_open("Fallback") => skip_depth = 1,
                 node if node.is_open(element) => {
                     let note = Note {
                         author: collapse(node.attribute("author").unwrap_or("")),
@@ -318,18 +312,12 @@ fn part_text(xml: &str, part: &str) -> Result<String, ParseError> {
     let mut walker = XmlWalker::new(xml, part);
     let mut text = String::new();
     let mut in_text = false;
-    let mut skip_depth = 0usize;
+    let mut fallback = FallbackSkip::default();
     while let Some(node) = walker.next_node()? {
-        if skip_depth > 0 {
-            if node.is_open("Fallback") {
-                skip_depth += 1;
-            } else if node.is_close("Fallback") {
-                skip_depth -= 1;
-            }
+        if fallback.skips(&node) {
             continue;
         }
         match &node {
-            node if node.is_open("Fallback") => skip_depth = 1,
             node if node.is_open("t") => in_text = true,
             node if node.is_close("t") => in_text = false,
             node if node.is_close("p") || node.is_open("tab") || node.is_open("br") => {
@@ -672,14 +660,9 @@ fn body_to_markdown(
     let mut table_notes: Vec<String> = Vec::new();
     let mut table_pictures: Vec<String> = Vec::new();
     let mut in_text = false;
-    let mut skip_depth = 0usize;
+    let mut fallback = FallbackSkip::default();
     while let Some(node) = walker.next_node()? {
-        if skip_depth > 0 {
-            if node.is_open("Fallback") {
-                skip_depth += 1;
-            } else if node.is_close("Fallback") {
-                skip_depth -= 1;
-            }
+        if fallback.skips(&node) {
             continue;
         }
         match &node {
@@ -689,7 +672,6 @@ fn body_to_markdown(
                 }
             }
             Node::Open { name, .. } => match name.as_str() {
-                "Fallback" => skip_depth = 1,
                 "p" => paragraphs.push(Paragraph::default()),
                 "t" => in_text = true,
                 "tab" | "br" | "cr" => {

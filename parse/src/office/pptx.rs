@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use super::container::Container;
 use super::docx::{Relationship, core_title, main_part, part_relationships};
 use super::markdown::MarkdownOut;
-use super::xml::{Node, XmlWalker, collapse};
+use super::xml::{FallbackSkip, Node, XmlWalker, collapse};
 use super::{OfficeLimits, Pictures, zip_kind_mismatch};
 use crate::parse::{Page, ParseError, Picture, SourceFormat};
 
@@ -269,15 +269,10 @@ fn read_shapes(xml: &str, part: &str) -> Result<Shapes, ParseError> {
     let mut table: Option<TableState> = None;
     let mut paragraph: Option<ParagraphState> = None;
     let mut in_text = false;
-    let mut skip_depth = 0usize;
+    let mut fallback = FallbackSkip::default();
     let notes_page = part.contains("notesSlide");
     while let Some(node) = walker.next_node()? {
-        if skip_depth > 0 {
-            if node.is_open("Fallback") {
-                skip_depth += 1;
-            } else if node.is_close("Fallback") {
-                skip_depth -= 1;
-            }
+        if fallback.skips(&node) {
             continue;
         }
         match &node {
@@ -287,7 +282,6 @@ fn read_shapes(xml: &str, part: &str) -> Result<Shapes, ParseError> {
                 }
             }
             Node::Open { name, .. } => match name.as_str() {
-                "Fallback" => skip_depth = 1,
                 "sp" => {
                     shape = Some(Shape {
                         role: ShapeRole::Plain,

@@ -56,6 +56,30 @@ impl Node {
     }
 }
 
+/// Leaves out what lies inside `mc:Fallback`, the copy of a drawing Office keeps for older
+/// readers: fed every node in order, it says whether the node is inside one (the `Fallback`
+/// element itself included).
+#[derive(Debug, Default)]
+pub(crate) struct FallbackSkip {
+    depth: usize,
+}
+
+impl FallbackSkip {
+    pub(crate) fn skips(&mut self, node: &Node) -> bool {
+        if node.is_open("Fallback") {
+            self.depth += 1;
+            return true;
+        }
+        if self.depth > 0 {
+            if node.is_close("Fallback") {
+                self.depth -= 1;
+            }
+            return true;
+        }
+        false
+    }
+}
+
 pub(crate) struct XmlWalker<'a> {
     reader: Reader<&'a [u8]>,
     /// The closing tag owed by a self-closing one.
