@@ -583,14 +583,18 @@ fn render_dpi(size_points: Option<(u32, u32)>) -> u64 {
 async fn tiff_to_png(tiff: &[u8]) -> Result<Vec<u8>, OcrError> {
     let tiff = tiff.to_vec();
     tokio::task::spawn_blocking(move || {
-        let mut reader = image::ImageReader::with_format(
-            std::io::Cursor::new(tiff.as_slice()),
-            image::ImageFormat::Tiff,
-        );
-        let mut limits = image::Limits::default();
-        limits.max_alloc = Some(MAX_CONVERSION_BYTES);
-        reader.limits(limits);
-        let (width, height) = reader
+        // A reader under the memory cap (one reads the header, a second decodes).
+        let reader = || {
+            let mut reader = image::ImageReader::with_format(
+                std::io::Cursor::new(tiff.as_slice()),
+                image::ImageFormat::Tiff,
+            );
+            let mut limits = image::Limits::default();
+            limits.max_alloc = Some(MAX_CONVERSION_BYTES);
+            reader.limits(limits);
+            reader
+        };
+        let (width, height) = reader()
             .into_dimensions()
             .map_err(|error| OcrError::Conversion(error.to_string()))?;
         if u64::from(width) * u64::from(height) > MAX_CONVERTED_PIXELS {
@@ -598,14 +602,7 @@ async fn tiff_to_png(tiff: &[u8]) -> Result<Vec<u8>, OcrError> {
                 "{width} × {height} pixels is more than {MAX_CONVERTED_PIXELS}"
             )));
         }
-        let mut reader = image::ImageReader::with_format(
-            std::io::Cursor::new(tiff.as_slice()),
-            image::ImageFormat::Tiff,
-        );
-        let mut limits = image::Limits::default();
-        limits.max_alloc = Some(MAX_CONVERSION_BYTES);
-        reader.limits(limits);
-        let decoded = reader
+        let decoded = reader()
             .decode()
             .map_err(|error| OcrError::Conversion(error.to_string()))?;
         let mut png = Vec::new();
