@@ -26,6 +26,7 @@ pub mod agent;
 pub mod context;
 pub mod error;
 pub mod events;
+pub mod graph;
 pub mod ingest;
 pub mod meta;
 pub mod node;

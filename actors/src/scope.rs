@@ -144,6 +144,34 @@ impl Corpus for ScopedCorpus {
         Box::pin(self.node.search(&self.scope, kb, query))
     }
 
+    fn graph_entities<'a>(
+        &'a self,
+        kb: &'a str,
+        q: &'a str,
+    ) -> BoxFuture<'a, Result<crate::node::graph::EntityList>> {
+        Box::pin(self.node.graph_entities(&self.scope, kb, q, 10))
+    }
+
+    fn graph_entity<'a>(
+        &'a self,
+        kb: &'a str,
+        entity: &'a str,
+    ) -> BoxFuture<'a, Result<crate::node::graph::EntityDetail>> {
+        Box::pin(self.node.graph_entity(&self.scope, kb, entity))
+    }
+
+    fn graph_path<'a>(
+        &'a self,
+        kb: &'a str,
+        from: &'a str,
+        to: &'a str,
+    ) -> BoxFuture<'a, Result<crate::node::graph::GraphPath>> {
+        Box::pin(
+            self.node
+                .graph_path(&self.scope, kb, from, to, crate::retrieval::graph::MAX_HOPS),
+        )
+    }
+
     fn embed<'a>(
         &'a self,
         kb: &'a str,

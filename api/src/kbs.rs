@@ -37,6 +37,9 @@ pub struct CreateKb {
     /// OCR of images: `auto` (default), `off`, `vision` or `tesseract`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ocr: Option<String>,
+    /// Graph extraction: `embedded` (default) or `off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<String>,
     /// Retrieval settings (fields of `RetrievalSettings`; the others keep their defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retrieval: Option<serde_json::Value>,
@@ -64,6 +67,9 @@ pub struct UpdateKb {
     /// OCR of images: `auto` (default), `off`, `vision` or `tesseract`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ocr: Option<String>,
+    /// Graph extraction: `embedded` (default) or `off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<String>,
     /// Refused unless unchanged: fixed at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards: Option<u32>,
@@ -88,6 +94,7 @@ pub struct SettingsPatch {
     pub json_text_field: Option<String>,
     pub json_title_field: Option<String>,
     pub ocr: Option<String>,
+    pub graph: Option<String>,
     pub retrieval: Option<serde_json::Value>,
 }
 
@@ -102,6 +109,7 @@ macro_rules! settings_patch_of {
             json_text_field: $body.json_text_field.clone(),
             json_title_field: $body.json_title_field.clone(),
             ocr: $body.ocr.clone(),
+            graph: $body.graph.clone(),
             retrieval: $body.retrieval.clone(),
         }
     };

@@ -38,6 +38,8 @@ pub struct ChannelWeights {
     pub dense: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bm25: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<f64>,
 }
 
 /// `POST /v1/kbs/{kb}/search`.
@@ -101,6 +103,9 @@ pub struct SearchQuery {
     pub link_from: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub links_per_hit: Option<u32>,
+    /// Hops of the graph channel (1 to 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_hops: Option<u32>,
     /// Sub-queries or rewrites (from a planner) searched alongside `query`, fused with RRF.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queries: Option<Vec<String>>,

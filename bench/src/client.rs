@@ -27,6 +27,7 @@ const INGEST_TIMEOUT: Duration = Duration::from_secs(300);
 pub enum Channel {
     Dense,
     Bm25,
+    Graph,
 }
 
 impl Channel {
@@ -34,6 +35,7 @@ impl Channel {
         match self {
             Channel::Dense => "dense",
             Channel::Bm25 => "bm25",
+            Channel::Graph => "graph",
         }
     }
 }
@@ -286,6 +288,16 @@ impl SiftClient {
     }
 
     /// `POST /v1/kbs/{kb}/search`.
+    /// Documents of this node's shard replicas still awaiting graph extraction (the
+    /// `sift_graph_queue_documents` gauge); `None` before the node reports it.
+    pub async fn graph_queue(&self) -> Result<Option<f64>> {
+        let text = self.api.metrics().await?;
+        Ok(text
+            .lines()
+            .find_map(|line| line.strip_prefix("sift_graph_queue_documents "))
+            .and_then(|value| value.trim().parse().ok()))
+    }
+
     pub async fn search(&self, kb: &str, request: &SearchRequest<'_>) -> Result<SearchResponse> {
         self.api.search(kb, &request.to_query()).await
     }

@@ -45,6 +45,7 @@ struct Configuration {
 }
 
 const BOTH: &[Channel] = &[Channel::Dense, Channel::Bm25];
+const ALL: &[Channel] = &[Channel::Dense, Channel::Bm25, Channel::Graph];
 
 const fn row(
     name: &'static str,
@@ -64,9 +65,10 @@ const fn row(
 }
 
 /// The configurations compared, in table order; each later row adds a stage.
-const CONFIGURATIONS: [Configuration; 9] = [
+const CONFIGURATIONS: [Configuration; 13] = [
     row("dense", &[Channel::Dense], None),
     row("bm25", &[Channel::Bm25], None),
+    row("graph", &[Channel::Graph], None),
     row("fused-rrf", BOTH, Some("rrf")),
     row("fused", BOTH, Some("dbsf")),
     Configuration {
@@ -92,6 +94,18 @@ const CONFIGURATIONS: [Configuration; 9] = [
         rerank: true,
         context_tokens: 2000,
         ..row("+context", BOTH, Some("dbsf"))
+    },
+    // The graph channel fused with the two others: alone, with rerank, then with link
+    // following too (the default pipeline of a KB with a graph).
+    row("fused+graph", ALL, Some("dbsf")),
+    Configuration {
+        rerank: true,
+        ..row("+graph", ALL, Some("dbsf"))
+    },
+    Configuration {
+        rerank: true,
+        follow_links: true,
+        ..row("+graph+links", ALL, Some("dbsf"))
     },
 ];
 
@@ -135,8 +149,9 @@ pub struct QualityArgs {
     /// Also write the results, per query included, as JSON to this file.
     #[arg(long, value_name = "OUT")]
     pub json: Option<PathBuf>,
-    /// Only these configurations (comma separated: dense, bm25, fused-rrf, fused, +rerank,
-    /// +mmr, +multiq, +links, +context) [default: all].
+    /// Only these configurations (comma separated: dense, bm25, graph, fused-rrf, fused,
+    /// +rerank, +mmr, +multiq, +links, +context, fused+graph, +graph, +graph+links)
+    /// [default: all].
     #[arg(long, value_delimiter = ',')]
     pub configs: Option<Vec<String>>,
     /// Skip the HNSW recall measurement.
@@ -177,6 +192,7 @@ pub async fn run(args: QualityArgs) -> Result<()> {
         ingest_timeout: Duration::from_secs(args.ingest_timeout),
     };
     let ingest_report = prepare_kb(&client, &kb, &dataset, &plan).await?;
+    wait_for_graph(&client).await?;
     let info = client
         .get_kb(&kb)
         .await?
@@ -485,6 +501,28 @@ struct IngestProgress {
 }
 
 /// Posts `documents` in batches and waits until the node has nothing of them in flight.
+/// Waits until the node's graph extractor has no pending document (the graph is filled after
+/// the documents are ready), so that the graph channel sees every document.
+async fn wait_for_graph(client: &SiftClient) -> Result<()> {
+    let started = Instant::now();
+    let mut idle = 0;
+    while started.elapsed() < Duration::from_secs(600) {
+        match client.graph_queue().await? {
+            Some(queued) if queued <= 0.0 => idle += 1,
+            _ => idle = 0,
+        }
+        if idle >= 3 {
+            eprintln!(
+                "graph extraction done ({:.1} s)",
+                started.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    bail!("the graph extractor still had pending documents after 600 s")
+}
+
 async fn ingest(
     client: &SiftClient,
     kb: &str,

@@ -9,6 +9,7 @@ import * as documents from './documents.js';
 import * as search from './search.js';
 import * as chat from './chat.js';
 import * as cluster from './cluster.js';
+import * as graph from './graph.js';
 
 const main = document.getElementById('main');
 let leave = null;
@@ -24,7 +25,7 @@ function parseRoute() {
 
 function pageFor(route) {
   if (route.page === 'kbs' && route.parts.length > 0) return documents;
-  return { kbs, search, chat, cluster }[route.page] || null;
+  return { kbs, search, graph, chat, cluster }[route.page] || null;
 }
 
 function route() {

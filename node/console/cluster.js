@@ -1,5 +1,6 @@
-// The cluster: its nodes with their Raft role, health and address (operators only), and a
-// KB's shards with their replicas and states.
+// The cluster: its nodes with their Raft role, health and address, the rebalancing in
+// progress (drains, replicas being filled, the next steps; operators only), and a KB's shards
+// with their replicas and states.
 import { api, enc } from './api.js';
 import { h, replace, field, notice, formatTime } from './dom.js';
 import { t } from './i18n.js';
@@ -7,14 +8,16 @@ import { allKbs } from './kbs.js';
 
 export function render(main, route) {
   const nodes = h('section', { 'aria-labelledby': 'nodes-title', 'aria-live': 'polite' }, t('loading'));
+  const rebalancing = h('section', { class: 'rebalancing', 'aria-labelledby': 'rebalancing-title', 'aria-live': 'polite' });
   const kb = h('select', { name: 'kb' });
   const shards = h('div', { 'aria-live': 'polite' });
   main.append(
     h('h1', {}, t('cluster.title')),
     nodes,
+    rebalancing,
     h('section', { 'aria-labelledby': 'shards-title' }, h('h2', { id: 'shards-title' }, t('cluster.shards')), field(t('search.kb'), kb), shards),
   );
-  loadNodes(nodes);
+  loadNodes(nodes, rebalancing);
   allKbs().then((kbs) => {
     replace(kb, kbs.map((one) => h('option', { value: one.name }, one.name)));
     const wanted = route.query.get('kb');
@@ -25,7 +28,7 @@ export function render(main, route) {
   kb.addEventListener('change', () => loadShards(shards, kb.value));
 }
 
-async function loadNodes(element) {
+async function loadNodes(element, rebalancing) {
   const title = h('h2', { id: 'nodes-title' }, t('cluster.nodes'));
   let view;
   try {
@@ -35,6 +38,7 @@ async function loadNodes(element) {
       failed.status === 403 ? t('cluster.operatorsOnly') : failed.message));
     return;
   }
+  showRebalancing(rebalancing, view.rebalancing);
   replace(
     element,
     title,
@@ -53,6 +57,44 @@ async function loadNodes(element) {
         h('td', { class: 'num' }, node.last_contact_ms != null ? `${node.last_contact_ms} ms` : '—'),
       ))),
     )),
+  );
+}
+
+/** Drains, replicas not serving yet and the next steps of `GET /v1/cluster`'s `rebalancing`. */
+function showRebalancing(element, progress) {
+  const title = h('h2', { id: 'rebalancing-title' }, t('cluster.rebalancing'));
+  const { draining = [], replicas = [], planned = [] } = progress || {};
+  if (!draining.length && !replicas.length && !planned.length) {
+    replace(element, title, h('p', { class: 'empty' }, t('cluster.settled')));
+    return;
+  }
+  const table = (caption, columns, rows) => h('div', { class: 'table-wrap' }, h('table', {},
+    h('caption', {}, caption),
+    h('thead', {}, h('tr', {}, columns.map((name) => h('th', { scope: 'col' }, t(name))))),
+    h('tbody', {}, rows)));
+  replace(
+    element,
+    title,
+    draining.map((drain) => notice('info', t('cluster.draining', drain))),
+    replicas.length ? table(t('cluster.moving'),
+      ['cluster.kb', 'cluster.shard', 'cluster.node', 'cluster.state', 'cluster.sources', 'cluster.since'],
+      replicas.map((replica) => h('tr', { dataset: { moving: `${replica.kb}/${replica.shard}/${replica.node}` } },
+        h('th', { scope: 'row' }, replica.kb),
+        h('td', { class: 'num' }, replica.shard),
+        h('td', { class: 'num' }, replica.node),
+        h('td', {}, h('span', { class: `badge replica-${replica.state}` }, replica.state)),
+        h('td', {}, replica.sources.length ? replica.sources.join(', ') : '—'),
+        h('td', {}, formatTime(replica.since_ms)),
+      ))) : null,
+    planned.length ? table(t('cluster.planned'),
+      ['cluster.kb', 'cluster.shard', 'cluster.action', 'cluster.node', 'cluster.reason'],
+      planned.map((step) => h('tr', { dataset: { planned: `${step.kb}/${step.shard}/${step.node}` } },
+        h('th', { scope: 'row' }, step.kb),
+        h('td', { class: 'num' }, step.shard),
+        h('td', {}, t(`cluster.${step.action}`)),
+        h('td', { class: 'num' }, step.node),
+        h('td', {}, t(`cluster.${step.reason}`)),
+      ))) : null,
   );
 }
 

@@ -262,7 +262,8 @@ async function load(list, state) {
   );
 }
 
-async function showChunks(kb, doc) {
+/** A document's chunks in the dialog; `current` (a chunk id) is marked and scrolled to. */
+export async function showChunks(kb, doc, current) {
   openDialog(doc.title, t('loading'));
   try {
     const { chunks } = await api('GET', `/v1/kbs/${enc(kb)}/documents/${enc(doc.id)}/chunks`);
@@ -270,7 +271,7 @@ async function showChunks(kb, doc) {
       doc.title,
       h('ol', { class: 'chunks' }, chunks.map((chunk) => h(
         'li',
-        { id: `chunk-${chunk.chunk_id}` },
+        { id: `chunk-${chunk.chunk_id}`, class: chunk.chunk_id === current ? 'current' : null },
         h('p', { class: 'meta' }, [
           (chunk.heading_path || []).join(' › '),
           placeLabel(chunk.pages, chunk.heading_path),
@@ -279,6 +280,7 @@ async function showChunks(kb, doc) {
         h('p', { class: 'text' }, chunk.text),
       ))),
     );
+    if (current) document.getElementById(`chunk-${current}`)?.scrollIntoView({ block: 'nearest' });
   } catch (failed) {
     openDialog(doc.title, notice('error', failed.message));
   }

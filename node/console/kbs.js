@@ -1,6 +1,6 @@
-// Knowledge bases: the list with document counts by status, create, delete.
+// Knowledge bases: the list with document counts by status and sizes, create, delete.
 import { api, enc, errorField } from './api.js';
-import { h, replace, field, formatTime, notice, openDialog } from './dom.js';
+import { h, replace, field, formatBytes, formatTime, notice, openDialog } from './dom.js';
 import { t, statusLabel } from './i18n.js';
 
 const STATUSES = ['queued', 'parsing', 'chunking', 'embedding', 'indexing', 'ready', 'failed'];
@@ -60,6 +60,10 @@ async function load(list) {
       h('th', { scope: 'row' }, h('a', { href: `#/kbs/${enc(kb.name)}` }, kb.name), kb.read_only ? h('span', { class: 'badge' }, t('kbs.readOnly')) : null),
       h('td', { class: 'num' }, counts.total ?? 0),
       h('td', {}, byStatus.length ? byStatus : '—'),
+      h('td', { class: 'num' }, kb.chunks ?? '—'),
+      kb.stored_bytes == null
+        ? h('td', { class: 'num', title: t('kbs.sizeHidden') }, '—')
+        : h('td', { class: 'num', dataset: { bytes: kb.stored_bytes } }, formatBytes(kb.stored_bytes)),
       h('td', { class: 'num' }, `${kb.settings?.shards ?? ''} × ${kb.settings?.replication_factor ?? ''}`),
       h('td', {}, formatTime(kb.created_at_ms)),
       h(
@@ -95,6 +99,8 @@ async function load(list) {
             h('th', { scope: 'col' }, t('kbs.name')),
             h('th', { scope: 'col' }, t('kbs.documents')),
             h('th', { scope: 'col' }, t('kbs.byStatus')),
+            h('th', { scope: 'col' }, t('kbs.chunks')),
+            h('th', { scope: 'col' }, t('kbs.size')),
             h('th', { scope: 'col' }, t('kbs.shardsReplicas')),
             h('th', { scope: 'col' }, t('kbs.created')),
             h('th', { scope: 'col' }, h('span', { class: 'visually-hidden' }, t('actions'))),

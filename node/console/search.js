@@ -10,6 +10,7 @@ export function render(main, route) {
   const query = h('input', { name: 'query', type: 'search', required: true, autocomplete: 'off' });
   const dense = h('input', { type: 'checkbox', name: 'dense', checked: true, id: 'channel-dense' });
   const bm25 = h('input', { type: 'checkbox', name: 'bm25', checked: true, id: 'channel-bm25' });
+  const graph = h('input', { type: 'checkbox', name: 'graph', checked: true, id: 'channel-graph' });
   const fusion = h(
     'select',
     { name: 'fusion' },
@@ -30,7 +31,8 @@ export function render(main, route) {
       { class: 'row' },
       h('fieldset', {}, h('legend', {}, t('search.channels')),
         h('label', { class: 'check' }, dense, ' dense'),
-        h('label', { class: 'check' }, bm25, ' bm25')),
+        h('label', { class: 'check' }, bm25, ' bm25'),
+        h('label', { class: 'check' }, graph, ' graph')),
       field(t('search.fusion'), fusion),
       field(t('search.topK'), topK),
       h('label', { class: 'check' }, explain, ` ${t('search.explain')}`),
@@ -47,9 +49,12 @@ export function render(main, route) {
   }, (failed) => replace(results, notice('error', failed.message)));
   form.addEventListener('submit', async (event) => {
     event.preventDefault();
-    const channels = [dense.checked && 'dense', bm25.checked && 'bm25'].filter(Boolean);
+    const checked = [dense.checked && 'dense', bm25.checked && 'bm25', graph.checked && 'graph'];
+    const channels = checked.filter(Boolean);
     const body = { query: query.value, top_k: Number(topK.value), explain: explain.checked, ...options.read() };
-    if (channels.length) body.channels = channels;
+    // All three checked: the node's default (every channel the KB has, so a KB without a
+    // graph is searched by the other two); otherwise exactly those asked for.
+    if (channels.length && channels.length < checked.length) body.channels = channels;
     if (fusion.value) body.fusion = fusion.value;
     replace(results, h('p', {}, t('search.searching')));
     try {
@@ -68,7 +73,7 @@ const OPTIONS = [
   ['mmr', 'bool'], ['mmr_lambda', 'number'], ['duplicate_similarity', 'number'],
   ['expand_parent', 'bool'], ['expand_neighbours', 'number'], ['context_tokens', 'number'],
   ['multi_query', 'bool'], ['follow_links', 'bool'], ['link_from', 'number'], ['links_per_hit', 'number'],
-  ['candidates', 'number'], ['rrf_k', 'number'], ['exact', 'bool'],
+  ['graph_hops', 'number'], ['candidates', 'number'], ['rrf_k', 'number'], ['exact', 'bool'],
 ];
 
 function retrievalOptions() {
@@ -85,18 +90,21 @@ function retrievalOptions() {
   });
   const dense = h('input', { name: 'weight_dense', type: 'number', step: 'any', min: 0, placeholder: t('search.kbDefault') });
   const bm25 = h('input', { name: 'weight_bm25', type: 'number', step: 'any', min: 0, placeholder: t('search.kbDefault') });
+  const graph = h('input', { name: 'weight_graph', type: 'number', step: 'any', min: 0, placeholder: t('search.kbDefault') });
   const element = h('details', { class: 'more' }, h('summary', {}, t('search.options')),
-    h('div', { class: 'row' }, field(t('search.weightDense'), dense), field(t('search.weightBm25'), bm25), fields));
+    h('div', { class: 'row' }, field(t('search.weightDense'), dense), field(t('search.weightBm25'), bm25),
+      field(t('search.weightGraph'), graph), fields));
   const read = () => {
     const body = {};
     for (const [name, [kind, control]] of Object.entries(controls)) {
       if (control.value === '') continue;
       body[name] = kind === 'bool' ? control.value === 'true' : kind === 'number' ? Number(control.value) : control.value;
     }
-    if (dense.value !== '' || bm25.value !== '') {
+    if (dense.value !== '' || bm25.value !== '' || graph.value !== '') {
       body.weights = {};
       if (dense.value !== '') body.weights.dense = Number(dense.value);
       if (bm25.value !== '') body.weights.bm25 = Number(bm25.value);
+      if (graph.value !== '') body.weights.graph = Number(graph.value);
     }
     return body;
   };
@@ -134,13 +142,19 @@ function show(results, answer) {
     h('p', { class: 'meta' }, [
       placeLabel(hit.pages, hit.heading_path),
       `${t('span')} ${hit.span?.[0]}–${hit.span?.[1]}`,
-      ...Object.entries(hit.channels || {}).map(([channel, info]) =>
+      ...channelsOf(hit).map(([channel, info]) =>
         `${channel} #${info.rank} (${number(info.score)})`),
     ].filter(Boolean).join(' · ')),
     h('p', { class: 'text' }, hit.text),
     hit.explain || hit.path ? explanation(hit) : null,
   ));
   replace(results, warnings, summary, context, h('ol', { class: 'hits' }, hits));
+}
+
+/** A hit's channels in the form's order (the answer's object has none to rely on). */
+function channelsOf(hit) {
+  const order = ['dense', 'bm25', 'graph'];
+  return Object.entries(hit.channels || {}).sort(([a], [b]) => order.indexOf(a) - order.indexOf(b));
 }
 
 function explanation(hit) {
@@ -150,7 +164,7 @@ function explanation(hit) {
     [t('search.fusedScore'), number(path.fused_score ?? hit.fused_score)],
     path.rerank_rank != null ? [t('search.rerankRank'), path.rerank_rank] : null,
     path.rerank_score != null ? [t('search.rerankScore'), number(path.rerank_score)] : null,
-    ...Object.entries(hit.channels || {}).map(([channel, info]) => [
+    ...channelsOf(hit).map(([channel, info]) => [
       channel,
       `#${info.rank} · ${t('search.score')} ${number(info.score)} · ${t('search.contribution')} ${number(info.contribution)}`,
     ]),

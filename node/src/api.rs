@@ -112,6 +112,7 @@ pub fn router(state: AppState, cors: &crate::requests::CorsOrigins) -> Router {
         .merge(crate::snapshots_api::routes())
         .merge(crate::tenants_api::routes())
         .merge(crate::audit::routes())
+        .merge(crate::graph_api::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             state.auth.clone(),
             crate::auth::authenticate,
@@ -296,15 +297,24 @@ async fn method_not_allowed() -> ApiError {
 
 // ---- operations ----
 
-async fn cluster_status(State(state): State<AppState>) -> Json<crate::cluster::ClusterView> {
+async fn cluster_status(
+    State(state): State<AppState>,
+) -> Result<Json<crate::cluster::ClusterView>, ApiError> {
+    let rebalancing = state.node.rebalancing()?;
     let meta = &state.node.context().meta;
-    Json(match (meta.raft(), &state.cluster_address) {
-        (Some(raft), Some(address)) => crate::cluster::ClusterView::member(&raft.status(), address),
+    Ok(Json(match (meta.raft(), &state.cluster_address) {
+        (Some(raft), Some(address)) => {
+            crate::cluster::ClusterView::member(&raft.status(), address, rebalancing)
+        }
         _ => {
             use sift_storage::meta::MetaStateMachine;
-            crate::cluster::ClusterView::single(state.listen, meta.store().applied_index())
+            crate::cluster::ClusterView::single(
+                state.listen,
+                meta.store().applied_index(),
+                rebalancing,
+            )
         }
-    })
+    }))
 }
 
 /// Header marking a removal forwarded from another node (forwarded at most once).
@@ -489,7 +499,12 @@ async fn readyz(State(state): State<AppState>) -> Response {
 async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     let store = state.node.context().meta.store().clone();
     let mut text = crate::telemetry::render(&state.prometheus);
-    text.push_str(&state.kb_gauges.render(store).await);
+    text.push_str(&state.kb_gauges.render(store.clone()).await);
+    text.push_str(&crate::telemetry::graph_gauges_text(
+        &store,
+        &state.node.graph_stats(),
+        state.kb_gauges.max_kbs(),
+    ));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
@@ -1008,7 +1023,7 @@ pub(crate) struct Page {
 /// The page a list route is asked for: `?after=ID&limit=N` (limit 100 when absent, clamped
 /// to `1..=max`), or 400 `invalid_query_string`.
 /// A query string's fields, or 400 `invalid_query_string` naming what is wrong.
-fn query_of<T>(query: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
+pub(crate) fn query_of<T>(query: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
     query.map(|Query(query)| query).map_err(|rejection| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -1090,11 +1105,10 @@ async fn get_document(
     Extension(principal): Extension<Principal>,
     ApiPath((kb, doc)): ApiPath<(String, String)>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(state.node.get_document(
-        &principal.scope(),
-        &kb,
-        &doc,
-    )?))
+    let scope = principal.scope();
+    let record = state.node.get_document(&scope, &kb, &doc)?;
+    let graph = state.node.document_graph(&scope, &kb, &record).await;
+    Ok(Json(crate::views::DocumentView { record, graph }))
 }
 
 async fn delete_document(

@@ -303,6 +303,8 @@ pub struct ClusterView {
     pub leader: Option<u64>,
     pub term: u64,
     pub nodes: Vec<NodeView>,
+    /// What this node knows of replicas being moved, recovered or drained.
+    pub rebalancing: sift_actors::node::Rebalancing,
     /// Why this node's Raft thread stopped (a storage write failed); absent while it runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
@@ -311,12 +313,17 @@ pub struct ClusterView {
 
 impl ClusterView {
     /// A single node (no `--internal-listen`): it is its own leader.
-    pub fn single(listen: SocketAddr, applied: u64) -> ClusterView {
+    pub fn single(
+        listen: SocketAddr,
+        applied: u64,
+        rebalancing: sift_actors::node::Rebalancing,
+    ) -> ClusterView {
         ClusterView {
             mode: "single",
             id: 1,
             leader: Some(1),
             term: 0,
+            rebalancing,
             storage_failure: None,
             nodes: vec![NodeView {
                 id: 1,
@@ -333,7 +340,11 @@ impl ClusterView {
     }
 
     /// A cluster member's view, from its Raft status.
-    pub fn member(status: &ClusterStatus, own: &PeerAddress) -> ClusterView {
+    pub fn member(
+        status: &ClusterStatus,
+        own: &PeerAddress,
+        rebalancing: sift_actors::node::Rebalancing,
+    ) -> ClusterView {
         let role = |id: u64, learner: bool| {
             if status.leader == Some(id) {
                 "leader"
@@ -379,6 +390,7 @@ impl ClusterView {
             leader: status.leader,
             term: status.term,
             nodes,
+            rebalancing,
             storage_failure: status.storage_failure.clone(),
         }
     }

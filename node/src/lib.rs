@@ -24,6 +24,7 @@ pub mod config;
 pub mod console;
 pub mod demo;
 pub mod fetch;
+pub mod graph_api;
 pub mod keys_api;
 pub mod limits;
 pub mod openapi;

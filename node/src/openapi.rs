@@ -243,7 +243,7 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "A document's record and status",
         NoBody,
         200,
-        JsonAnswer("DocumentRecord"),
+        JsonAnswer("DocumentView"),
     ),
     op(
         "delete",
@@ -280,6 +280,33 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         Json("SearchQuery"),
         200,
         JsonAnswer("SearchResponse"),
+    ),
+    op(
+        "get",
+        "/v1/kbs/{kb}/graph/entities",
+        "graph",
+        "Entities whose name starts with q, most mentioned first",
+        NoBody,
+        200,
+        JsonAnswer("EntityList"),
+    ),
+    op(
+        "get",
+        "/v1/kbs/{kb}/graph/entities/{entity}",
+        "graph",
+        "An entity (its 16-digit id or its name), its neighbours and the chunks that mention it",
+        NoBody,
+        200,
+        JsonAnswer("EntityDetail"),
+    ),
+    op(
+        "get",
+        "/v1/kbs/{kb}/graph/paths",
+        "graph",
+        "The shortest chain of chunks joining two entities",
+        NoBody,
+        200,
+        JsonAnswer("GraphPath"),
     ),
     op(
         "get",
@@ -574,8 +601,12 @@ fn schemas() -> Vec<(String, RefOr<Schema>)> {
         crate::views::AddedDocuments,
         crate::views::DocumentList,
         sift_storage::meta::DocumentRecord,
+        crate::views::DocumentView,
         crate::views::ChunkList,
         sift_actors::retrieval::SearchResponse,
+        sift_actors::node::graph::EntityList,
+        sift_actors::node::graph::EntityDetail,
+        sift_actors::node::graph::GraphPath,
         crate::views::ShardList,
         sift_storage::meta::SessionRecord,
         crate::views::SessionList,
@@ -639,6 +670,42 @@ fn method(name: &str) -> HttpMethod {
     }
 }
 
+/// The query parameters of the graph routes: (name, required, description, integer).
+fn graph_query_parameters(path: &str) -> &'static [(&'static str, bool, &'static str, bool)] {
+    match path {
+        "/v1/kbs/{kb}/graph/entities" => &[
+            (
+                "q",
+                true,
+                "The start of a name (case and punctuation folded)",
+                false,
+            ),
+            (
+                "limit",
+                false,
+                "Entities listed (default 20, at most 100)",
+                true,
+            ),
+        ],
+        "/v1/kbs/{kb}/graph/paths" => &[
+            (
+                "from",
+                true,
+                "An entity: its 16-digit id or its name",
+                false,
+            ),
+            ("to", true, "An entity: its 16-digit id or its name", false),
+            (
+                "max_hops",
+                false,
+                "Most chunks on the path (1 to 3, default 3)",
+                true,
+            ),
+        ],
+        _ => &[],
+    }
+}
+
 fn build_operation(operation: &Operation) -> utoipa::openapi::path::Operation {
     let mut builder = OperationBuilder::new()
         .tag(operation.tag)
@@ -692,6 +759,30 @@ fn build_operation(operation: &Operation) -> utoipa::openapi::path::Operation {
                      then hold fewer than `limit` and still have a `next_after`",
                 ))
                 .schema(Some(Ref::from_schema_name("DocStatus"))),
+        );
+    }
+    for (name, required, description, integer) in graph_query_parameters(operation.path) {
+        let schema: utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> = if *integer {
+            utoipa::openapi::ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(0))
+                .maximum(Some(u64::from(u32::MAX)))
+                .build()
+                .into()
+        } else {
+            String::schema()
+        };
+        builder = builder.parameter(
+            ParameterBuilder::new()
+                .name(*name)
+                .parameter_in(ParameterIn::Query)
+                .required(if *required {
+                    Required::True
+                } else {
+                    Required::False
+                })
+                .description(Some(*description))
+                .schema(Some(schema)),
         );
     }
     if operation.path == "/v1/cluster/nodes/{id}" {
@@ -852,6 +943,7 @@ mod tests {
             include_str!("snapshots_api.rs"),
             include_str!("tenants_api.rs"),
             include_str!("audit.rs"),
+            include_str!("graph_api.rs"),
         ];
         let method = methods_called();
         let mut routes = BTreeSet::new();
@@ -1139,6 +1231,15 @@ mod tests {
     /// One answer of each named schema, with options set and unset, lists full.
     fn sample_answers() -> Vec<(&'static str, Value)> {
         use sift_actors::agent::{Citation, RunFinish, TraceStep};
+        use sift_actors::node::graph::{
+            EntityDetail, EntityList, EntityNeighbour, EntityView, GraphPath, PathStep,
+        };
+        let entity = |name: &str| EntityView {
+            id: "00a1b2c3d4e5f607".into(),
+            name: name.into(),
+            kind: "name".into(),
+            chunks: 2,
+        };
         use sift_actors::node::ready::Check;
         use sift_actors::node::{ReplicaView, ShardView};
         use sift_actors::retrieval::fusion::{Channel, ChannelHitInfo};
@@ -1182,6 +1283,9 @@ mod tests {
         let kb_view = |shared_with: Option<Vec<String>>| KbView {
             kb: kb.clone(),
             documents: counts.clone(),
+            chunks: 12,
+            // a key restricted to groups sees no byte count
+            stored_bytes: shared_with.as_ref().map(|_| 4096),
             tenant: "default".into(),
             read_only: shared_with.is_none(),
             shared_with,
@@ -1400,7 +1504,31 @@ mod tests {
             status: 201,
             address: Some("127.0.0.1".into()),
         };
-        let cluster = crate::cluster::ClusterView::single("127.0.0.1:7700".parse().unwrap(), 4);
+        let rebalancing = sift_actors::node::Rebalancing {
+            draining: vec![sift_actors::node::DrainingNode {
+                node: 3,
+                replicas: 1,
+            }],
+            replicas: vec![sift_actors::node::MovingReplica {
+                kb_id: "kb1".into(),
+                kb: "docs".into(),
+                shard: 0,
+                node: 2,
+                state: "recovering",
+                since_ms: 5,
+                sources: vec![1],
+            }],
+            planned: vec![sift_actors::node::PlannedStep {
+                kb_id: "kb1".into(),
+                kb: "docs".into(),
+                shard: 0,
+                action: "remove_replica",
+                node: 3,
+                reason: "remove_extra_replica",
+            }],
+        };
+        let cluster =
+            crate::cluster::ClusterView::single("127.0.0.1:7700".parse().unwrap(), 4, rebalancing);
         let answers: Vec<(&'static str, Value)> = vec![
             ("Health", json!(Health { status: "ok" })),
             (
@@ -1469,6 +1597,18 @@ mod tests {
                 )),
             ),
             (
+                "DocumentView",
+                json!(crate::views::DocumentView {
+                    record: document(
+                        None,
+                        DocSource::Text {
+                            format: "markdown".into(),
+                        },
+                    ),
+                    graph: Some("pending"),
+                }),
+            ),
+            (
                 "DocumentList",
                 json!(DocumentList {
                     documents: vec![document(
@@ -1487,6 +1627,40 @@ mod tests {
                 }),
             ),
             ("SearchResponse", json!(search(true))),
+            (
+                "EntityList",
+                json!(EntityList {
+                    entities: vec![entity("Scott Derrickson")],
+                }),
+            ),
+            (
+                "EntityDetail",
+                json!(EntityDetail {
+                    entity: entity("Scott Derrickson"),
+                    neighbours: vec![EntityNeighbour {
+                        entity: entity("Doctor Strange"),
+                        shared_chunks: 1,
+                    }],
+                    mentions: vec![chunk(None, Some("Parent.".into()))],
+                }),
+            ),
+            (
+                "GraphPath",
+                json!(GraphPath {
+                    found: true,
+                    hops: 1,
+                    steps: vec![
+                        PathStep {
+                            entity: entity("Doctor Strange"),
+                            via_chunk: Some("d1#0".into()),
+                        },
+                        PathStep {
+                            entity: entity("Scott Derrickson"),
+                            via_chunk: None,
+                        },
+                    ],
+                }),
+            ),
             ("SearchResponse", json!(search(false))),
             (
                 "ShardList",

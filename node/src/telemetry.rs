@@ -11,6 +11,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sift_storage::meta::{KbUsage, SledMetaStore};
+use sift_storage::shard::GraphStats;
 use tracing::warn;
 
 static PROMETHEUS: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -159,6 +160,30 @@ fn describe() {
     describe_counter!(
         "sift_search_leaf_hedged_total",
         "leaf searches also sent to a second replica because the first was slow"
+    );
+    describe_histogram!(
+        "sift_graph_search_seconds",
+        "time of a search's graph channel, all its rounds"
+    );
+    describe_counter!(
+        "sift_graph_search_hops_total",
+        "hops the graph channel walked, over all searches (divide by sift_graph_search_seconds_count for the mean)"
+    );
+    describe_gauge!(
+        "sift_graph_queue_documents",
+        "documents of this node's shard replicas awaiting graph extraction"
+    );
+    describe_counter!(
+        "sift_graph_extracted_chunks_total",
+        "chunks whose entities the graph extractor stored"
+    );
+    describe_histogram!(
+        "sift_graph_extraction_seconds",
+        "time to extract and store one document's entities"
+    );
+    describe_counter!(
+        "sift_graph_extraction_failures_total",
+        "graph extractions of a document that failed (retried, then stored without entities)"
     );
     describe_counter!(
         "sift_search_failed_shards_total",
@@ -469,6 +494,92 @@ fn kb_gauges_text(store: &SledMetaStore, max_kbs: usize) -> sift_storage::Result
         text.push('\n');
     }
     Ok(text)
+}
+
+impl KbGauges {
+    pub fn max_kbs(&self) -> usize {
+        self.max_kbs
+    }
+}
+
+/// One count of a replica's graph.
+type GraphValue = fn(&GraphStats) -> u64;
+
+/// `sift_graph_entities`, `sift_graph_mentions` and `sift_graph_edges` of this node's shard
+/// replicas by `{tenant, kb, shard}` (ADR 0037): counts kept in memory by each replica, so
+/// computed at every scrape. KBs past `max_kbs` (by tenant, then name) are summed under
+/// `kb="_other"`, `shard="_other"`.
+pub fn graph_gauges_text(
+    store: &SledMetaStore,
+    replicas: &[(String, u32, GraphStats)],
+    max_kbs: usize,
+) -> String {
+    let mut rows: Vec<((String, String), String, GraphStats)> = Vec::new();
+    for (kb_id, shard, stats) in replicas {
+        let Ok(Some(kb)) = store.get_kb(kb_id) else {
+            continue;
+        };
+        let tenant = store.kb_tenant(kb_id).unwrap_or_default();
+        rows.push(((tenant, kb.name), shard.to_string(), *stats));
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    rows.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut kbs: Vec<&(String, String)> = rows.iter().map(|(kb, _, _)| kb).collect();
+    kbs.dedup();
+    let kept: std::collections::HashSet<(String, String)> =
+        kbs.into_iter().take(max_kbs).cloned().collect();
+    let mut shown: Vec<((String, String), String, GraphStats)> = Vec::new();
+    let mut other: Option<GraphStats> = None;
+    for (kb, shard, stats) in rows {
+        if kept.contains(&kb) {
+            shown.push((kb, shard, stats));
+        } else {
+            let sum = other.get_or_insert_with(Default::default);
+            sum.entities += stats.entities;
+            sum.mentions += stats.mentions;
+            sum.edges += stats.edges;
+        }
+    }
+    if let Some(sum) = other {
+        let other_kb = (OTHER_KBS.to_string(), OTHER_KBS.to_string());
+        shown.push((other_kb, OTHER_KBS.to_string(), sum));
+    }
+    let families: [(&str, &str, GraphValue); 3] = [
+        (
+            "sift_graph_entities",
+            "entities of a shard replica's graph on this node",
+            |s| s.entities,
+        ),
+        (
+            "sift_graph_mentions",
+            "(entity, chunk) mentions of a shard replica's graph on this node",
+            |s| s.mentions,
+        ),
+        (
+            "sift_graph_edges",
+            "co-occurring entity pairs (counted per chunk) of a shard replica's graph on this node",
+            |s| s.edges,
+        ),
+    ];
+    let mut text = String::new();
+    for (name, help, value) in families {
+        let _ = writeln!(text, "# HELP {name} {help}");
+        let _ = writeln!(text, "# TYPE {name} gauge");
+        for ((tenant, kb), shard, stats) in &shown {
+            let _ = writeln!(
+                text,
+                "{name}{{tenant=\"{}\",kb=\"{}\",shard=\"{}\"}} {}",
+                label_value(tenant),
+                label_value(kb),
+                label_value(shard),
+                value(stats)
+            );
+        }
+        text.push('\n');
+    }
+    text
 }
 
 /// A label value escaped for the text exposition format.

@@ -14,13 +14,22 @@ use sift_storage::meta::{
 use utoipa::ToSchema;
 
 /// A KB as `GET /v1/kbs/{kb}` shows it: the record's fields, `documents` (the counts by
-/// ingestion status), its `tenant`, whether the caller reaches it `read_only` (shared by
-/// another tenant) and, for its own tenant, the tenants it is `shared_with`.
+/// ingestion status), its size (`chunks`, `stored_bytes`), its `tenant`, whether the caller
+/// reaches it `read_only` (shared by another tenant) and, for its own tenant, the tenants it
+/// is `shared_with`.
 #[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct KbView {
     #[serde(flatten)]
     pub kb: KbRecord,
     pub documents: DocumentCounts,
+    /// The chunks of the documents counted in `documents`.
+    #[schema(minimum = 0)]
+    pub chunks: u64,
+    /// The raw bytes of the KB's live documents as they were added (what tenant quotas
+    /// count), from per-shard counters; `null` for a key restricted to document groups (they
+    /// include documents it may not read).
+    #[schema(minimum = 0)]
+    pub stored_bytes: Option<u64>,
     pub tenant: String,
     pub read_only: bool,
     /// Absent when the caller's tenant does not own the KB.
@@ -35,6 +44,8 @@ impl From<KbState> for KbView {
         KbView {
             kb: state.record,
             documents: state.documents,
+            chunks: state.chunks,
+            stored_bytes: state.stored_bytes,
             tenant: state.tenant,
             read_only: !owner,
             shared_with: owner.then_some(state.shared_with),
@@ -72,6 +83,19 @@ pub struct DocumentList {
     pub documents: Vec<DocumentRecord>,
     /// The `after` of the next page; `null` on the last.
     pub next_after: Option<String>,
+}
+
+/// `GET /v1/kbs/{kb}/documents/{doc}`: the record, and where its graph stands.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct DocumentView {
+    #[serde(flatten)]
+    pub record: sift_storage::meta::DocumentRecord,
+    /// A ready document's entity graph (ADR 0037): `pending` while its entities are being
+    /// extracted (it is searchable by the other channels meanwhile), `ready`, or `off` in a KB
+    /// without a graph; absent before the document is ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub graph: Option<&'static str>,
 }
 
 /// `GET /v1/kbs/{kb}/documents/{doc}/chunks`.

@@ -3,12 +3,21 @@
 // form for a bad name), upload three files and watch each reach `ready`, add a page by URL
 // (served here on 127.0.0.1, which the node is started to allow) and watch it reach `ready`,
 // see a refused URL's error at the form, filter the list by status, list them, search
-// and open an explain, ask a question of the scripted model (fake-llm.mjs) and see its
+// and open an explain; on the Graph page find an entity as you type, see its neighbourhood
+// drawn, recentre on a neighbour (by mouse and by keyboard), open a chunk that mentions it and
+// its whole document, find a path, and see an unknown entity and a KB without a graph in
+// words; ask a question of the scripted model (fake-llm.mjs) and see its
 // thoughts, tool call and answer stream, reload mid-answer and see the run resume, open a
-// citation, stop a run, delete a document and see it leave the search, see the cluster, switch to Chinese; no console errors anywhere and
+// citation, stop a run, delete a document and see it leave the search and the KB's size, see
+// the cluster and its rebalancing (none), switch to Chinese; no console errors anywhere and
 // no serious or critical axe-core finding on any page.
 // Environment: CONSOLE_URL (the page), SIFT_KEY (an admin key), API_BASE (only when the page
 // is served apart from the node), SCREENSHOTS (a folder: one PNG per page), CHROMIUM.
+// With SCREENSHOTS the PNGs are deterministic, so that a rerun with no change to the console
+// rewrites none of them: the page's clock stands still, the node's answers reach the page
+// with fixed times, durations and Raft indexes (`steady`), loopback ports are drawn as one,
+// the KB has one shard (documents are placed by their ids, new in every run), and chromium
+// rasterizes whole tiles.
 import { mkdtempSync, rmSync, mkdirSync, readFileSync, readdirSync, statSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { createRequire } from 'node:module';
@@ -35,8 +44,12 @@ const context = await chromium.launchPersistentContext(profile, {
     '--disable-background-networking',
     '--disable-component-update',
     '--disable-sync',
+    // without it, rounded corners come out a shade apart from one run to the next
+    // (partial raster re-rasterizes parts of tiles); sRGB wherever it runs
+    ...(shots ? ['--disable-partial-raster', '--force-color-profile=srgb'] : []),
   ],
   locale: 'en-US',
+  timezoneId: 'UTC',
   viewport: { width: 1280, height: 860 },
 });
 const errors = [];
@@ -46,7 +59,7 @@ let failed = false;
 const page = context.pages()[0] || (await context.newPage());
 page.on('console', (message) => {
   if (message.type() !== 'error') return;
-  if (refusalExpected && /status of 400/.test(message.text())) {
+  if (refusalExpected && /status of 40[04]/.test(message.text())) {
     refusalExpected = false;
     return;
   }
@@ -58,6 +71,43 @@ if (apiBase) {
   await page.addInitScript((base) => localStorage.setItem('sift.apiBase', base), apiBase);
 }
 page.setDefaultTimeout(30_000);
+
+/** The instant the page's clock shows, and every time in the node's answers, in screenshot mode. */
+const FIXED_MS = Date.UTC(2027, 0, 15, 9, 30);
+/** Fields of the node's answers that differ from run to run whatever the console does. */
+const TIMES = /_at_ms$|^since_ms$/;
+const INDEXES = new Set(['applied', 'commit', 'matched']);
+
+/** `answer` with its times, durations and Raft indexes fixed. */
+function steadyAnswer(value, key = '') {
+  if (Array.isArray(value)) return value.map((item) => steadyAnswer(item, key));
+  if (value && typeof value === 'object') {
+    return Object.fromEntries(Object.entries(value).map(([name, inner]) => [
+      name,
+      name === 'timings' && inner && typeof inner === 'object'
+        ? Object.fromEntries(Object.keys(inner).map((step) => [step, 1]))
+        : steadyAnswer(inner, name),
+    ]));
+  }
+  if (typeof value !== 'number') return value;
+  if (TIMES.test(key)) return FIXED_MS;
+  if (INDEXES.has(key)) return 100;
+  if (key === 'last_contact_ms') return 0;
+  return value;
+}
+
+/** Passes a request of the page to the node; a JSON answer comes back steady (event streams
+ * and uploads pass untouched). */
+async function steady(route) {
+  const request = route.request();
+  const json = request.method() === 'GET' || /\/search$/.test(new URL(request.url()).pathname);
+  if (!json || (request.headers().accept || '').includes('text/event-stream')) return route.fallback();
+  const response = await route.fetch();
+  if (!(response.headers()['content-type'] || '').startsWith('application/json')) return route.fulfill({ response });
+  return route.fulfill({ response, json: steadyAnswer(await response.json()) });
+}
+
+if (shots) await page.route((address) => address.pathname.startsWith('/v1/'), steady);
 
 // A page for the node to fetch by URL, on 127.0.0.1 only (the node allows 127.0.0.1/32).
 const article = `<!doctype html><html><head><title>Lighthouse history</title></head><body>
@@ -80,7 +130,8 @@ async function callApi(method, path, body) {
     headers: { Authorization: `Bearer ${apiKey}`, 'Content-Type': 'application/json' },
     body: body === undefined ? undefined : JSON.stringify(body),
   });
-  const answer = await response.json();
+  const text = await response.text();
+  const answer = text ? JSON.parse(text) : null;
   if (!response.ok) throw new Error(`${method} ${path}: ${response.status} ${JSON.stringify(answer)}`);
   return answer;
 }
@@ -89,10 +140,27 @@ function step(name) {
   console.log(`console-e2e: ${name}`);
 }
 
-async function shot(name) {
+async function shot(name, { fullPage = false } = {}) {
   if (!shots) return;
   mkdirSync(shots, { recursive: true });
-  await page.screenshot({ path: join(shots, `${name}.png`) });
+  // no caret, no transition half way, no focus ring that depends on how the page was reached;
+  // the loopback ports (the node's, the test's page server's) drawn as one fixed port
+  await page.evaluate(() => {
+    document.activeElement?.blur();
+    const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const steady = node.data.replace(/127\.0\.0\.1:\d+/g, '127.0.0.1:7700');
+      if (steady !== node.data) node.data = steady;
+    }
+  });
+  await page.screenshot({ path: join(shots, `${name}.png`), animations: 'disabled', caret: 'hide', fullPage });
+}
+
+/** The size the KB list shows for `kb`: its text and the bytes behind it. */
+async function listedSize(kb) {
+  const cell = page.locator(`tr[data-kb="${kb}"] td[data-bytes]`);
+  await cell.waitFor();
+  return { text: (await cell.textContent()).trim(), bytes: Number(await cell.getAttribute('data-bytes')) };
 }
 
 // evaluated rather than added as a script tag, which the content security policy refuses
@@ -118,6 +186,8 @@ async function expectText(locator, text) {
   await locator.filter({ hasText: text }).first().waitFor();
 }
 
+let tidesBytes = 0;
+const shards = shots ? 1 : 2;
 try {
   step('sign in');
   await page.goto(url);
@@ -129,8 +199,12 @@ try {
   const assets = new URL('../../node/console/', import.meta.url);
   const bytes = readdirSync(assets).reduce((sum, name) => sum + statSync(new URL(name, assets)).size, 0);
   console.log(`console-e2e: bench: first contentful paint ${paint.toFixed(0)} ms; the console is ${bytes} bytes in the binary`);
-  await page.getByLabel('API key').fill(apiKey);
+  // after the paint is measured: the fake clock's `performance` has no paint entries
+  if (shots) await page.clock.setFixedTime(FIXED_MS);
+  // the picture shows a key of the same length that is the same in every run
+  await page.getByLabel('API key').fill(apiKey.replace(/[0-9a-f]/g, '0'));
   await shot('sign-in');
+  await page.getByLabel('API key').fill(apiKey);
   await scan('sign-in');
   await page.getByRole('button', { name: 'Sign in' }).click();
   await page.getByRole('heading', { name: 'Knowledge bases', level: 1 }).waitFor();
@@ -143,9 +217,13 @@ try {
 
   step('create a KB');
   await page.getByLabel('Name', { exact: true }).fill('handbook');
-  await page.getByLabel('Shards', { exact: true }).fill('2');
+  // One shard for the screenshots: documents are placed by their ids, new in every run, and the
+  // shards' counts and BM25 statistics (so the search's scores) would follow.
+  await page.getByLabel('Shards', { exact: true }).fill(String(shards));
   await page.getByRole('button', { name: 'Create', exact: true }).click();
   await page.locator('tr[data-kb="handbook"]').waitFor();
+  const fresh = await listedSize('handbook');
+  if (fresh.bytes !== 0 || fresh.text !== '0 B') throw new Error(`a new KB's size is ${JSON.stringify(fresh)}`);
   await shot('knowledge-bases');
 
   step('edit a KB\'s settings: a refused value at its field, then a change saved');
@@ -166,22 +244,26 @@ try {
   await scan('knowledge-bases');
 
   step('upload three files and watch each reach ready');
+  const tides = Buffer.from('Tides rise and fall twice a day because of the pull of the moon and the sun.\nSpring tides happen at full and new moon.\n');
+  tidesBytes = tides.length;
   await page.getByRole('link', { name: 'handbook', exact: true }).click();
   await page.locator('#upload-files').setInputFiles([
     {
       name: 'lighthouses.md',
       mimeType: 'text/markdown',
-      buffer: Buffer.from('# Lighthouses\n\nLighthouses guide ships along the coast at night with a rotating beam of light.\n\n## Keepers\n\nKeepers trimmed the wicks and wound the clockwork every few hours.\n'),
+      // people and places for the entity graph: Grace Darling, William Darling, Longstone, the
+      // Farne Islands (also in harbours.md), which lead on to Seahouses
+      buffer: Buffer.from('# Lighthouses\n\nLighthouses guide ships along the coast at night with a rotating beam of light.\n\n## Keepers\n\nKeepers trimmed the wicks and wound the clockwork every few hours. Grace Darling and her father William Darling kept the Longstone lighthouse on the Farne Islands.\n'),
     },
     {
       name: 'tides.txt',
       mimeType: 'text/plain',
-      buffer: Buffer.from('Tides rise and fall twice a day because of the pull of the moon and the sun.\nSpring tides happen at full and new moon.\n'),
+      buffer: tides,
     },
     {
       name: 'harbours.md',
       mimeType: 'text/markdown',
-      buffer: Buffer.from('# Harbours\n\nA harbour is a sheltered body of water where ships can anchor safely.\n'),
+      buffer: Buffer.from('# Harbours\n\nA harbour is a sheltered body of water where ships can anchor safely. Boats from the Farne Islands shelter in the harbour at Seahouses.\n'),
     },
   ]);
   for (const name of ['lighthouses.md', 'tides.txt', 'harbours.md']) {
@@ -249,8 +331,67 @@ try {
   await shot('search');
   await scan('search');
 
-  step('delete a document and see it leave the search');
+  step('the graph: find an entity as you type, its neighbourhood, recentre, a mention, a path');
+  // the graph is extracted just after `ready`: wait until the node knows both documents' names
+  const entityId = {};
+  for (let waited = 0; Object.keys(entityId).length < 2; waited += 1) {
+    for (const name of ['Grace Darling', 'Seahouses']) {
+      const { entities } = await callApi('GET', `/v1/kbs/handbook/graph/entities?q=${encodeURIComponent(name)}`);
+      const found = entities.find((entity) => entity.name === name);
+      if (found) entityId[name] = found.id;
+    }
+    if (waited > 600) throw new Error(`the graph has not got ${JSON.stringify(entityId)} after a minute`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  await page.locator('#nav').getByRole('link', { name: 'Graph' }).click();
+  await page.getByRole('heading', { name: 'Entity graph', level: 1 }).waitFor();
+  await page.getByLabel('Knowledge base', { exact: true }).selectOption('handbook');
+  await page.getByRole('searchbox', { name: 'Find an entity' }).pressSequentially('grace', { delay: 40 });
+  await page.locator('button.entity').filter({ hasText: 'Grace Darling' }).click();
+  await page.locator('#graph-entity').filter({ hasText: 'Grace Darling' }).waitFor();
+  const drawn = await page.locator('.graph-view svg .graph-node').count();
+  if (drawn < 2) throw new Error(`the neighbourhood of Grace Darling has ${drawn} nodes`);
+  const node = (name) => page.locator(`.graph-node[aria-label^="${name} ("]`);
+  await node('William Darling').click();
+  await page.locator('#graph-entity').filter({ hasText: 'William Darling' }).waitFor();
+  await node('Grace Darling').waitFor();
+  // keyboard: a neighbour is focusable and Enter puts it in the centre
+  await node('Grace Darling').focus();
+  await page.keyboard.press('Enter');
+  await page.locator('#graph-entity').filter({ hasText: 'Grace Darling' }).waitFor();
+  console.log(`console-e2e: graph: ${drawn} nodes around Grace Darling`);
+  await page.locator('.mentions li').first().getByRole('button').click();
+  await page.locator('#dialog .chunk-text mark').filter({ hasText: 'Grace Darling' }).waitFor();
+  await page.getByRole('button', { name: 'Show the whole document' }).click();
+  await page.locator('#dialog .chunks li.current').filter({ hasText: 'Grace Darling' }).waitFor();
+  await page.getByRole('button', { name: 'Close' }).click();
+  const from = await page.getByLabel('From', { exact: true }).inputValue();
+  if (from !== 'Grace Darling') throw new Error(`the path starts from ${JSON.stringify(from)}`);
+  await page.getByLabel('To', { exact: true }).fill('Seahouses');
+  await page.getByRole('button', { name: 'Find the path' }).click();
+  await page.locator('.path .path-entity').last().filter({ hasText: 'Seahouses' }).waitFor();
+  await page.locator('.path .path-chunk button').first().waitFor();
+  const hops = await page.locator('.path .path-chunk').count();
+  if (hops < 1) throw new Error('the path has no chunk');
+  await shot('graph', { fullPage: true });
+  await scan('graph');
+
+  step('the graph: an unknown entity and a KB without a graph, in words');
+  refusalExpected = true;
+  await page.evaluate(() => { location.hash = '#/graph?kb=handbook&entity=Nobody%20Here'; });
+  await page.locator('.graph-view .notice').filter({ hasText: 'Not found' }).waitFor();
+  await callApi('POST', '/v1/kbs', { name: 'plain', shards: 1, graph: 'off' });
+  await page.evaluate(() => { location.hash = '#/graph?kb=plain'; });
+  await page.locator('.graph-view .notice').filter({ hasText: 'no entity graph' }).waitFor();
+  await callApi('DELETE', '/v1/kbs/plain');
+
+  step('delete a document and see it leave the search and the KB\'s size');
   await page.locator('#nav').getByRole('link', { name: 'Knowledge bases' }).click();
+  const before = await listedSize('handbook');
+  const stored = (await callApi('GET', '/v1/kbs/handbook')).stored_bytes;
+  if (before.bytes !== stored || !/^\d+(\.\d)? (B|KiB)$/.test(before.text) || before.bytes < tidesBytes) {
+    throw new Error(`the KB list shows ${JSON.stringify(before)}; the node says ${stored} bytes`);
+  }
   await page.getByRole('link', { name: 'handbook', exact: true }).click();
   await page.getByRole('button', { name: 'Delete tides.txt' }).click();
   await page.getByRole('button', { name: 'Delete tides.txt' }).waitFor({ state: 'detached' });
@@ -259,12 +400,17 @@ try {
   await page.getByLabel('Query', { exact: true }).fill('tides moon');
   await page.getByRole('button', { name: 'Search', exact: true }).last().click();
   await page.locator('.summary').waitFor();
-  const tides = await page.locator('.hit').filter({ hasText: 'tides.txt' }).count();
-  if (tides !== 0) throw new Error('the deleted document is still found');
+  const tidesHits = await page.locator('.hit').filter({ hasText: 'tides.txt' }).count();
+  if (tidesHits !== 0) throw new Error('the deleted document is still found');
+  await page.locator('#nav').getByRole('link', { name: 'Knowledge bases' }).click();
+  const after = await listedSize('handbook');
+  if (after.bytes !== before.bytes - tidesBytes) {
+    throw new Error(`the KB list shows ${after.bytes} bytes after deleting ${tidesBytes} of ${before.bytes}`);
+  }
 
   step('ask: thoughts, a tool call, the answer streamed; reload mid-answer and resume');
   await page.getByRole('link', { name: 'Chat', exact: true }).click();
-  await page.getByLabel('handbook').check();
+  await page.getByRole('checkbox', { name: 'handbook' }).check();
   await page.getByRole('button', { name: 'Start' }).click();
   await page.getByLabel('Question').fill('How do lighthouses guide ships?');
   await page.getByRole('button', { name: 'Ask' }).click();
@@ -310,7 +456,9 @@ try {
   await page.getByRole('link', { name: 'Cluster', exact: true }).click();
   await page.locator('tr[data-node]').first().waitFor();
   await page.getByLabel('Knowledge base', { exact: true }).selectOption('handbook');
-  await page.locator('.badge.replica-active').nth(1).waitFor();
+  await page.locator('.badge.replica-active').nth(shards - 1).waitFor();
+  await page.getByRole('heading', { name: 'Rebalancing', level: 2 }).waitFor();
+  await page.locator('.rebalancing .empty').filter({ hasText: 'No rebalancing in progress' }).waitFor();
   await shot('cluster');
   await scan('cluster');
 
@@ -331,6 +479,14 @@ try {
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
   if (overflow > 0) throw new Error(`the page is ${overflow}px wider than a phone`);
   await shot('search-phone-zh');
+  await page.evaluate((id) => { location.hash = `#/graph?kb=handbook&entity=${id}`; }, entityId['Grace Darling']);
+  await page.getByRole('heading', { name: '实体图谱', level: 1 }).waitFor();
+  await page.locator('#graph-entity').filter({ hasText: 'Grace Darling' }).waitFor();
+  await page.locator('.graph-view svg .graph-node').nth(1).waitFor();
+  const graphOverflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  if (graphOverflow > 0) throw new Error(`the graph page is ${graphOverflow}px wider than a phone`);
+  await shot('graph-phone-zh');
+  await scan('graph-zh');
 
   if (errors.length) throw new Error(`console errors:\n${errors.join('\n')}`);
   if (violations.length) throw new Error(`accessibility (axe-core):\n${violations.join('\n')}`);

@@ -12,6 +12,7 @@ mod cluster_process;
 mod crash_loop;
 mod document_access;
 mod durability;
+mod graph;
 mod ingestion;
 mod metrics;
 mod ocr;

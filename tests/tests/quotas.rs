@@ -1,6 +1,7 @@
 //! Quotas: the bytes and the number of documents a tenant may hold, and the agent runs one
 //! key may have in flight. Past either, a 4xx with its own code; nothing already stored changes.
 //! A tenant's own limits (`PUT /v1/tenants/{name}/limits`) replace the node-wide ones for it.
+//! A KB's answer shows the bytes quotas count (`stored_bytes`) and its chunks.
 
 use std::time::Duration;
 
@@ -72,6 +73,90 @@ async fn a_tenant_holds_no_more_bytes_than_its_quota() {
         .expect(204);
     acme.bulk_add("docs", &[json!({ "external_id": "b", "text": text(400) })])
         .await;
+}
+
+/// `stored_bytes` of `GET /v1/kbs/{kb}` and of the KB in `GET /v1/kbs`, which must agree.
+async fn stored_bytes(client: &ApiClient, kb: &str) -> Value {
+    let one = client.get_kb(kb).await;
+    let list = client.get("/v1/kbs").await.expect(200);
+    let listed = list["kbs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|listed| listed["name"] == kb)
+        .unwrap_or_else(|| panic!("{kb} is not listed: {list}"));
+    assert_eq!(listed["stored_bytes"], one["stored_bytes"], "{listed}");
+    assert_eq!(listed["chunks"], one["chunks"], "{listed}");
+    one["stored_bytes"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kbs_size_follows_its_uploads_and_deletes() {
+    let dir = sift_tests::temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    let node = InProcessNode::start_with(config).await;
+    let client = node.client();
+    client
+        .create_kb(json!({ "name": "sized", "shards": 2 }))
+        .await;
+    assert_eq!(stored_bytes(&client, "sized").await, 0);
+    assert_eq!(client.get_kb("sized").await["chunks"], 0);
+    let first = client
+        .upload_ok("sized", "first.txt", text(700).into_bytes())
+        .await;
+    assert_eq!(
+        stored_bytes(&client, "sized").await,
+        700,
+        "counted once registered"
+    );
+    client
+        .upload_ok(
+            "sized",
+            "second.md",
+            format!("# Second\n\n{}", text(290)).into_bytes(),
+        )
+        .await;
+    client.wait_ready("sized", 2, Duration::from_secs(60)).await;
+    assert_eq!(stored_bytes(&client, "sized").await, 1000);
+    let chunks = client.get_kb("sized").await["chunks"].as_u64().unwrap();
+    assert!(chunks >= 2, "{chunks} chunks");
+    // The same bytes again add nothing (a duplicate).
+    let again = client
+        .upload_ok("sized", "again.txt", text(700).into_bytes())
+        .await;
+    assert_eq!(again["duplicate"], true, "{again}");
+    assert_eq!(stored_bytes(&client, "sized").await, 1000);
+
+    // A key limited to document groups sees no byte count: it would count documents the key
+    // may not read.
+    let restricted = client
+        .post_json(
+            "/v1/keys",
+            &json!({ "name": "finance reader", "role": "reader", "groups": ["finance"] }),
+        )
+        .await
+        .expect(201)["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let restricted = ApiClient::with_http(client.url(), Some(&restricted), client.http().clone());
+    let seen = restricted.get_kb("sized").await;
+    assert_eq!(seen["stored_bytes"], Value::Null, "{seen}");
+
+    client
+        .delete(&format!(
+            "/v1/kbs/sized/documents/{}",
+            first["id"].as_str().unwrap()
+        ))
+        .await
+        .expect(204);
+    assert_eq!(stored_bytes(&client, "sized").await, 300);
+    let fewer = client.get_kb("sized").await["chunks"].as_u64().unwrap();
+    assert!(
+        fewer < chunks,
+        "{fewer} chunks after the delete, {chunks} before"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

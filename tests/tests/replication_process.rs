@@ -7,7 +7,8 @@
 //! restarted node's replicas catch up and become active. A fourth node that joins receives
 //! replicas, and the same queries answer the same top 10 before and after. Removing a node
 //! drains it first (its replicas, a replication-factor-1 KB's among them, are re-created
-//! elsewhere) without changing the top 10. A KB with replication factor 1 whose node is down
+//! elsewhere) without changing the top 10; `GET /v1/cluster` shows the drain and the replicas
+//! waiting for a repair in its `rebalancing`. A KB with replication factor 1 whose node is down
 //! answers partially and says which shards are missing.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -180,6 +181,24 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
             .any(|(node, state, _)| *node == victim_id && state == "dead"),
         "no replica of node {victim_id} marked dead: {during:?}"
     );
+    // The cluster's rebalancing shows them, with the active replicas they will be filled from.
+    let view = clients[entry].get("/v1/cluster").await.expect(200);
+    let waiting: Vec<&Value> = view["rebalancing"]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|replica| replica["node"] == victim_id && replica["kb"] == "rep")
+        .collect();
+    assert!(
+        !waiting.is_empty()
+            && waiting.iter().all(|replica| {
+                replica["state"] == "dead"
+                    && replica["sources"].as_array().is_some_and(|sources| {
+                        !sources.is_empty() && !sources.contains(&json!(victim_id))
+                    })
+            }),
+        "{view}"
+    );
 
     // Delete a first-batch document while the node is down.
     let all = clients[entry].list_all_documents("rep", 100).await;
@@ -345,6 +364,16 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
         .await
         .expect(202);
     assert_eq!(answer["draining"], drained_id, "{answer}");
+    // The drain shows in the cluster's rebalancing while the node still holds replicas.
+    eventually("the drain in the cluster's rebalancing", || async {
+        let view = clients[entry].get("/v1/cluster").await.expect(200);
+        view["rebalancing"]["draining"]
+            .as_array()?
+            .iter()
+            .any(|drain| drain["node"] == drained_id && drain["replicas"].as_u64().unwrap_or(0) > 0)
+            .then_some(())
+    })
+    .await;
     let remaining: Vec<usize> = (0..ids.len()).filter(|i| *i != drained).collect();
     eventually(
         "the drained node removed, its replicas re-created elsewhere",
@@ -365,6 +394,15 @@ async fn replicated_kb_survives_a_killed_node_and_repairs_it() {
             settled.then_some(())
         },
     )
+    .await;
+    eventually("no rebalancing left once the drain is done", || async {
+        let view = clients[entry].get("/v1/cluster").await.expect(200);
+        let rebalancing = &view["rebalancing"];
+        ["draining", "replicas", "planned"]
+            .iter()
+            .all(|list| rebalancing[*list].as_array().is_some_and(Vec::is_empty))
+            .then_some(())
+    })
     .await;
     let solo_after = clients[entry].placement("solo").await;
     let solo_documents: u64 = solo_after.values().map(|r| r[0].2.unwrap_or(0)).sum();

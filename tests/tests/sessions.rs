@@ -1983,3 +1983,79 @@ async fn a_cut_off_step_is_repaired_attributed_and_never_shown_as_protocol() {
     assert!(answer["sift"]["grounding"]["supported"].as_u64().unwrap() >= 1);
     fixture.node.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_agent_walks_the_entity_graph_with_graph_search() {
+    // The model asks the graph about the first paper's title, then searches, then answers.
+    let title = first_title();
+    let name = title.clone();
+    let fake = FakeLlm::start(move |request: &FakeRequest| {
+        if !request.offers_tool("final_answer") {
+            return text_reply(request, &request.last_user_text(), 2);
+        }
+        let id = format!("call_{}", request.index);
+        match request.tool_results() {
+            0 => tool_call_reply(request, &id, "graph_search", &json!({ "name": name }), 4),
+            1 => tool_call_reply(
+                request,
+                &id,
+                "knowledge_search",
+                &json!({ "query": name }),
+                4,
+            ),
+            _ => tool_call_reply(
+                request,
+                &id,
+                "final_answer",
+                &final_answer_citing(request, 1),
+                8,
+            ),
+        }
+    })
+    .await;
+    let fixture = fixture_with_llm(vec![provider(&fake, "local", 0)]).await;
+    let client = &fixture.client;
+    // The graph is filled after the documents are ready.
+    let path = format!(
+        "/v1/kbs/papers/graph/entities/{}",
+        title.replace(' ', "%20").replace('?', "%3F")
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while client.get(&path).await.status != 200 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let session = new_session(client).await;
+    let events = ask(client, &session, "What does the first study find?")
+        .await
+        .rest()
+        .await;
+    assert_well_formed(&events, &session);
+    let call = events_named(&events, "tool_call")
+        .into_iter()
+        .find(|c| c.data["name"] == "graph_search")
+        .expect("a graph_search call");
+    let result = events_named(&events, "tool_result")
+        .into_iter()
+        .find(|r| r.data["id"] == call.data["id"])
+        .expect("its result");
+    assert_eq!(
+        result.data["summary"], "graph neighbours: 1 result(s)",
+        "{result:?}"
+    );
+    // The model read the chunks that mention the title, by chunk id.
+    let seen = &fake.requests()[..];
+    let observation = seen
+        .iter()
+        .map(|request| request.text())
+        .find(|text| text.contains("Chunks that mention it"))
+        .expect("the graph's observation reached the model");
+    assert!(
+        fixture
+            .chunk_ids
+            .iter()
+            .any(|id| observation.contains(id.as_str())),
+        "a mentioning chunk's id is shown"
+    );
+    assert_citations_retrieved(&events);
+    fixture.node.shutdown().await;
+}

@@ -7,8 +7,9 @@ use futures::future::BoxFuture;
 use sift_storage::chunk::ChunkView;
 use sift_storage::meta::{DocumentRecord, KbRecord};
 
-use crate::error::Result;
+use crate::error::{Result, SiftError};
 use crate::node::DocumentPage;
+use crate::node::graph::{EntityDetail, EntityList, GraphPath};
 use crate::retrieval::SearchResponse;
 use crate::retrieval::query::SearchQuery;
 
@@ -50,4 +51,35 @@ pub trait Corpus: Send + Sync {
         let _ = (kb, texts);
         Box::pin(async { None })
     }
+
+    /// Entities of `kb`'s graph whose name starts with `q`.
+    fn graph_entities<'a>(&'a self, kb: &'a str, q: &'a str) -> BoxFuture<'a, Result<EntityList>> {
+        let _ = (kb, q);
+        Box::pin(async { Err(no_graph()) })
+    }
+
+    /// One entity of `kb`'s graph (its id or name), its neighbours and mentioning chunks.
+    fn graph_entity<'a>(
+        &'a self,
+        kb: &'a str,
+        entity: &'a str,
+    ) -> BoxFuture<'a, Result<EntityDetail>> {
+        let _ = (kb, entity);
+        Box::pin(async { Err(no_graph()) })
+    }
+
+    /// The shortest chain of chunks joining two entities of `kb`'s graph.
+    fn graph_path<'a>(
+        &'a self,
+        kb: &'a str,
+        from: &'a str,
+        to: &'a str,
+    ) -> BoxFuture<'a, Result<GraphPath>> {
+        let _ = (kb, from, to);
+        Box::pin(async { Err(no_graph()) })
+    }
+}
+
+fn no_graph() -> SiftError {
+    SiftError::invalid("graph_unavailable", "this corpus has no graph")
 }

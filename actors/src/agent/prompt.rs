@@ -16,7 +16,7 @@ found in the user's knowledge bases with your tools, and you cite that evidence.
 const WORKFLOW: &str = "\
 Work in four phases:
 1. Assess: what exactly is asked? Which facts, names, numbers would answer it?
-2. Reconnoitre: call knowledge_search (several calls in one step run in parallel) to see what the knowledge bases hold. Use grep_chunks for exact terms, codes and names.
+2. Reconnoitre: call knowledge_search (several calls in one step run in parallel) to see what the knowledge bases hold. Use grep_chunks for exact terms, codes and names, and graph_search (when offered) to go from one named person, place or work to what is said with it.
 3. Plan: decide which documents and chunks to read closely (read_chunk with neighbours, list_chunks, read_document for a document's outline) and what is still missing.
 4. Execute: read, check, and when the evidence suffices call final_answer.
 

@@ -18,11 +18,18 @@ use crate::retrieval::settings as retrieval_settings;
 use crate::scope::{Need, Scope};
 use crate::shards::supervisor::drop_kb_shards;
 
-/// A KB with its document counts by status; the node's answer to reads and writes of KBs.
+/// A KB with its document counts by status and its size; the node's answer to reads and
+/// writes of KBs.
 #[derive(Clone, Debug)]
 pub struct KbState {
     pub record: KbRecord,
     pub documents: DocumentCounts,
+    /// The chunks of the documents the caller reads.
+    pub chunks: u64,
+    /// The raw bytes of the KB's live documents (the per-shard counts tenant quotas read);
+    /// `None` for a caller restricted to document groups: they count documents it may not
+    /// read.
+    pub stored_bytes: Option<u64>,
     /// The tenant that owns it.
     pub tenant: String,
     /// How the caller reaches it.
@@ -227,10 +234,15 @@ impl SiftNode {
         self.kb_state(scope, kb, access)
     }
 
-    /// A KB as `scope` sees it: its document counts are of the documents the scope reads.
+    /// A KB as `scope` sees it: its document and chunk counts are of the documents the scope
+    /// reads; its bytes come from the per-shard counts, not from the document records.
     fn kb_state(&self, scope: &Scope, kb: KbRecord, access: KbAccess) -> Result<KbState> {
         let store = self.store();
-        let documents = store.document_counts(&kb.id, |doc| scope.may_read(doc))?;
+        let readable = store.readable_documents(&kb.id, |doc| scope.may_read(doc))?;
+        let stored_bytes = match scope.groups() {
+            Some(_) => None,
+            None => Some(store.kb_stored_bytes(&kb.id)?),
+        };
         let shared_with = match access {
             KbAccess::Owner => store.kb_shares(&kb.id)?,
             KbAccess::Shared => Vec::new(),
@@ -238,7 +250,9 @@ impl SiftNode {
         Ok(KbState {
             tenant: store.kb_tenant(&kb.id)?,
             record: kb,
-            documents,
+            documents: readable.counts,
+            chunks: readable.chunks,
+            stored_bytes,
             access,
             shared_with,
         })
@@ -370,6 +384,9 @@ impl SiftNode {
         if let Some(value) = patch.ocr {
             settings.ocr = value;
         }
+        if let Some(value) = patch.graph {
+            settings.graph = value;
+        }
         check_settings(settings)?;
         if let Some(retrieval) = &patch.retrieval {
             settings.retrieval = retrieval_settings::merge_patch(
@@ -463,6 +480,9 @@ fn check_settings(settings: &KbSettings) -> Result<()> {
     }
     if !OCR_SETTINGS.contains(&settings.ocr.as_str()) {
         return invalid("ocr must be auto, off, vision or tesseract");
+    }
+    if !matches!(settings.graph.as_str(), "embedded" | "off") {
+        return invalid("graph must be embedded or off");
     }
     Ok(())
 }

@@ -8,6 +8,7 @@
 
 mod cluster;
 mod documents;
+pub mod graph;
 mod kbs;
 mod quota;
 pub mod ready;
@@ -26,7 +27,9 @@ use sift_storage::meta::{KbRecord, SledMetaStore};
 use tokio::sync::broadcast;
 use tracing::info;
 
-pub use self::cluster::{ReplicaView, ShardView};
+pub use self::cluster::{
+    DrainingNode, MovingReplica, PlannedStep, Rebalancing, ReplicaView, ShardView,
+};
 pub use self::documents::{DocumentPage, Upload, metadata_from_json, scan_budget};
 pub use self::kbs::KbState;
 use self::supervisor::{
@@ -187,7 +190,7 @@ impl SiftNode {
         let root = RootSearch::new(access, store.clone())
             .with_rerankers(RerankServices::new(options.rerank.clone()));
         let children = ChildHandles::default();
-        let mut specs = Vec::new();
+        let mut specs = vec![crate::graph::extractor_spec(context.clone())];
         if context.meta.is_replicated() {
             specs.push(reconciler_spec(
                 context.clone(),

@@ -5,9 +5,12 @@ use std::time::Instant;
 
 use super::SiftNode;
 use crate::error::Result;
+use crate::error::SiftError;
+use crate::retrieval::query::ResolvedSearch;
 use crate::retrieval::query::{self, SearchQuery};
-use crate::retrieval::{SearchRequest, SearchResponse};
+use crate::retrieval::{GraphQuery, SearchRequest, SearchResponse};
 use crate::scope::{Need, Scope};
+use sift_storage::meta::KbSettings;
 
 impl SiftNode {
     pub async fn search(
@@ -46,6 +49,7 @@ impl SiftNode {
             vectors.remove(0)
         };
         let pipeline = search.pipeline();
+        let graph = graph_query(&kb.settings, &search)?;
         let request = SearchRequest {
             kb_id: kb.id.clone(),
             shards: kb.settings.shards,
@@ -63,6 +67,7 @@ impl SiftNode {
             filter: search.filter,
             query: search.query,
             pipeline,
+            graph,
         };
         let mut response = self.root.search(&request).await;
         response.timings.embed_ms = embed_ms;
@@ -70,4 +75,29 @@ impl SiftNode {
         metrics::histogram!("sift_search_seconds").record(started.elapsed().as_secs_f64());
         Ok(response)
     }
+}
+
+/// The graph channel of a search: in a KB with a graph, when the search asks for it (every
+/// search does by default) with a weight above 0. A search asking for the graph alone in a KB
+/// without one is refused.
+fn graph_query(settings: &KbSettings, search: &ResolvedSearch) -> Result<Option<GraphQuery>> {
+    let asked = search.channels.graph && search.settings.graph_weight > 0.0;
+    if settings.graph == "off" {
+        if asked && !search.channels.dense && !search.channels.bm25 {
+            return Err(SiftError::invalid(
+                "graph_unavailable",
+                "this knowledge base has no graph (its graph setting is off)",
+            ));
+        }
+        return Ok(None);
+    }
+    if !asked {
+        return Ok(None);
+    }
+    let language = sift_graph::Language::from_setting(&settings.language);
+    Ok(Some(GraphQuery {
+        names: sift_graph::query_names(&search.query, language),
+        hops: search.settings.graph_hops,
+        weight: search.settings.graph_weight,
+    }))
 }

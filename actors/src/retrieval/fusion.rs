@@ -42,6 +42,7 @@ impl FusionMethod {
 pub enum Channel {
     Dense,
     Bm25,
+    Graph,
 }
 
 impl Channel {
@@ -49,6 +50,7 @@ impl Channel {
         match self {
             Channel::Dense => "dense",
             Channel::Bm25 => "bm25",
+            Channel::Graph => "graph",
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use sift_storage::shard::ShardIndex;
 
 use crate::error::Result;
-use crate::shards::messages::{LeafRequest, LeafResponse};
+use crate::shards::messages::{GraphLeafRequest, GraphLeafResponse, LeafRequest, LeafResponse};
 
 /// Searches `index` in the channels `request` asks for.
 pub(crate) fn search(index: &ShardIndex, request: &LeafRequest) -> Result<LeafResponse> {
@@ -26,5 +26,42 @@ pub(crate) fn search(index: &ShardIndex, request: &LeafRequest) -> Result<LeafRe
         response.bm25 = index.search_bm25(&request.query, request.k, &request.filter)?;
         response.bm25_seconds = started.elapsed().as_secs_f64();
     }
+    if let Some(graph) = &request.graph {
+        response.graph = Some(graph_step(index, graph, &request.filter)?);
+    }
     Ok(response)
+}
+
+fn graph_step(
+    index: &ShardIndex,
+    request: &GraphLeafRequest,
+    filter: &sift_storage::chunk::SearchFilter,
+) -> Result<GraphLeafResponse> {
+    Ok(match request {
+        GraphLeafRequest::Counts { ids } => GraphLeafResponse::Counts {
+            counts: index.graph_chunk_counts(ids),
+            chunks: index.live_chunks(),
+        },
+        GraphLeafRequest::Neighbourhood {
+            frontier,
+            per_entity,
+        } => GraphLeafResponse::Neighbourhood(index.graph_neighbourhood(
+            frontier,
+            *per_entity,
+            filter,
+        )?),
+        GraphLeafRequest::Chunks { hits } => {
+            GraphLeafResponse::Chunks(index.graph_chunks(hits, filter)?)
+        }
+        GraphLeafRequest::Entities { ids } => {
+            GraphLeafResponse::Entities(index.graph_entities(ids)?)
+        }
+        GraphLeafRequest::ByPrefix { prefix, limit } => {
+            GraphLeafResponse::Entities(index.graph_entities_by_prefix(prefix, *limit)?)
+        }
+        GraphLeafRequest::Document { document_id } => GraphLeafResponse::Document {
+            present: index.contains_document(document_id)?,
+            pending: index.graph_is_pending(document_id)?,
+        },
+    })
 }

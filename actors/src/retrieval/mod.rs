@@ -3,6 +3,7 @@
 //! score fusion by default, or weighted RRF).
 
 pub mod fusion;
+pub mod graph;
 pub mod leaf;
 pub mod links;
 pub mod mmr;
@@ -15,6 +16,7 @@ pub mod settings;
 pub mod text;
 
 pub use fusion::{Channel, ChannelHitInfo, FusedHit, FusionMethod, dbsf_fuse, rrf_fuse};
+pub use graph::GraphQuery;
 pub use root::{
     HitPath, Pipeline, RootSearch, SearchHit, SearchRequest, SearchResponse, SearchTimings,
 };

@@ -42,6 +42,9 @@ pub fn apply_overrides(query: &SearchQuery, settings: &mut RetrievalSettings) {
         if let Some(weight) = weights.bm25 {
             settings.bm25_weight = weight;
         }
+        if let Some(weight) = weights.graph {
+            settings.graph_weight = weight;
+        }
     }
     override_settings!(
         query,
@@ -64,6 +67,7 @@ pub fn apply_overrides(query: &SearchQuery, settings: &mut RetrievalSettings) {
             follow_links,
             link_from,
             links_per_hit,
+            graph_hops,
         ]
     );
 }
@@ -73,6 +77,8 @@ pub fn apply_overrides(query: &SearchQuery, settings: &mut RetrievalSettings) {
 pub struct Channels {
     pub dense: bool,
     pub bm25: bool,
+    /// Runs only in a KB with a graph, and with a weight above 0.
+    pub graph: bool,
 }
 
 /// A search resolved against its KB: every value checked and defaulted, ready to embed
@@ -154,7 +160,10 @@ pub fn resolve(
             "channel weights must be finite and >= 0",
         ));
     }
-    if !(channels.dense && dense_weight > 0.0 || channels.bm25 && bm25_weight > 0.0) {
+    if !(channels.dense && dense_weight > 0.0
+        || channels.bm25 && bm25_weight > 0.0
+        || channels.graph && settings.graph_weight > 0.0)
+    {
         return Err(SiftError::invalid(
             "invalid_weights",
             "every requested channel has weight 0",
@@ -201,6 +210,7 @@ fn channels(requested: Option<&[String]>) -> Result<Channels> {
         return Ok(Channels {
             dense: true,
             bm25: true,
+            graph: true,
         });
     };
     if requested.is_empty() {
@@ -209,15 +219,17 @@ fn channels(requested: Option<&[String]>) -> Result<Channels> {
     let mut channels = Channels {
         dense: false,
         bm25: false,
+        graph: false,
     };
     for channel in requested {
         match channel.as_str() {
             "dense" => channels.dense = true,
             "bm25" => channels.bm25 = true,
+            "graph" => channels.graph = true,
             other => {
                 return Err(SiftError::invalid(
                     "invalid_channels",
-                    format!("unknown channel {other:?}; channels are dense and bm25"),
+                    format!("unknown channel {other:?}; channels are dense, bm25 and graph"),
                 ));
             }
         }
@@ -300,7 +312,8 @@ mod tests {
             search.channels,
             Channels {
                 dense: true,
-                bm25: true
+                bm25: true,
+                graph: true,
             }
         );
         assert_eq!(search.settings, kb);
@@ -433,7 +446,8 @@ mod tests {
             search.channels,
             Channels {
                 dense: false,
-                bm25: true
+                bm25: true,
+                graph: false,
             }
         );
         assert_eq!(search.extra_queries, ["steeping", "storage"]);

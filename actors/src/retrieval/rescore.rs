@@ -7,10 +7,12 @@
 //!   channel did not return the candidate;
 //! - `coverage`: the IDF-weighted share of the query's terms found in the chunk's title,
 //!   heading path and text (IDF over the candidate set, so it needs no corpus statistics);
-//! - `title`: the same share counted in the title and heading path only.
+//! - `title`: the same share counted in the title and heading path only;
+//! - `graph`: the graph channel's mass, mapped like `dense` (0 when the channel did not run or
+//!   did not reach the candidate).
 //!
-//! `score = w_dense·dense + 1.2·w_bm25·bm25 + 0.4·coverage + 0.4·title`, where the w are the
-//! KB's channel weights. The constants were chosen by a grid search on SciFact (and nothing
+//! `score = w_dense·dense + 1.2·w_bm25·bm25 + 0.4·coverage + 0.4·title + g·w_graph·graph`,
+//! where the w are the KB's channel weights and g is [`GRAPH_FACTOR`]. The constants were chosen by a grid search on SciFact (and nothing
 //! else): nDCG@10 0.7185 → 0.7328 offline on the same channel lists (docs/benchmarks-history.md).
 
 use std::collections::HashMap;
@@ -22,6 +24,8 @@ use super::text::{TermSet, term_set};
 pub const BM25_FACTOR: f64 = 1.2;
 pub const COVERAGE_WEIGHT: f64 = 0.4;
 pub const TITLE_WEIGHT: f64 = 0.4;
+/// The graph feature's factor: chosen on HotpotQA100 (ADR 0037).
+pub const GRAPH_FACTOR: f64 = 1.0;
 
 /// The features of one candidate (shown by `explain`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
@@ -30,6 +34,7 @@ pub struct Features {
     pub bm25: f64,
     pub coverage: f64,
     pub title: f64,
+    pub graph: f64,
 }
 
 /// Scores every hit; returns the features and the score of each, in input order.
@@ -38,6 +43,7 @@ pub fn rescore(
     hits: &[SearchHit],
     dense_weight: f64,
     bm25_weight: f64,
+    graph_weight: f64,
 ) -> Vec<(Features, f64)> {
     let ranges = channel_ranges(hits);
     let query_terms = term_set(query);
@@ -84,11 +90,13 @@ pub fn rescore(
                 bm25: normalised(Channel::Bm25),
                 coverage: share(all),
                 title: share(title),
+                graph: normalised(Channel::Graph),
             };
             let score = dense_weight * features.dense
                 + BM25_FACTOR * bm25_weight * features.bm25
                 + COVERAGE_WEIGHT * features.coverage
-                + TITLE_WEIGHT * features.title;
+                + TITLE_WEIGHT * features.title
+                + GRAPH_FACTOR * graph_weight * features.graph;
             (features, score)
         })
         .collect()

@@ -43,6 +43,8 @@ pub struct SearchRequest {
     pub extra_queries: Vec<(String, Option<Vec<f32>>)>,
     /// The stages after fusion.
     pub pipeline: Pipeline,
+    /// The graph channel, when the KB has a graph and the search asks for it.
+    pub graph: Option<super::graph::GraphQuery>,
 }
 
 /// The stages after fusion, resolved from the KB's settings and the request.
@@ -161,6 +163,8 @@ pub struct SearchTimings {
     /// Slowest shard's dense / BM25 time.
     pub dense_ms: f64,
     pub bm25_ms: f64,
+    /// The graph channel, all its rounds.
+    pub graph_ms: f64,
     /// Gather and fusion of every query (the leaf searches included).
     pub retrieve_ms: f64,
     pub rerank_ms: f64,
@@ -238,6 +242,7 @@ impl RootSearch {
         for run in &mut runs {
             timings.dense_ms = timings.dense_ms.max(run.dense_ms);
             timings.bm25_ms = timings.bm25_ms.max(run.bm25_ms);
+            timings.graph_ms = timings.graph_ms.max(run.graph_ms);
             timings.retrieve_ms = timings.retrieve_ms.max(run.retrieve_ms);
             timings.rerank_ms = timings.rerank_ms.max(run.rerank_ms);
             for failed in run.failed_shards.drain(..) {
@@ -338,7 +343,7 @@ impl RootSearch {
 
     /// Leaf searches on every shard (one replica each, hedged), with the deadline; failed
     /// shards are reported, not fatal.
-    async fn gather(
+    pub(crate) async fn gather(
         &self,
         kb_id: &str,
         shards: u32,
@@ -401,12 +406,49 @@ impl RootSearch {
             bm25: request.bm25,
             k: request.candidates,
             filter: request.filter.clone(),
+            graph: None,
         });
-        let (responses, failed_shards) = self.gather(&request.kb_id, request.shards, leaf).await;
+        let graph_query = request.graph.as_ref().filter(|_| text == request.query);
+        let graph = async {
+            match graph_query {
+                Some(query) => Some(
+                    self.graph_channel(
+                        &request.kb_id,
+                        request.shards,
+                        &request.filter,
+                        query,
+                        request.candidates,
+                        request.explain,
+                    )
+                    .await,
+                ),
+                None => None,
+            }
+        };
+        let gather = async {
+            if dense_enabled || request.bm25 {
+                self.gather(&request.kb_id, request.shards, leaf).await
+            } else {
+                (Vec::new(), Vec::new())
+            }
+        };
+        let ((responses, failed_shards), graph) = futures::join!(gather, graph);
         let mut run = QueryRun {
             failed_shards,
             ..QueryRun::default()
         };
+        let mut graph_paths = HashMap::new();
+        let mut graph_hits = None;
+        if let Some(graph) = graph {
+            run.graph_ms = graph.seconds * 1e3;
+            for failed in graph.failed_shards {
+                if !run.failed_shards.iter().any(|f| f.shard == failed.shard) {
+                    run.failed_shards.push(failed);
+                }
+            }
+            graph_paths = graph.paths;
+            graph_hits = Some(graph.hits);
+        }
         for response in &responses {
             run.dense_ms = run.dense_ms.max(response.dense_seconds * 1e3);
             run.bm25_ms = run.bm25_ms.max(response.bm25_seconds * 1e3);
@@ -428,6 +470,10 @@ impl RootSearch {
         }
         if request.bm25 {
             lists.push((Channel::Bm25, request.bm25_weight, bm25));
+        }
+        if let (Some(hits), Some(query)) = (graph_hits, &request.graph) {
+            let hits = merge_channel(hits.iter(), request.candidates, &mut live);
+            lists.push((Channel::Graph, query.weight, hits));
         }
         let pipeline = &request.pipeline;
         run.hits = if pipeline.min_relative_score > 0.0 {
@@ -456,6 +502,11 @@ impl RootSearch {
         } else {
             fuse_lists(&lists, request)
         };
+        for hit in &mut run.hits {
+            if let Some(path) = graph_paths.remove(&hit.chunk.chunk_id) {
+                hit.trace.push(path);
+            }
+        }
         run.retrieve_ms = started.elapsed().as_secs_f64() * 1e3;
         if let Some(model) = &pipeline.rerank {
             let rerank_started = Instant::now();
@@ -494,11 +545,17 @@ impl RootSearch {
             return report;
         }
         let scores: Vec<(Option<Features>, f64)> = if model == EMBEDDED_RERANKER {
-            rescore(query, hits, request.dense_weight, request.bm25_weight)
-                .into_iter()
-                .take(depth)
-                .map(|(features, score)| (Some(features), score))
-                .collect()
+            rescore(
+                query,
+                hits,
+                request.dense_weight,
+                request.bm25_weight,
+                request.graph.as_ref().map_or(0.0, |graph| graph.weight),
+            )
+            .into_iter()
+            .take(depth)
+            .map(|(features, score)| (Some(features), score))
+            .collect()
         } else {
             let documents: Vec<&str> = hits[..depth]
                 .iter()
@@ -530,8 +587,13 @@ impl RootSearch {
             let features = hit
                 .features
                 .map(|f| {
+                    let graph = if f.graph > 0.0 {
+                        format!(", graph {:.3}", f.graph)
+                    } else {
+                        String::new()
+                    };
                     format!(
-                        " (dense {:.3}, bm25 {:.3}, coverage {:.3}, title {:.3})",
+                        " (dense {:.3}, bm25 {:.3}, coverage {:.3}, title {:.3}{graph})",
                         f.dense, f.bm25, f.coverage, f.title
                     )
                 })
@@ -613,6 +675,7 @@ struct QueryRun {
     notes: Vec<String>,
     dense_ms: f64,
     bm25_ms: f64,
+    graph_ms: f64,
     retrieve_ms: f64,
     rerank_ms: f64,
 }

@@ -31,6 +31,25 @@ pub fn validate(settings: &RetrievalSettings, rerankers: &RerankServices) -> Res
             );
         }
     }
+    if !settings.graph_weight.is_finite() || settings.graph_weight < 0.0 {
+        return invalid(
+            "invalid_weights",
+            format!(
+                "graph_weight must be a finite number >= 0, not {}",
+                settings.graph_weight
+            ),
+        );
+    }
+    if !(1..=super::graph::MAX_HOPS).contains(&settings.graph_hops) {
+        return invalid(
+            "invalid_graph_hops",
+            format!(
+                "graph_hops must be between 1 and {}, not {}",
+                super::graph::MAX_HOPS,
+                settings.graph_hops
+            ),
+        );
+    }
     if settings.dense_weight == 0.0 && settings.bm25_weight == 0.0 {
         return invalid(
             "invalid_weights",

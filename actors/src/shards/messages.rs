@@ -5,7 +5,7 @@ use std::sync::Arc;
 use ractor::RpcReplyPort;
 use serde::{Deserialize, Serialize};
 use sift_storage::chunk::{ChunkView, DocumentWrite, ScoredChunk, SearchFilter, ShardWrite};
-use sift_storage::shard::ShardStats;
+use sift_storage::shard::{EntityNeighbourhood, GraphEntity, ShardStats};
 
 use crate::error::Result;
 
@@ -22,6 +22,61 @@ pub struct LeafRequest {
     /// Hits per channel.
     pub k: usize,
     pub filter: SearchFilter,
+    /// A step of a graph search instead of (or besides) the two channels.
+    pub graph: Option<GraphLeafRequest>,
+}
+
+impl LeafRequest {
+    /// A graph step alone (neither dense nor BM25), under `filter`.
+    pub fn graph(filter: &SearchFilter, k: usize, step: GraphLeafRequest) -> LeafRequest {
+        LeafRequest {
+            query: String::new(),
+            vector: None,
+            exact: false,
+            bm25: false,
+            k,
+            filter: filter.clone(),
+            graph: Some(step),
+        }
+    }
+}
+
+/// One step of a graph search on one shard (see [`crate::retrieval::graph`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum GraphLeafRequest {
+    /// Which of these entities the shard knows, with their chunk counts.
+    Counts { ids: Vec<u64> },
+    /// The chunks (passing the filter) mentioning each entity, at most `per_entity` each.
+    Neighbourhood {
+        frontier: Vec<u64>,
+        per_entity: usize,
+    },
+    /// These chunks' views, with the scores given.
+    Chunks { hits: Vec<(String, f32)> },
+    /// These entities' names and kinds.
+    Entities { ids: Vec<u64> },
+    /// Entities whose canonical name starts with `prefix`.
+    ByPrefix { prefix: String, limit: usize },
+    /// Whether a document's live version here still awaits extraction.
+    Document { document_id: String },
+}
+
+/// A shard's answer to a [`GraphLeafRequest`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum GraphLeafResponse {
+    Counts {
+        counts: Vec<(u64, u32)>,
+        /// Live chunks of the shard.
+        chunks: u64,
+    },
+    Neighbourhood(Vec<EntityNeighbourhood>),
+    Chunks(Vec<ScoredChunk>),
+    Entities(Vec<GraphEntity>),
+    /// `present`: the replica holds the document's live version.
+    Document {
+        present: bool,
+        pending: bool,
+    },
 }
 
 /// One shard's hits, per channel, each channel ranked by its own score.
@@ -31,6 +86,7 @@ pub struct LeafResponse {
     pub bm25: Vec<ScoredChunk>,
     pub dense_seconds: f64,
     pub bm25_seconds: f64,
+    pub graph: Option<GraphLeafResponse>,
 }
 
 pub enum ShardMessage {

@@ -20,7 +20,7 @@ pub mod supervisor;
 
 pub use access::{AccessOptions, ShardAccess};
 pub use error::ShardError;
-pub use messages::{LeafRequest, LeafResponse, ShardMessage};
+pub use messages::{GraphLeafRequest, GraphLeafResponse, LeafRequest, LeafResponse, ShardMessage};
 pub use registry::{ShardKey, ShardRegistry};
 pub use rpc::{Peers, SHARD_RPC_PATH, ShardReply, ShardRpc};
 pub use supervisor::{ShardsMessage, ShardsSupervisor};

@@ -52,7 +52,7 @@ pub use api_keys::{ApiKeyFields, ApiKeyRecord, DEFAULT_TENANT, Role};
 pub use audit::AuditEntry;
 pub use log::{LoggedOp, MetaStateMachine, OP_ID_WINDOW};
 pub use ops::{MetaOp, MetaOutcome, Registered, StatusUpdate};
-pub use read::{DocumentCounts, KbUsage, PendingDocument};
+pub use read::{DocumentCounts, KbUsage, PendingDocument, ReadableDocuments};
 pub use records::{
     DocSource, DocStatus, DocumentRecord, KbRecord, KbSettings, PendingWork, Replica, ReplicaState,
     RetrievalSettings, ShardPlacement, Tombstone,

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::keys::{
     DOC_PREFIX, DRAIN_PREFIX, KB_PREFIX, PENDING_PREFIX, SHARD_BYTES_PREFIX, doc_key, doc_prefix,
-    ext_key, kb_key, kb_name_key, key_tail, pending_key, tomb_key, tomb_prefix,
+    ext_key, kb_key, kb_name_key, key_tail, pending_key, shard_bytes_prefix, tomb_key, tomb_prefix,
 };
 use super::records::{DocStatus, DocumentRecord, KbRecord, PendingWork, Tombstone};
 use super::{SledMetaStore, decode};
@@ -50,6 +50,15 @@ impl utoipa::PartialSchema for DocumentCounts {
 
 impl utoipa::ToSchema for DocumentCounts {}
 
+/// The documents of a KB a caller may read: their counts by status and their chunks (one
+/// pass over the KB's document records).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReadableDocuments {
+    pub counts: DocumentCounts,
+    /// The chunks of those documents (none until a document is ready).
+    pub chunks: u64,
+}
+
 /// What a KB holds, for the per-KB gauges of `/metrics`: its document records (any status),
 /// their chunks and their raw bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -90,6 +99,17 @@ impl SledMetaStore {
             }
         }
         Ok(bytes)
+    }
+
+    /// The raw bytes of a KB's live documents: the sum of its shards' counts (one key per
+    /// shard read; no document record).
+    pub fn kb_stored_bytes(&self, kb_id: &str) -> Result<u64> {
+        let mut total: u64 = 0;
+        for item in self.tree.scan_prefix(shard_bytes_prefix(kb_id)) {
+            let (_, value) = item?;
+            total = total.saturating_add(decode(&value)?);
+        }
+        Ok(total)
     }
 
     /// Nodes being drained before their removal, in id order.
@@ -234,7 +254,17 @@ impl SledMetaStore {
         kb_id: &str,
         counted: impl Fn(&DocumentRecord) -> bool,
     ) -> Result<DocumentCounts> {
-        let mut counts = DocumentCounts::default();
+        Ok(self.readable_documents(kb_id, counted)?.counts)
+    }
+
+    /// The documents of a KB that `counted` keeps, by status, and their chunks.
+    pub fn readable_documents(
+        &self,
+        kb_id: &str,
+        counted: impl Fn(&DocumentRecord) -> bool,
+    ) -> Result<ReadableDocuments> {
+        let mut readable = ReadableDocuments::default();
+        let counts = &mut readable.counts;
         for status in DocStatus::ALL {
             counts.by_status.insert(status, 0);
         }
@@ -246,8 +276,9 @@ impl SledMetaStore {
             }
             counts.total += 1;
             *counts.by_status.entry(doc.status).or_default() += 1;
+            readable.chunks += u64::from(doc.chunk_count);
         }
-        Ok(counts)
+        Ok(readable)
     }
 
     /// The documents, chunks and raw bytes of a KB: one pass over its document records.

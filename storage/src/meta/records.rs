@@ -38,6 +38,14 @@ pub struct KbSettings {
     /// `tesseract`; absent in records written before it existed.
     #[serde(default = "auto")]
     pub ocr: String,
+    /// Graph extraction: `embedded` (named entities and co-occurrence, no model; the default)
+    /// or `off`; absent in records written before it existed.
+    #[serde(default = "embedded")]
+    pub graph: String,
+}
+
+fn embedded() -> String {
+    "embedded".into()
 }
 
 fn one() -> u32 {
@@ -51,7 +59,7 @@ fn auto() -> String {
 impl KbSettings {
     /// The settings of a new KB before the request's own: 256-token chunks overlapping by 32,
     /// 1,024-token parents, language `auto`, JSON fields `text` and `title`, OCR `auto`,
-    /// default retrieval.
+    /// the embedded graph extractor, default retrieval.
     pub fn new(
         shards: u32,
         replication_factor: u32,
@@ -71,6 +79,7 @@ impl KbSettings {
             json_title_field: "title".into(),
             retrieval: RetrievalSettings::default(),
             ocr: auto(),
+            graph: embedded(),
         }
     }
 }
@@ -123,6 +132,11 @@ pub struct RetrievalSettings {
     pub link_from: u32,
     /// At most this many named documents move up behind each naming hit.
     pub links_per_hit: u32,
+    /// Weight of the graph channel in fusion (0 leaves it out); it runs only in a KB whose
+    /// `graph` is not `off`.
+    pub graph_weight: f64,
+    /// Hops of the graph channel's walk from the query's entities (1 to 3).
+    pub graph_hops: u32,
 }
 
 impl Default for RetrievalSettings {
@@ -148,6 +162,8 @@ impl Default for RetrievalSettings {
             follow_links: true,
             link_from: 3,
             links_per_hit: 2,
+            graph_weight: 0.5,
+            graph_hops: 2,
         }
     }
 }

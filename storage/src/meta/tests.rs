@@ -229,6 +229,8 @@ fn statuses_counts_delete_and_restart() {
         )
         .unwrap();
     assert_eq!(replay, MetaOutcome::Unchanged);
+    let readable = store.readable_documents("k", |_| true).unwrap();
+    assert_eq!(readable.chunks, 4, "d1's chunks");
     let counts = store.document_counts("k", |_| true).unwrap();
     assert_eq!(counts.total, 2);
     assert_eq!(counts.by_status[&DocStatus::Ready], 1);
@@ -850,10 +852,12 @@ fn pending_work_follows_registration_status_reassignment_and_deletes() {
     .unwrap();
     assert_eq!(pending_of(&store), [("d5".into(), 3)]);
     assert_eq!(bytes(&store), Some(20));
+    assert_eq!(store.kb_stored_bytes("k").unwrap(), 20);
     // A deleted KB takes its pending work along.
     log.apply(MetaOp::DeleteKb { kb_id: "k".into() }).unwrap();
     assert!(pending_of(&store).is_empty());
     assert!(store.shard_bytes().unwrap().is_empty());
+    assert_eq!(store.kb_stored_bytes("k").unwrap(), 0);
 }
 
 /// Opens a store that was just dropped. sled's background flusher can hold the directory's

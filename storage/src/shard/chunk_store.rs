@@ -14,6 +14,7 @@
 //! | `tombstones` | document id                           | [`Tombstone`]                           |
 //! | `slices`     | u32 BE id length, document id, `c` or `p`, u32 BE position | a chunk's internal id (u64 BE); empty for a parent |
 //! | `meta`       | name                                  | u64 big-endian                          |
+//! | `graph`      | a kind byte, then its key (see [`super::graph`]) | the graph partition of the shard's chunks |
 
 use std::path::Path;
 
@@ -82,6 +83,7 @@ pub(crate) struct StoreBatch {
     pub tombstones: sled::Batch,
     pub meta: sled::Batch,
     pub slices: sled::Batch,
+    pub graph: sled::Batch,
 }
 
 /// What the slices written for one document hold so far (see [`crate::chunk::DocumentSlice`]):
@@ -187,6 +189,7 @@ pub(crate) struct ChunkStore {
     tombstones: sled::Tree,
     meta: sled::Tree,
     slices: sled::Tree,
+    graph: sled::Tree,
 }
 
 impl ChunkStore {
@@ -207,6 +210,7 @@ impl ChunkStore {
             tombstones: db.open_tree("tombstones")?,
             meta: db.open_tree("meta")?,
             slices: db.open_tree("slices")?,
+            graph: db.open_tree("graph")?,
             db,
         })
     }
@@ -355,10 +359,11 @@ impl ChunkStore {
             &self.tombstones,
             &self.meta,
             &self.slices,
+            &self.graph,
         );
         trees
             .transaction(
-                |(documents, chunks, vectors, parents, tombstones, meta, slices)| {
+                |(documents, chunks, vectors, parents, tombstones, meta, slices, graph)| {
                     documents.apply_batch(&batch.documents)?;
                     chunks.apply_batch(&batch.chunks)?;
                     vectors.apply_batch(&batch.vectors)?;
@@ -366,6 +371,7 @@ impl ChunkStore {
                     tombstones.apply_batch(&batch.tombstones)?;
                     meta.apply_batch(&batch.meta)?;
                     slices.apply_batch(&batch.slices)?;
+                    graph.apply_batch(&batch.graph)?;
                     Ok::<(), ConflictableTransactionError<StorageError>>(())
                 },
             )
@@ -373,6 +379,12 @@ impl ChunkStore {
                 TransactionError::Abort(error) => error,
                 TransactionError::Storage(error) => StorageError::Sled(error),
             })
+    }
+
+    /// The graph partition's tree (read directly by [`super::graph`]; written through
+    /// [`StoreBatch::graph`]).
+    pub fn graph(&self) -> &sled::Tree {
+        &self.graph
     }
 
     /// Writes everything applied so far to disk and fsyncs.
@@ -464,12 +476,12 @@ fn decode_parent(bytes: &[u8]) -> Result<ParentRecord> {
     })
 }
 
-fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
     bincode::serde::encode_to_vec(value, bincode::config::standard())
         .map_err(|error| StorageError::Corrupt(format!("encode: {error}")))
 }
 
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     bincode::serde::decode_from_slice(bytes, bincode::config::standard())
         .map(|(value, _)| value)
         .map_err(|error| StorageError::Corrupt(format!("decode: {error}")))
@@ -508,7 +520,13 @@ fn decode_vector(bytes: &[u8]) -> Result<Vec<f32>> {
 }
 
 impl ChunkStore {
-    fn meta_u64(&self, name: &[u8]) -> Result<Option<u64>> {
+    #[cfg(test)]
+    pub(crate) fn meta_remove_for_test(&self, name: &[u8]) {
+        self.meta.remove(name).unwrap();
+        self.db.flush().unwrap();
+    }
+
+    pub(crate) fn meta_u64(&self, name: &[u8]) -> Result<Option<u64>> {
         self.meta
             .get(name)?
             .map(|bytes| decode_u64_be(&bytes))

@@ -58,6 +58,7 @@
 //! until it is reopened.
 
 mod chunk_store;
+mod graph;
 mod live_documents;
 mod text;
 mod text_stats;
@@ -76,6 +77,11 @@ use serde::{Deserialize, Serialize};
 use tracing::instrument;
 
 use self::chunk_store::{ChunkStore, Counters, StoreBatch, StoredChunk, StoredDocument, Tombstone};
+pub use self::graph::{
+    EntityNeighbourhood, GraphEntity, GraphMention, GraphStats, NeighbourChunk, PendingChunk,
+    PendingGraphDocument,
+};
+use self::graph::{GraphCache, GraphChanges};
 use self::live_documents::{CompiledFilter, LiveDocument, LiveDocuments};
 use self::text::{TextChunk, TextIndex, TextWriterSlot};
 use self::vector::{HnswParams, VectorIndex};
@@ -182,6 +188,8 @@ pub struct ShardIndex {
     live: RwLock<LiveDocuments>,
     writer: Mutex<Writer>,
     tombstones: AtomicU64,
+    /// The graph partition's counts (see [`graph`]).
+    graph: RwLock<GraphCache>,
 }
 
 /// State owned by the single writer.
@@ -253,6 +261,7 @@ impl ShardIndex {
         };
         vectors.replace(graph);
         let graph_seconds = graph_started.elapsed().as_secs_f64();
+        let graph_cache = GraphCache::load(store.graph())?;
 
         let shard = ShardIndex {
             dir: dir.to_path_buf(),
@@ -270,7 +279,9 @@ impl ShardIndex {
                 snapshot_points,
             }),
             tombstones: AtomicU64::new(tombstones),
+            graph: RwLock::new(graph_cache),
         };
+        shard.graph_backfill()?;
         {
             let mut writer = shard.lock_writer()?;
             shard.ensure_text_current(&mut writer)?;
@@ -412,7 +423,9 @@ impl ShardIndex {
         let mut cleared_tombstones = 0u64;
         let mut earlier_chunks = Vec::new();
         let mut earlier_parents = Vec::new();
+        let mut graph = GraphChanges::default();
         if let Some(stored) = self.store.document(&document_id)? {
+            self.graph_remove_version(&mut graph, &mut batch, &document_id, &stored)?;
             earlier_chunks.extend(stored.chunk_ids);
             earlier_parents.extend(stored.parent_positions);
         }
@@ -452,12 +465,15 @@ impl ShardIndex {
                 write_sequence: sequence,
             },
         )?;
+        Self::graph_mark_pending(&mut graph, &mut batch, sequence, &document_id);
+        let graph_counts = self.graph_finish(&mut graph, &mut batch)?;
         let counters = Counters {
             write_sequence: sequence,
             ..writer.counters
         };
         batch.set_counters(counters);
         self.apply_to_store(&mut writer, &batch)?;
+        self.graph_applied(graph, graph_counts);
         writer.counters = counters;
         self.tombstones
             .fetch_sub(cleared_tombstones, Ordering::Relaxed);
@@ -771,6 +787,11 @@ impl ShardIndex {
         Ok(self.store.document(document_id)?.is_some())
     }
 
+    /// Live chunks (cheap: no disk walk, unlike [`Self::stats`]).
+    pub fn live_chunks(&self) -> u64 {
+        self.live_read().chunk_count() as u64
+    }
+
     pub fn stats(&self) -> ShardStats {
         let (documents, chunks) = {
             let live = self.live_read();
@@ -917,12 +938,14 @@ impl ShardIndex {
         let sequence = writer.counters.write_sequence + 1;
         let mut next_internal_id = writer.counters.next_internal_id;
         let mut batch = StoreBatch::default();
+        let mut graph = GraphChanges::default();
         let mut cleared_tombstones = 0u64;
         // Removals first: a batch keeps only the last operation on a key, and a new version
         // may reuse its predecessor's parent keys.
         for document in &documents {
             let document_id = &document.entry.document_id;
             if let Some(previous) = self.store.document(document_id)? {
+                self.graph_remove_version(&mut graph, &mut batch, document_id, &previous)?;
                 for id in previous.chunk_ids {
                     batch.remove_chunk(id);
                 }
@@ -975,18 +998,21 @@ impl ShardIndex {
                     write_sequence: sequence,
                 },
             )?;
+            Self::graph_mark_pending(&mut graph, &mut batch, sequence, &document_id);
             staged.push(StagedDocument {
                 entry,
                 chunks: stored_chunks,
                 vectors,
             });
         }
+        let graph_counts = self.graph_finish(&mut graph, &mut batch)?;
         let counters = Counters {
             next_internal_id,
             write_sequence: sequence,
         };
         batch.set_counters(counters);
         self.apply_to_store(writer, &batch)?;
+        self.graph_applied(graph, graph_counts);
         writer.counters = counters;
         self.tombstones
             .fetch_sub(cleared_tombstones, Ordering::Relaxed);
@@ -1048,6 +1074,9 @@ impl ShardIndex {
             ..writer.counters
         };
         let mut batch = StoreBatch::default();
+        let mut graph = GraphChanges::default();
+        self.graph_remove_version(&mut graph, &mut batch, document_id, &stored)?;
+        let graph_counts = self.graph_finish(&mut graph, &mut batch)?;
         batch.remove_document(document_id);
         batch.put_tombstone(
             document_id,
@@ -1059,6 +1088,7 @@ impl ShardIndex {
         )?;
         batch.set_counters(counters);
         self.apply_to_store(writer, &batch)?;
+        self.graph_applied(graph, graph_counts);
         writer.counters = counters;
         self.tombstones.fetch_add(1, Ordering::Relaxed);
         Ok(Some(sequence))

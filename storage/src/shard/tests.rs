@@ -1698,3 +1698,241 @@ fn a_commit_replaces_an_earlier_version_and_clears_a_tombstone() {
             .is_empty()
     );
 }
+
+mod graph {
+    //! The graph partition: pending marks, entities in and out with their documents.
+    use super::*;
+    use crate::shard::GraphMention;
+
+    fn mention(id: u64, name: &str) -> GraphMention {
+        GraphMention {
+            id,
+            canonical: name.to_lowercase(),
+            name: name.to_owned(),
+            kind: "name".to_owned(),
+            count: 1,
+        }
+    }
+
+    /// Extracts "entities" the way a test can check: every capitalised word, id = its length
+    /// and first letter.
+    fn extract_all(shard: &ShardIndex) -> usize {
+        let pending = shard.graph_pending(100).unwrap();
+        let count = pending.len();
+        for document in pending {
+            let entities = document
+                .chunks
+                .iter()
+                .map(|chunk| {
+                    let mentions = chunk
+                        .text
+                        .split_whitespace()
+                        .filter(|word| word.chars().next().is_some_and(char::is_uppercase))
+                        .map(|word| mention(entity(word), word))
+                        .collect();
+                    (chunk.position, mentions)
+                })
+                .collect();
+            assert!(
+                shard
+                    .graph_put(&document.document_id, document.sequence, entities)
+                    .unwrap()
+            );
+        }
+        count
+    }
+
+    fn entity(word: &str) -> u64 {
+        word.bytes()
+            .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+    }
+
+    fn chunks_of(shard: &ShardIndex, word: &str) -> Vec<String> {
+        let mut ids: Vec<String> = shard
+            .graph_neighbourhood(&[entity(word)], 100, &no_filter())
+            .unwrap()
+            .into_iter()
+            .flat_map(|n| n.chunks.into_iter().map(|c| c.chunk_id))
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn writes_are_pending_until_extracted_and_deletes_take_their_entities() {
+        let dir = TempDir::new().unwrap();
+        let shard = open(&dir);
+        shard
+            .write_documents(vec![
+                document(
+                    "a",
+                    "A",
+                    &["Alice met Bob", "Bob went to Paris"],
+                    1,
+                    metadata(&[]),
+                ),
+                document("b", "B", &["Carol lives in Paris"], 3, metadata(&[])),
+            ])
+            .unwrap();
+        assert_eq!(shard.graph_stats().pending, 2);
+        assert!(shard.graph_is_pending("a").unwrap());
+        assert_eq!(extract_all(&shard), 2);
+        assert!(!shard.graph_is_pending("a").unwrap());
+        let stats = shard.graph_stats();
+        assert_eq!((stats.pending, stats.entities), (0, 4));
+        assert_eq!(chunks_of(&shard, "Paris"), ["a#1", "b#0"]);
+        assert_eq!(
+            shard.graph_chunk_counts(&[entity("Paris"), 42]),
+            [(entity("Paris"), 2)]
+        );
+        let neighbourhood = shard
+            .graph_neighbourhood(&[entity("Alice")], 10, &no_filter())
+            .unwrap();
+        assert_eq!(
+            neighbourhood[0].chunks[0].entities,
+            [(entity("Alice"), 1), (entity("Bob"), 2)]
+        );
+
+        // Deleting `a` takes Alice and Bob (no other mention) and one mention of Paris.
+        assert!(shard.delete_document("a").unwrap());
+        assert_eq!(chunks_of(&shard, "Paris"), ["b#0"]);
+        assert!(chunks_of(&shard, "Alice").is_empty());
+        let names: Vec<String> = shard
+            .graph_entities(&[entity("Alice"), entity("Bob"), entity("Paris")])
+            .unwrap()
+            .into_iter()
+            .map(|e| format!("{}:{}", e.name, e.chunks))
+            .collect();
+        assert_eq!(names, ["Paris:1"]);
+        assert!(
+            shard
+                .graph_entities_by_prefix("ali", 10)
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(shard.graph_entities_by_prefix("par", 10).unwrap().len(), 1);
+        assert_eq!(shard.graph_stats().entities, 2);
+
+        // All of it survives a reopen; so does the absence of what was deleted.
+        drop(shard);
+        let shard = open(&dir);
+        assert_eq!(shard.graph_stats().entities, 2);
+        assert_eq!(shard.graph_stats().pending, 0);
+        assert_eq!(chunks_of(&shard, "Paris"), ["b#0"]);
+    }
+
+    #[test]
+    fn a_replaced_document_drops_its_old_entities_and_a_stale_extraction_is_refused() {
+        let dir = TempDir::new().unwrap();
+        let shard = open(&dir);
+        shard
+            .write_documents(vec![document(
+                "a",
+                "A",
+                &["Alice in Rome"],
+                1,
+                metadata(&[]),
+            )])
+            .unwrap();
+        let old = shard.graph_pending(10).unwrap().remove(0);
+        extract_all(&shard);
+        assert_eq!(chunks_of(&shard, "Rome"), ["a#0"]);
+        shard
+            .write_documents(vec![document(
+                "a",
+                "A",
+                &["Alice in Oslo"],
+                1,
+                metadata(&[]),
+            )])
+            .unwrap();
+        // The old version's entities are gone at once, before the new one is extracted.
+        assert!(chunks_of(&shard, "Rome").is_empty());
+        assert!(chunks_of(&shard, "Alice").is_empty());
+        // An extraction of the old version arriving late stores nothing.
+        assert!(
+            !shard
+                .graph_put(
+                    "a",
+                    old.sequence,
+                    vec![(0, vec![mention(entity("Rome"), "Rome")])]
+                )
+                .unwrap()
+        );
+        assert!(chunks_of(&shard, "Rome").is_empty());
+        assert_eq!(extract_all(&shard), 1);
+        assert_eq!(chunks_of(&shard, "Oslo"), ["a#0"]);
+        // A deleted document's pending mark goes with it.
+        shard
+            .write_documents(vec![document("b", "B", &["Bob"], 1, metadata(&[]))])
+            .unwrap();
+        assert_eq!(shard.graph_stats().pending, 1);
+        shard.delete_document("b").unwrap();
+        assert_eq!(shard.graph_stats().pending, 0);
+        assert!(shard.graph_pending(10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn neighbourhoods_respect_the_filter_and_the_cap() {
+        let dir = TempDir::new().unwrap();
+        let shard = open(&dir);
+        let texts: Vec<String> = (0..20).map(|i| format!("Hub item{i}")).collect();
+        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+        shard
+            .write_documents(vec![
+                document("open", "O", &texts, 1, metadata(&[])),
+                document(
+                    "secret",
+                    "S",
+                    &["Hub Secret"],
+                    50,
+                    metadata(&[("sift.groups", "hr")]),
+                ),
+            ])
+            .unwrap();
+        extract_all(&shard);
+        let capped = shard
+            .graph_neighbourhood(&[entity("Hub")], 5, &no_filter())
+            .unwrap();
+        assert_eq!((capped[0].chunks.len(), capped[0].chunks_total), (5, 21));
+        let outsider = SearchFilter {
+            groups: Some(vec!["sales".to_owned()]),
+            ..SearchFilter::default()
+        };
+        let seen = shard
+            .graph_neighbourhood(&[entity("Hub")], 100, &outsider)
+            .unwrap();
+        assert_eq!(seen[0].chunks.len(), 20);
+        assert!(
+            seen[0]
+                .chunks
+                .iter()
+                .all(|c| c.chunk_id.starts_with("open#"))
+        );
+        let hits = shard
+            .graph_chunks(
+                &[("secret#0".to_owned(), 1.0), ("open#3".to_owned(), 0.5)],
+                &outsider,
+            )
+            .unwrap();
+        assert_eq!(ids(&hits), ["open#3"]);
+    }
+
+    #[test]
+    fn a_shard_written_before_the_graph_marks_its_documents_pending_once() {
+        let dir = TempDir::new().unwrap();
+        let shard = open(&dir);
+        shard.write_documents(sample_documents()).unwrap();
+        extract_all(&shard);
+        // As if the graph tree were new: the marker gone, the tree empty.
+        shard.store.graph().clear().unwrap();
+        shard.store.meta_remove_for_test(b"graph_backfilled");
+        drop(shard);
+        let shard = open(&dir);
+        assert_eq!(shard.graph_stats().pending, sample_documents().len() as u64);
+        extract_all(&shard);
+        drop(shard);
+        let shard = open(&dir);
+        assert_eq!(shard.graph_stats().pending, 0);
+    }
+}

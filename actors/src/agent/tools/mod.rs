@@ -5,11 +5,13 @@
 //! - `knowledge_search` ([`search`]): hybrid search over the run's KBs.
 //! - `grep_chunks`, `list_chunks`, `read_chunk`, `read_document` ([`read`]): literal or regex
 //!   matching, and deep reading by document and position.
+//! - `graph_search` ([`graph`]): entities, neighbours and paths of the KBs' entity graphs.
 //! - `thinking`: a scratchpad; `final_answer`: handled by the run loop itself.
 //! - `web_search` and MCP tools (`{server}__{tool}`) when the preset configures them
 //!   ([`external`]).
 
 pub mod external;
+pub mod graph;
 pub mod read;
 pub mod search;
 
@@ -32,6 +34,7 @@ pub const GREP_CHUNKS: &str = "grep_chunks";
 pub const LIST_CHUNKS: &str = "list_chunks";
 pub const READ_CHUNK: &str = "read_chunk";
 pub const READ_DOCUMENT: &str = "read_document";
+pub const GRAPH_SEARCH: &str = "graph_search";
 pub const THINKING: &str = "thinking";
 pub const FINAL_ANSWER: &str = "final_answer";
 
@@ -46,6 +49,7 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     LIST_CHUNKS,
     READ_CHUNK,
     READ_DOCUMENT,
+    GRAPH_SEARCH,
     THINKING,
     FINAL_ANSWER,
 ];
@@ -201,6 +205,7 @@ impl Toolbox {
             LIST_CHUNKS => read::list_chunks(context, parse_args(name, arguments)?).await,
             READ_CHUNK => read::read_chunk(context, parse_args(name, arguments)?).await,
             READ_DOCUMENT => read::read_document(context, parse_args(name, arguments)?).await,
+            GRAPH_SEARCH => graph::graph_search(context, parse_args(name, arguments)?).await,
             _ if self.external.contains_key(name) => {
                 let tool = self.external[name].clone();
                 tool.call(arguments).await
@@ -358,6 +363,25 @@ pub fn builtin_specs() -> Vec<ToolSpec> {
                 "type": "object",
                 "properties": {"document_id": {"type": "string"}},
                 "required": ["document_id"]
+            }),
+        },
+        ToolSpec {
+            name: GRAPH_SEARCH.into(),
+            description: "The knowledge bases' entity graph (names of people, places, works, \
+                organisations, dates). mode neighbours (default): what is mentioned with an \
+                entity, and the chunks that mention it; mode entities: names starting with \
+                name; mode path: the chain of chunks joining two entities (from, to). Good for \
+                questions that go from one named thing to another."
+                .into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "mode": {"type": "string", "enum": ["neighbours", "entities", "path"]},
+                    "name": {"type": "string", "description": "An entity's name (neighbours, entities)."},
+                    "from": {"type": "string", "description": "First entity (path)."},
+                    "to": {"type": "string", "description": "Last entity (path)."},
+                    "kb": {"type": "string"}
+                }
             }),
         },
         ToolSpec {

@@ -1,0 +1,152 @@
+//! `graph_search`: the run's KBs' entity graphs (GraphRAG, ADR 0037) for questions that hop
+//! from one named thing to another. Three modes: `entities` (names starting with `name`),
+//! `neighbours` (an entity's co-mentioned entities and the chunks mentioning it, with their
+//! chunk ids to read or cite) and `path` (the shortest chain of chunks joining `from` and
+//! `to`). A KB without a graph is skipped with a note.
+
+use serde::Deserialize;
+
+use super::{ToolContext, ToolError, ToolOutput, select_kbs};
+use crate::agent::evidence::EvidenceChunk;
+use crate::agent::terms::truncate_chars;
+
+/// Neighbours and mentions shown per entity.
+const SHOWN: usize = 12;
+/// Characters of a mentioning chunk shown.
+const MENTION_CHARS: usize = 300;
+
+#[derive(Debug, Deserialize)]
+pub struct GraphArgs {
+    #[serde(default)]
+    pub mode: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub from: Option<String>,
+    #[serde(default)]
+    pub to: Option<String>,
+    #[serde(default)]
+    pub kb: Option<String>,
+}
+
+fn bad(message: &str) -> ToolError {
+    ToolError::BadArguments {
+        tool: super::GRAPH_SEARCH.into(),
+        message: message.into(),
+    }
+}
+
+pub async fn graph_search(
+    context: &ToolContext<'_>,
+    args: GraphArgs,
+) -> Result<ToolOutput, ToolError> {
+    let name = args
+        .name
+        .as_deref()
+        .map(str::trim)
+        .filter(|n| !n.is_empty());
+    let mode = match args.mode.as_deref() {
+        Some(mode) => mode,
+        None if args.from.is_some() => "path",
+        None => "neighbours",
+    };
+    let kbs = select_kbs(context, args.kb.as_deref())?;
+    let mut content = String::new();
+    let mut chunks: Vec<EvidenceChunk> = Vec::new();
+    let mut found = 0usize;
+    let mut errors = Vec::new();
+    for kb in &kbs {
+        let outcome = match mode {
+            "entities" => {
+                let name = name.ok_or_else(|| bad("entities needs name"))?;
+                context.corpus.graph_entities(kb, name).await.map(|list| {
+                    found += list.entities.len();
+                    list.entities
+                        .iter()
+                        .map(|e| format!("- {} ({}, in {} chunks)\n", e.name, e.kind, e.chunks))
+                        .collect::<String>()
+                })
+            }
+            "neighbours" => {
+                let name = name.ok_or_else(|| bad("neighbours needs name"))?;
+                context.corpus.graph_entity(kb, name).await.map(|detail| {
+                    found += 1;
+                    let mut text = format!(
+                        "Entity {} ({}), in {} chunks. Mentioned with: {}.\nChunks that mention it:\n",
+                        detail.entity.name,
+                        detail.entity.kind,
+                        detail.entity.chunks,
+                        detail
+                            .neighbours
+                            .iter()
+                            .take(SHOWN)
+                            .map(|n| format!("{} ({} shared)", n.entity.name, n.shared_chunks))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                    for mention in detail.mentions.into_iter().take(SHOWN) {
+                        text.push_str(&format!(
+                            "- chunk_id: {} | document: {:?}\n  {}\n",
+                            mention.chunk_id,
+                            mention.title,
+                            truncate_chars(mention.text.trim(), MENTION_CHARS)
+                        ));
+                        // Shown with its id: citable, as a chunk read directly.
+                        chunks.push(EvidenceChunk {
+                            kb_id: kb.clone(),
+                            chunk: mention,
+                            relevance: 0.0,
+                            score: 0.0,
+                            searched: false,
+                        });
+                    }
+                    text
+                })
+            }
+            "path" => {
+                let (Some(from), Some(to)) = (args.from.as_deref(), args.to.as_deref()) else {
+                    return Err(bad("path needs from and to"));
+                };
+                context.corpus.graph_path(kb, from, to).await.map(|path| {
+                    if !path.found {
+                        return format!("No path of at most 3 chunks joins {from:?} and {to:?}.\n");
+                    }
+                    found += 1;
+                    let steps: Vec<String> = path
+                        .steps
+                        .iter()
+                        .map(|step| match &step.via_chunk {
+                            Some(chunk) => format!("{} -[chunk {chunk}]->", step.entity.name),
+                            None => step.entity.name.clone(),
+                        })
+                        .collect();
+                    format!("Path ({} hops): {}\n", path.hops, steps.join(" "))
+                })
+            }
+            other => {
+                return Err(bad(&format!(
+                    "unknown mode {other:?}; modes are entities, neighbours and path"
+                )));
+            }
+        };
+        match outcome {
+            Ok(text) => content.push_str(&text),
+            Err(error) => errors.push(format!("{kb}: {error}")),
+        }
+    }
+    if found == 0 && !errors.is_empty() && errors.len() == kbs.len() {
+        return Err(ToolError::Failed(format!(
+            "graph search failed: {}",
+            errors[0]
+        )));
+    }
+    if content.is_empty() {
+        content.push_str("Nothing found in the graph.");
+    }
+    Ok(ToolOutput {
+        summary: format!("graph {mode}: {found} result(s)"),
+        content,
+        chunks,
+        ..ToolOutput::default()
+    })
+}
