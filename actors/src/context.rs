@@ -74,6 +74,9 @@ pub struct NodeOptions {
     pub cluster_secret: Option<String>,
     /// Plain HTTP or HTTPS to other nodes' internal ports (the node's `[tls]`).
     pub peer_tls: sift_cluster::tls::PeerTls,
+    /// Longest one request of the LLM graph extractor may take (a batch of chunks); past it
+    /// the document is retried later.
+    pub graph_llm_timeout: Duration,
 }
 
 impl Default for NodeOptions {
@@ -104,6 +107,7 @@ impl Default for NodeOptions {
             replace_after: Duration::from_secs(300),
             cluster_secret: None,
             peer_tls: sift_cluster::tls::PeerTls::plain(),
+            graph_llm_timeout: Duration::from_secs(120),
         }
     }
 }
@@ -156,6 +160,11 @@ pub struct NodeContext {
     pub access: ShardAccess,
     pub embedders: Embedders,
     pub embedding_cache: EmbeddingCache,
+    /// The LLM graph extractor's results by chunk text (ADR 0038).
+    pub extraction_cache: sift_storage::extraction_cache::ExtractionCache,
+    /// The node's chat model, set once the server has built it (`[llm]`); the LLM graph
+    /// extractor uses it. Empty: no model is configured.
+    pub chat_model: std::sync::OnceLock<sift_models::llm::SharedChatModel>,
     pub raw: RawStore,
     pub options: NodeOptions,
     /// Scratch files of the ingestion pipeline (scanned pages' images for OCR):

@@ -37,9 +37,12 @@ pub struct CreateKb {
     /// OCR of images: `auto` (default), `off`, `vision` or `tesseract`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ocr: Option<String>,
-    /// Graph extraction: `embedded` (default) or `off`.
+    /// Graph extraction: `embedded` (default), `llm` (the node's chat model) or `off`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graph: Option<String>,
+    /// Tokens the `llm` graph extractor may spend on this KB on each node (0: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_token_budget: Option<u64>,
     /// Retrieval settings (fields of `RetrievalSettings`; the others keep their defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retrieval: Option<serde_json::Value>,
@@ -67,9 +70,12 @@ pub struct UpdateKb {
     /// OCR of images: `auto` (default), `off`, `vision` or `tesseract`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ocr: Option<String>,
-    /// Graph extraction: `embedded` (default) or `off`.
+    /// Graph extraction: `embedded` (default), `llm` (the node's chat model) or `off`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graph: Option<String>,
+    /// Tokens the `llm` graph extractor may spend on this KB on each node (0: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_token_budget: Option<u64>,
     /// Refused unless unchanged: fixed at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards: Option<u32>,
@@ -95,6 +101,7 @@ pub struct SettingsPatch {
     pub json_title_field: Option<String>,
     pub ocr: Option<String>,
     pub graph: Option<String>,
+    pub graph_token_budget: Option<u64>,
     pub retrieval: Option<serde_json::Value>,
 }
 
@@ -110,6 +117,7 @@ macro_rules! settings_patch_of {
             json_title_field: $body.json_title_field.clone(),
             ocr: $body.ocr.clone(),
             graph: $body.graph.clone(),
+            graph_token_budget: $body.graph_token_budget,
             retrieval: $body.retrieval.clone(),
         }
     };

@@ -266,9 +266,18 @@ async function load(list, state) {
 export async function showChunks(kb, doc, current) {
   openDialog(doc.title, t('loading'));
   try {
-    const { chunks } = await api('GET', `/v1/kbs/${enc(kb)}/documents/${enc(doc.id)}/chunks`);
+    const [{ chunks }, view] = await Promise.all([
+      api('GET', `/v1/kbs/${enc(kb)}/documents/${enc(doc.id)}/chunks`),
+      api('GET', `/v1/kbs/${enc(kb)}/documents/${enc(doc.id)}`).catch(() => null),
+    ]);
+    const graph = view?.graph
+      ? h('p', { class: 'meta graph-state' },
+        t('docs.graphState', { state: t(`docs.graph.${view.graph}`) }),
+        view.graph_error ? ` (${view.graph_error})` : '')
+      : null;
     openDialog(
       doc.title,
+      graph,
       h('ol', { class: 'chunks' }, chunks.map((chunk) => h(
         'li',
         { id: `chunk-${chunk.chunk_id}`, class: chunk.chunk_id === current ? 'current' : null },

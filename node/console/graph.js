@@ -132,7 +132,7 @@ async function select(state, view, path, entity) {
   if (shown !== state.shown) return;
   history.replaceState(null, '', `#/graph?kb=${enc(state.kb)}&entity=${enc(answer.entity.id)}`);
   path.suggest(answer.entity.name);
-  const { entity: centre, neighbours, mentions } = answer;
+  const { entity: centre, neighbours, mentions, events = [] } = answer;
   const drawn = neighbours.slice(0, MAX_NEIGHBOURS);
   const heading = h('h2', { id: 'graph-entity', tabindex: -1 }, centre.name, ' ',
     h('span', { class: 'badge' }, kindLabel(centre.kind)), ' ',
@@ -150,10 +150,27 @@ async function select(state, view, path, entity) {
           chunk.title || chunk.external_id || chunk.document_id),
         chunkMeta(chunk),
         h('p', { class: 'text' }, highlighted(excerpt(chunk.text, centre.name), centre.name)))))),
+    events.length ? eventList(state, centre, events, mentions) : null,
   );
   if (view.contains(document.activeElement) || document.activeElement === document.body) {
     heading.focus({ preventScroll: true });
   }
+}
+
+/** The events a model found that name `centre`, each opening the chunk it came from. */
+function eventList(state, centre, events, mentions) {
+  return h('section', { class: 'card', 'aria-labelledby': 'graph-events' },
+    h('h2', { id: 'graph-events' }, t('graph.events', { name: centre.name })),
+    h('ol', { class: 'events' }, events.map((event) => {
+      const chunk = mentions.find((one) => one.chunk_id === event.chunk_id);
+      const said = [event.subject, event.predicate, event.object].filter(Boolean).join(' ');
+      return h('li', {},
+        chunk
+          ? h('button', { type: 'button', class: 'link', onclick: () => openChunk(state.kb, chunk, centre.name) }, said)
+          : said,
+        ' ',
+        h('span', { class: 'meta' }, [event.time, event.place].filter(Boolean).join(' · ')));
+    })));
 }
 
 function chunkMeta(chunk) {

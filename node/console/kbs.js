@@ -172,6 +172,7 @@ function createForm(onCreated) {
 }
 
 const OCR = ['auto', 'off', 'vision', 'tesseract'];
+const GRAPH = ['embedded', 'llm', 'off'];
 
 /** The chunking and parsing settings both create and PATCH take; `read` gives those set. */
 function chunkingControls(settings) {
@@ -191,6 +192,10 @@ function chunkingControls(settings) {
     ocr: h('select', { name: 'ocr' },
       settings.ocr ? null : h('option', { value: '' }, t('kbs.default')),
       OCR.map((engine) => h('option', { value: engine, selected: settings.ocr === engine }, engine))),
+    graph: h('select', { name: 'graph' },
+      settings.graph ? null : h('option', { value: '' }, t('kbs.default')),
+      GRAPH.map((extractor) => h('option', { value: extractor, selected: settings.graph === extractor }, extractor))),
+    graph_token_budget: number('graph_token_budget', 0, null),
   };
   const labels = {
     chunk_tokens: t('kbs.chunkTokens'),
@@ -198,6 +203,8 @@ function chunkingControls(settings) {
     parent_tokens: t('kbs.parentTokens'),
     language: t('kbs.language'),
     ocr: t('kbs.ocr'),
+    graph: t('kbs.graph'),
+    graph_token_budget: t('kbs.graphBudget'),
   };
   const fields = Object.fromEntries(Object.entries(controls).map(([name, control]) => [name, field(labels[name], control)]));
   const read = () => {

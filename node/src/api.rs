@@ -1108,7 +1108,15 @@ async fn get_document(
     let scope = principal.scope();
     let record = state.node.get_document(&scope, &kb, &doc)?;
     let graph = state.node.document_graph(&scope, &kb, &record).await;
-    Ok(Json(crate::views::DocumentView { record, graph }))
+    let (graph, graph_error) = match graph {
+        Some(graph) => (Some(graph.state), graph.error),
+        None => (None, None),
+    };
+    Ok(Json(crate::views::DocumentView {
+        record,
+        graph,
+        graph_error,
+    }))
 }
 
 async fn delete_document(
@@ -1135,13 +1143,37 @@ async fn document_chunks(
     Ok(Json(ChunkList { chunks }))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    /// `graph`: go on after `ready` until the document's graph is ready or failed.
+    until: Option<String>,
+}
+
+/// How often a stream waiting for a document's graph looks at it.
+const GRAPH_POLL: Duration = Duration::from_millis(250);
+
 /// Progress of one document as server-sent events: the current status first, then every
-/// change, ending after `ready`, `failed` or deletion. Event name = status.
+/// change, ending after `ready`, `failed` or deletion. Event name = status. With
+/// `?until=graph`, a ready document's stream goes on with `graph` events (`pending`, then
+/// `ready`, `failed` or `off`) and ends with its graph's final state.
 async fn document_events(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     ApiPath((kb, doc)): ApiPath<(String, String)>,
+    query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let until_graph = match query_of(query)?.until.as_deref() {
+        None => false,
+        Some("graph") => true,
+        Some(other) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_until",
+                format!("until is graph or absent, not {other:?}"),
+            ));
+        }
+    };
     // Subscribe before reading the current status so no change falls between the two.
     let receiver = state.node.subscribe_events();
     let scope = principal.scope();
@@ -1154,6 +1186,11 @@ async fn document_events(
         kb: String,
         document_id: String,
         pending: Option<DocumentEvent>,
+        until_graph: bool,
+        /// The document is ready: its graph's states follow (with `until_graph`).
+        graph_phase: bool,
+        /// The graph state sent last.
+        graph_sent: Option<&'static str>,
         done: bool,
     }
     let progress = Progress {
@@ -1163,11 +1200,28 @@ async fn document_events(
         kb,
         document_id: record.id.clone(),
         pending: Some(first),
+        until_graph,
+        graph_phase: false,
+        graph_sent: None,
         done: false,
     };
     let stream = futures::stream::unfold(progress, |mut progress| async move {
         if progress.done {
             return None;
+        }
+        if progress.graph_phase {
+            return next_graph_event(
+                progress.node.clone(),
+                &progress.scope,
+                &progress.kb,
+                &progress.document_id,
+                &mut progress.graph_sent,
+            )
+            .await
+            .map(|(sse, last)| {
+                progress.done = last;
+                (Ok(sse), progress)
+            });
         }
         let event = match progress.pending.take() {
             Some(event) => event,
@@ -1190,7 +1244,14 @@ async fn document_events(
                 }
             },
         };
-        progress.done = event.is_final();
+        let ready = !event.deleted && event.status == DocStatus::Ready;
+        if event.is_final() {
+            if progress.until_graph && ready {
+                progress.graph_phase = true;
+            } else {
+                progress.done = true;
+            }
+        }
         let name = if event.deleted {
             "deleted"
         } else {
@@ -1203,6 +1264,42 @@ async fn document_events(
         Some((Ok(sse), progress))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10))))
+}
+
+/// The next `graph` event of a ready document: its graph's state when it differs from the
+/// one sent last (looked at every [`GRAPH_POLL`]), and whether it is the last (anything but
+/// `pending`). `None`: the document is gone (the stream ends).
+async fn next_graph_event(
+    node: Arc<SiftNode>,
+    scope: &Scope,
+    kb: &str,
+    document_id: &str,
+    sent: &mut Option<&'static str>,
+) -> Option<(Event, bool)> {
+    loop {
+        let record = node.get_document(scope, kb, document_id).ok()?;
+        if record.status != DocStatus::Ready {
+            return None;
+        }
+        if let Some(graph) = node.document_graph(scope, kb, &record).await
+            && *sent != Some(graph.state)
+        {
+            *sent = Some(graph.state);
+            let last = graph.state != "pending";
+            let body = json!({
+                "kb_id": record.kb_id,
+                "document_id": record.id,
+                "graph": graph.state,
+                "graph_error": graph.error,
+            });
+            let sse = Event::default()
+                .event("graph")
+                .json_data(&body)
+                .unwrap_or_else(|_| Event::default().event("error"));
+            return Some((sse, last));
+        }
+        tokio::time::sleep(GRAPH_POLL).await;
+    }
 }
 
 async fn search(

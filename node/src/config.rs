@@ -86,6 +86,8 @@ pub struct FileConfig {
     pub shard_deadline_ms: Option<u64>,
     /// A leaf search not answered after this many ms goes to a second replica too.
     pub hedge_after_ms: Option<u64>,
+    /// Longest one request of the LLM graph extractor may take (ms).
+    pub graph_llm_timeout_ms: Option<u64>,
     /// Active replicas that must store a write before it is acknowledged (default 1).
     pub write_quorum: Option<u32>,
     /// Longest a write to another node's replica may take before it is marked dead (ms).
@@ -637,18 +639,23 @@ impl Config {
                 Some(files) => sift_cluster::tls::PeerTls::from_files(files)?,
                 None => sift_cluster::tls::PeerTls::plain(),
             },
+            graph_llm_timeout: file
+                .graph_llm_timeout_ms
+                .map(Duration::from_millis)
+                .unwrap_or(defaults.graph_llm_timeout),
         };
         if options.write_quorum == 0 {
             bail!("write_quorum must be at least 1");
         }
         if options.repair_interval.is_zero()
+            || options.graph_llm_timeout.is_zero()
             || options.remote_write_timeout.is_zero()
             || options.reassign_after.is_zero()
             || options.replace_after.is_zero()
         {
             bail!(
-                "repair_interval_ms, replica_write_timeout_ms, reassign_after_ms and \
-                 replace_after_ms must be at least 1"
+                "repair_interval_ms, graph_llm_timeout_ms, replica_write_timeout_ms, \
+                 reassign_after_ms and replace_after_ms must be at least 1"
             );
         }
         if options.ingest_queue_capacity == 0
@@ -1045,6 +1052,7 @@ fn check_upper_bounds(
     let durations = [
         ("shard_deadline_ms", options.shard_deadline),
         ("hedge_after_ms", options.hedge_after),
+        ("graph_llm_timeout_ms", options.graph_llm_timeout),
         ("replica_write_timeout_ms", options.remote_write_timeout),
         ("repair_interval_ms", options.repair_interval),
         ("reassign_after_ms", options.reassign_after),
@@ -1385,6 +1393,7 @@ mod tests {
             "pdf_parse_timeout_ms",
             "shard_deadline_ms",
             "hedge_after_ms",
+            "graph_llm_timeout_ms",
             "replica_write_timeout_ms",
             "repair_interval_ms",
             "reassign_after_ms",

@@ -606,6 +606,7 @@ fn schemas() -> Vec<(String, RefOr<Schema>)> {
         sift_actors::retrieval::SearchResponse,
         sift_actors::node::graph::EntityList,
         sift_actors::node::graph::EntityDetail,
+        sift_actors::node::graph::EventView,
         sift_actors::node::graph::GraphPath,
         crate::views::ShardList,
         sift_storage::meta::SessionRecord,
@@ -687,6 +688,12 @@ fn graph_query_parameters(path: &str) -> &'static [(&'static str, bool, &'static
                 true,
             ),
         ],
+        "/v1/kbs/{kb}/documents/{doc}/events" => &[(
+            "until",
+            false,
+            "`graph`: after `ready`, go on with `graph` events until the document's graph is ready or failed",
+            false,
+        )],
         "/v1/kbs/{kb}/graph/paths" => &[
             (
                 "from",
@@ -1232,7 +1239,7 @@ mod tests {
     fn sample_answers() -> Vec<(&'static str, Value)> {
         use sift_actors::agent::{Citation, RunFinish, TraceStep};
         use sift_actors::node::graph::{
-            EntityDetail, EntityList, EntityNeighbour, EntityView, GraphPath, PathStep,
+            EntityDetail, EntityList, EntityNeighbour, EntityView, EventView, GraphPath, PathStep,
         };
         let entity = |name: &str| EntityView {
             id: "00a1b2c3d4e5f607".into(),
@@ -1605,7 +1612,10 @@ mod tests {
                             format: "markdown".into(),
                         },
                     ),
-                    graph: Some("pending"),
+                    graph: Some("failed"),
+                    graph_error: Some(
+                        "the model answered invalid JSON 3 times: expected value at line 1 column 1".into()
+                    ),
                 }),
             ),
             (
@@ -1642,6 +1652,14 @@ mod tests {
                         shared_chunks: 1,
                     }],
                     mentions: vec![chunk(None, Some("Parent.".into()))],
+                    events: vec![EventView {
+                        subject: "Scott Derrickson".into(),
+                        predicate: "directed".into(),
+                        object: "Doctor Strange".into(),
+                        time: "2016".into(),
+                        place: String::new(),
+                        chunk_id: "d1#0".into(),
+                    }],
                 }),
             ),
             (

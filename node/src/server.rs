@@ -226,7 +226,11 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     };
     let model = build_router(&config.llm).context("configuring the chat model providers")?;
     match &model {
-        Some(model) => info!(model = model.name(), "chat model configured"),
+        Some(model) => {
+            info!(model = model.name(), "chat model configured");
+            // The LLM graph extractor (KBs with graph = "llm") uses the same model.
+            let _ = node.context().chat_model.set(model.clone());
+        }
         None => info!("no chat model configured: answers are extractive"),
     }
     let sessions = Sessions::new(

@@ -183,7 +183,23 @@ fn describe() {
     );
     describe_counter!(
         "sift_graph_extraction_failures_total",
-        "graph extractions of a document that failed (retried, then stored without entities)"
+        "graph extractions of a document that failed (retried; after 3, its graph is failed and the embedded extractor's entities stand in)"
+    );
+    describe_counter!(
+        "sift_graph_llm_requests_total",
+        "requests of the LLM graph extractor by outcome (ok, invalid_json, schema, timeout, model)"
+    );
+    describe_histogram!(
+        "sift_graph_llm_request_seconds",
+        "time of one request of the LLM graph extractor (a batch of chunks)"
+    );
+    describe_counter!(
+        "sift_graph_llm_tokens_total",
+        "tokens the LLM graph extractor spent (prompt and completion, as the provider reported them)"
+    );
+    describe_counter!(
+        "sift_graph_llm_cache_hits_total",
+        "chunks whose LLM extraction came from the node's extraction cache instead of the model"
     );
     describe_counter!(
         "sift_search_failed_shards_total",

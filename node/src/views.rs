@@ -91,11 +91,15 @@ pub struct DocumentView {
     #[serde(flatten)]
     pub record: sift_storage::meta::DocumentRecord,
     /// A ready document's entity graph (ADR 0037): `pending` while its entities are being
-    /// extracted (it is searchable by the other channels meanwhile), `ready`, or `off` in a KB
-    /// without a graph; absent before the document is ready.
+    /// extracted (it is searchable by the other channels meanwhile), `ready`, `failed` (the
+    /// extractor gave up: `graph_error` says why, and the embedded extractor's entities
+    /// stand in), or `off` in a KB without a graph; absent before the document is ready.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub graph: Option<&'static str>,
+    /// Why the graph extraction failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph_error: Option<String>,
 }
 
 /// `GET /v1/kbs/{kb}/documents/{doc}/chunks`.

@@ -10,6 +10,7 @@
 //!   write-ahead record from which the indexes are rebuilt after a crash.
 //! - [`chunk`]: the records that flow from ingestion into a shard and out of a search.
 //! - [`embedding_cache`]: a node-local cache of embeddings, keyed by model and text.
+//! - [`extraction_cache`]: a node-local cache of a model's graph extractions, keyed likewise.
 //! - [`backup`]: snapshots of chosen KBs on disk (manifest, record files, verification).
 //! - [`sled_db`]: opens a sled database, waiting out the lock a just-dropped handle holds.
 
@@ -18,6 +19,7 @@ pub mod chunk;
 pub mod data_dir;
 pub mod embedding_cache;
 pub mod error;
+pub mod extraction_cache;
 pub mod meta;
 pub mod shard;
 pub mod sled_db;

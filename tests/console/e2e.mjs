@@ -239,6 +239,8 @@ try {
   await page.getByRole('button', { name: 'Settings handbook' }).click();
   const saved = await page.locator('#dialog').getByLabel('Chunk tokens').inputValue();
   if (saved !== '200') throw new Error(`chunk_tokens is ${saved} after the save, not 200`);
+  const extractor = await page.locator('#dialog').getByLabel('Entity graph').inputValue();
+  if (extractor !== 'embedded') throw new Error(`the graph extractor reads ${extractor}, not embedded`);
   await scan('kb-settings');
   await page.getByRole('button', { name: 'Close' }).click();
   await scan('knowledge-bases');
@@ -314,6 +316,8 @@ try {
   step('a document\'s chunks');
   await page.locator('tr[data-status="ready"]').first().getByRole('button', { name: 'Chunks' }).click();
   await page.locator('#dialog .chunks li').first().waitFor();
+  // Its entity graph's state (ADR 0037): extracted after the document is ready.
+  await page.locator('#dialog .graph-state').filter({ hasText: /Entity graph: (ready|being extracted)/ }).waitFor();
   await page.getByRole('button', { name: 'Close' }).click();
 
   step('search and open an explain');

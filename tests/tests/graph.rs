@@ -3,10 +3,17 @@
 //! chunk no query word reaches, explain shows the path, a delete removes what the graph held,
 //! and the bad inputs of the issue are refused or answered empty.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sift_tests::{ApiClient, InProcessNode, WAIT, temp_dir, text_document};
+use sift_models::fake_server::{FakeLlm, FakeReply, FakeRequest, text_reply, tool_call_reply};
+use sift_models::llm::ProviderConfig;
+use sift_node::config::Config;
+use sift_tests::{
+    ApiClient, InProcessNode, WAIT, eventually, require_model, temp_dir, text_document,
+};
 
 const FILM: (&str, &str, &str) = (
     "film",
@@ -416,4 +423,371 @@ async fn bad_graph_queries_are_refused_or_empty() {
             .all(|hit| hit["channels"]["graph"].is_null()),
         "{plain}"
     );
+
+    // A KB asking for the LLM extractor on a node without a chat model: the embedded graph,
+    // and the state says why.
+    client
+        .create_kb(json!({ "name": "modelless", "graph": "llm" }))
+        .await;
+    client.bulk_add("modelless", &documents(&[FILM])).await;
+    client.wait_ready("modelless", 1, WAIT).await;
+    let view = &settled_graphs(&client, "modelless").await["film"];
+    assert_eq!(view["graph"], "failed", "{view}");
+    assert!(
+        view["graph_error"]
+            .as_str()
+            .unwrap()
+            .contains("no chat model"),
+        "{view}"
+    );
+    client
+        .get("/v1/kbs/modelless/graph/entities/Scott%20Derrickson")
+        .await
+        .expect(200);
+}
+
+/// What the scripted model knows: each entity it reports (name, type) wherever the chunk
+/// names it, and each event wherever the chunk names its subject and its predicate.
+const KNOWN_ENTITIES: [(&str, &str); 5] = [
+    ("Doctor Strange", "work"),
+    ("Scott Derrickson", "person"),
+    ("Denver", "place"),
+    ("Biola University", "organisation"),
+    ("Lake Baikal", "place"),
+];
+/// (subject, predicate, object, time, place)
+const KNOWN_EVENTS: [(&str, &str, &str, &str, &str); 2] = [
+    ("Scott Derrickson", "directed", "Doctor Strange", "2016", ""),
+    ("Scott Derrickson", "grew up in", "", "", "Denver"),
+];
+
+/// The chunks of an extraction request: (number, text).
+fn requested_chunks(request: &FakeRequest) -> Vec<(u64, String)> {
+    let prompt = request.last_user_text();
+    prompt
+        .split("### Chunk ")
+        .filter_map(|part| {
+            let (number, text) = part.split_once('\n')?;
+            Some((number.trim().parse().ok()?, text.to_string()))
+        })
+        .collect()
+}
+
+/// The `record_graph` arguments a careful model writes for these chunks.
+fn extraction_of(chunks: &[(u64, String)]) -> Value {
+    let entries: Vec<Value> = chunks
+        .iter()
+        .map(|(number, text)| {
+            let entities: Vec<Value> = KNOWN_ENTITIES
+                .iter()
+                .filter(|(name, _)| text.contains(name))
+                .map(|(name, kind)| json!({ "name": name, "type": kind }))
+                .collect();
+            let events: Vec<Value> = KNOWN_EVENTS
+                .iter()
+                .filter(|(subject, predicate, ..)| {
+                    text.contains(subject) && text.contains(predicate)
+                })
+                .map(|(subject, predicate, object, time, place)| {
+                    json!({ "subject": subject, "predicate": predicate, "object": object,
+                            "time": time, "place": place })
+                })
+                .collect();
+            json!({ "chunk": number, "entities": entities, "events": events })
+        })
+        .collect();
+    json!({ "chunks": entries })
+}
+
+/// A model for the LLM extractor: it answers well, except that a chunk saying "Poisoned"
+/// always gets the wrong schema, one saying "Flaky" gets prose (invalid JSON) the first
+/// time, and one saying "Sleepy" gets no answer at all the first time. Counts requests by
+/// those words.
+fn extracting_model(
+    seen: Arc<Mutex<HashMap<&'static str, usize>>>,
+) -> impl Fn(&FakeRequest) -> FakeReply + Send + Sync + 'static {
+    move |request: &FakeRequest| {
+        if !request.offers_tool("record_graph") {
+            return text_reply(request, "I only extract graphs.", 1);
+        }
+        let chunks = requested_chunks(request);
+        let text: String = chunks.iter().map(|(_, text)| text.as_str()).collect();
+        let mut seen = seen.lock().unwrap();
+        for word in ["Poisoned", "Flaky", "Sleepy", "Doctor Strange"] {
+            if text.contains(word) {
+                *seen.entry(word).or_default() += 1;
+            }
+        }
+        if text.contains("Poisoned") {
+            return tool_call_reply(
+                request,
+                "c1",
+                "record_graph",
+                &json!({ "entities": "none" }),
+                3,
+            );
+        }
+        if text.contains("Flaky") && seen["Flaky"] == 1 {
+            return text_reply(
+                request,
+                "Here are the entities: Flaky Harbour, and more.",
+                2,
+            );
+        }
+        if text.contains("Sleepy") && seen["Sleepy"] == 1 {
+            return FakeReply::Hang;
+        }
+        tool_call_reply(request, "c1", "record_graph", &extraction_of(&chunks), 4)
+    }
+}
+
+fn fake_provider(fake: &FakeLlm) -> ProviderConfig {
+    let mut provider = ProviderConfig::openai(fake.base_url(), "fake-extractor", None);
+    provider.name = "extractor".into();
+    provider.max_retries = 0;
+    provider.first_token_timeout_ms = 20_000;
+    provider
+}
+
+/// The sum of a counter's series (with `labels` among theirs) in a /metrics text.
+fn counter(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(name) && line.contains(labels))
+        .filter(|line| line[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until every document of `kb` has a graph state other than `pending`; returns each
+/// document's view by external id.
+async fn settled_graphs(client: &ApiClient, kb: &str) -> HashMap<String, Value> {
+    eventually(&format!("the graphs of {kb}"), || async {
+        let mut views = HashMap::new();
+        for document in client.list_all_documents(kb, 100).await {
+            let view = client.document(kb, document["id"].as_str().unwrap()).await;
+            if view["graph"].is_null() || view["graph"] == "pending" {
+                return None;
+            }
+            views.insert(document["external_id"].as_str().unwrap().to_string(), view);
+        }
+        Some(views)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_llm_extractor_stores_typed_entities_and_events_and_survives_a_bad_model() {
+    let seen = Arc::new(Mutex::new(HashMap::new()));
+    let fake = FakeLlm::start(extracting_model(seen.clone())).await;
+    let dir = temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    config.llm.providers = vec![fake_provider(&fake)];
+    config.options.graph_llm_timeout = Duration::from_millis(1_500);
+    let node = InProcessNode::start_with(config).await;
+    let client = node.client();
+    client
+        .create_kb(json!({ "name": "films", "shards": 2, "graph": "llm" }))
+        .await;
+    let flaky = (
+        "flaky",
+        "Flaky Harbour",
+        "Flaky Harbour lies on Lake Baikal.",
+    );
+    let sleepy = (
+        "sleepy",
+        "Sleepy Hollow",
+        "Sleepy Hollow is a village near Denver.",
+    );
+    let poisoned = (
+        "poisoned",
+        "The Poisoned Chalice",
+        "The Poisoned Chalice is a tavern in Bristol.",
+    );
+    let all = [FILM, DIRECTOR, flaky, sleepy, poisoned];
+    let ids = client.bulk_add("films", &documents(&all)).await;
+    // A document's events, to the end of its graph: the model first hangs on this one.
+    let events = client
+        .request(
+            reqwest::Method::GET,
+            &format!("/v1/kbs/films/documents/{}/events?until=graph", ids[3]),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), 200);
+    let events = tokio::time::timeout(WAIT, events.text())
+        .await
+        .expect("the stream ends with the graph")
+        .unwrap();
+    let names: Vec<&str> = events
+        .lines()
+        .filter_map(|line| line.strip_prefix("event:"))
+        .map(str::trim)
+        .collect();
+    assert!(names.contains(&"ready"), "{events}");
+    assert_eq!(names.last(), Some(&"graph"), "{events}");
+    let last = events
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .next_back()
+        .unwrap();
+    let last: Value = serde_json::from_str(last.trim()).unwrap();
+    assert_eq!(last["graph"], "ready", "{events}");
+    client
+        .get(&format!(
+            "/v1/kbs/films/documents/{}/events?until=never",
+            ids[3]
+        ))
+        .await
+        .expect_error(400, "invalid_until");
+    client.wait_ready("films", all.len() as u64, WAIT).await;
+
+    // A bad model holds up no document: each is retried on its own and settles.
+    let views = settled_graphs(&client, "films").await;
+    for id in ["film", "director", "flaky", "sleepy"] {
+        assert_eq!(views[id]["graph"], "ready", "{}", views[id]);
+        assert!(views[id]["graph_error"].is_null(), "{}", views[id]);
+    }
+    let failed = &views["poisoned"];
+    assert_eq!(failed["graph"], "failed", "{failed}");
+    let reason = failed["graph_error"].as_str().unwrap();
+    assert!(
+        reason.contains("does not fit the schema") && reason.contains("3 attempts"),
+        "{reason}"
+    );
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen["Poisoned"], 3, "tried three times: {seen:?}");
+        assert_eq!(
+            seen["Flaky"], 2,
+            "invalid JSON, then a good answer: {seen:?}"
+        );
+        assert_eq!(seen["Sleepy"], 2, "a timeout, then a good answer: {seen:?}");
+    }
+    // The failed document's graph is the embedded extractor's: its names are there.
+    let tavern = client
+        .get("/v1/kbs/films/graph/entities/Poisoned%20Chalice")
+        .await
+        .expect(200);
+    assert_eq!(tavern["entity"]["chunks"], 1, "{tavern}");
+
+    // Typed entities and events, as the model gave them.
+    let scott = client
+        .get("/v1/kbs/films/graph/entities/scott%20derrickson")
+        .await
+        .expect(200);
+    assert_eq!(scott["entity"]["kind"], "person", "{scott}");
+    assert_eq!(scott["entity"]["chunks"], 2, "{scott}");
+    let events = scott["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2, "{scott}");
+    let directed = events
+        .iter()
+        .find(|event| event["predicate"] == "directed")
+        .unwrap_or_else(|| panic!("{scott}"));
+    assert_eq!(directed["subject"], "Scott Derrickson");
+    assert_eq!(directed["object"], "Doctor Strange");
+    assert_eq!(directed["time"], "2016");
+    let grew_up = events
+        .iter()
+        .find(|event| event["predicate"] == "grew up in")
+        .unwrap_or_else(|| panic!("{scott}"));
+    assert_eq!(grew_up["place"], "Denver");
+    let denver = client
+        .get("/v1/kbs/films/graph/entities/Denver")
+        .await
+        .expect(200);
+    assert_eq!(denver["entity"]["kind"], "place", "{denver}");
+    assert_eq!(
+        denver["entity"]["chunks"], 2,
+        "the director's page and Sleepy Hollow"
+    );
+
+    // The graph channel bridges through the model's entities as through the embedded ones.
+    let answer = client
+        .search(
+            "films",
+            json!({ "query": "Who directed Doctor Strange?", "channels": ["graph"], "rerank": false }),
+        )
+        .await;
+    let ids = external_ids(&answer);
+    assert!(ids.contains(&"director".to_string()), "{answer}");
+    assert!(!ids.contains(&"poisoned".to_string()), "{answer}");
+
+    // Tokens and outcomes are counted.
+    let metrics = client.metrics_text().await;
+    assert!(
+        counter(&metrics, "sift_graph_llm_tokens_total", "") > 0.0,
+        "{metrics}"
+    );
+    for (outcome, at_least) in [
+        ("ok", 4.0),
+        ("schema", 3.0),
+        ("invalid_json", 1.0),
+        ("timeout", 1.0),
+    ] {
+        let label = format!("outcome=\"{outcome}\"");
+        let count = counter(&metrics, "sift_graph_llm_requests_total", &label);
+        assert!(count >= at_least, "{outcome}: {count}");
+    }
+
+    // The same text in another KB comes from the node's cache, not the model.
+    let requests = fake.requests().len();
+    let hits = counter(&metrics, "sift_graph_llm_cache_hits_total", "");
+    client
+        .create_kb(json!({ "name": "again", "graph": "llm" }))
+        .await;
+    client.bulk_add("again", &documents(&[FILM])).await;
+    client.wait_ready("again", 1, WAIT).await;
+    let again = settled_graphs(&client, "again").await;
+    assert_eq!(again["film"]["graph"], "ready", "{}", again["film"]);
+    assert_eq!(
+        fake.requests().len(),
+        requests,
+        "no request for a cached chunk"
+    );
+    let metrics = client.metrics_text().await;
+    assert!(counter(&metrics, "sift_graph_llm_cache_hits_total", "") > hits);
+    let events = client
+        .get("/v1/kbs/again/graph/entities/Doctor%20Strange")
+        .await
+        .expect(200)["events"]
+        .clone();
+    assert_eq!(events[0]["predicate"], "directed", "{events}");
+
+    // A KB's token budget: once spent on this node, documents get the embedded graph and say so.
+    client
+        .create_kb(json!({ "name": "budget", "graph": "llm", "graph_token_budget": 1 }))
+        .await;
+    // (A text the model has not read before: a cached one costs nothing.)
+    let bridge = (
+        "bridge",
+        "Golden Gate Bridge",
+        "The Golden Gate Bridge spans the strait at San Francisco.",
+    );
+    client.bulk_add("budget", &documents(&[bridge])).await;
+    client.wait_ready("budget", 1, WAIT).await;
+    assert_eq!(
+        settled_graphs(&client, "budget").await["bridge"]["graph"],
+        "ready"
+    );
+    client.bulk_add("budget", &documents(&[OTHERS[0]])).await;
+    client.wait_ready("budget", 2, WAIT).await;
+    let over = &settled_graphs(&client, "budget").await["lake"];
+    assert_eq!(over["graph"], "failed", "{over}");
+    assert!(
+        over["graph_error"]
+            .as_str()
+            .unwrap()
+            .contains("graph_token_budget"),
+        "{over}"
+    );
+    client
+        .get("/v1/kbs/budget/graph/entities/Lake%20Baikal")
+        .await
+        .expect(200);
+    client
+        .patch_json("/v1/kbs/budget", &json!({ "graph_token_budget": -1 }))
+        .await
+        .expect_error(400, "invalid_json");
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use sift_storage::chunk::{ChunkView, SearchFilter};
 use sift_storage::meta::KbRecord;
-use sift_storage::shard::EntityNeighbourhood;
+use sift_storage::shard::{EntityNeighbourhood, GraphDocumentState};
 
 use super::SiftNode;
 use crate::error::{Result, SiftError};
@@ -22,6 +22,8 @@ use crate::shards::{GraphLeafRequest, GraphLeafResponse, LeafRequest};
 pub const MAX_ENTITIES: usize = 100;
 /// Chunks read per entity for its neighbours and mentions.
 const ENTITY_CHUNKS: usize = 64;
+/// Events listed per entity.
+pub const ENTITY_EVENTS: usize = 50;
 /// Entities expanded per hop of a path search.
 const PATH_FRONTIER: usize = 64;
 
@@ -31,8 +33,9 @@ pub struct EntityView {
     /// 16 hexadecimal digits: global, made from the canonical name.
     pub id: String,
     pub name: String,
-    /// What the extractor took it for: `name`, `acronym`, `quoted`, `title`, `date`,
-    /// `quantity`, `person`, `place`, `organisation` or `proper`.
+    /// What the extractor took it for: the embedded extractor's `name`, `acronym`, `quoted`,
+    /// `title`, `date`, `quantity`, `person`, `place`, `organisation` or `proper`; a model's
+    /// `person`, `organisation`, `place`, `event`, `work`, `concept`, `date` or `other`.
     pub kind: String,
     pub chunks: u64,
 }
@@ -58,6 +61,31 @@ pub struct EntityDetail {
     pub neighbours: Vec<EntityNeighbour>,
     /// The chunks that mention it, in chunk id order.
     pub mentions: Vec<ChunkView>,
+    /// Events that name it (subject, object or place), found by an LLM extractor; empty in
+    /// a KB whose graph is `embedded`.
+    pub events: Vec<EventView>,
+}
+
+/// An event a model found in a chunk: who did what to whom, when and where.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct EventView {
+    pub subject: String,
+    pub predicate: String,
+    /// Empty when the event has none (likewise `time` and `place`).
+    pub object: String,
+    pub time: String,
+    pub place: String,
+    /// The chunk it was found in.
+    pub chunk_id: String,
+}
+
+/// Where a ready document's graph stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DocumentGraph {
+    /// `pending`, `ready`, `failed` or `off`.
+    pub state: &'static str,
+    /// Why it failed.
+    pub error: Option<String>,
 }
 
 /// One step of a path: an entity, then the chunk that leads to the next one.
@@ -114,17 +142,21 @@ impl SiftNode {
     }
 
     /// Where a ready document's graph stands: `pending` (its entities are being extracted),
-    /// `ready`, or `off` (its KB has no graph); `None` before the document is ready or when
-    /// no replica of its shard answers.
+    /// `ready`, `failed` (with why: the extractor gave up on it, and what the embedded
+    /// extractor found is stored instead) or `off` (its KB has no graph); `None` before the
+    /// document is ready or when no replica of its shard answers.
     pub async fn document_graph(
         &self,
         scope: &Scope,
         kb: &str,
         record: &sift_storage::meta::DocumentRecord,
-    ) -> Option<&'static str> {
+    ) -> Option<DocumentGraph> {
         let kb = self.find_kb(scope, kb, Need::Read).ok()?;
         if kb.settings.graph == "off" {
-            return Some("off");
+            return Some(DocumentGraph {
+                state: "off",
+                error: None,
+            });
         }
         if record.status != sift_storage::meta::DocStatus::Ready {
             return None;
@@ -136,16 +168,27 @@ impl SiftNode {
                 document_id: record.id.clone(),
             },
         ));
-        match self.context.access.search(&kb, record.shard, request).await {
-            Ok(response) => match response.graph {
-                Some(GraphLeafResponse::Document {
-                    present: true,
-                    pending,
-                }) => Some(if pending { "pending" } else { "ready" }),
-                _ => None,
+        let response = self.context.access.search(&kb, record.shard, request).await;
+        let Ok(response) = response else {
+            return None;
+        };
+        let Some(GraphLeafResponse::Document(Some(state))) = response.graph else {
+            return None;
+        };
+        Some(match state {
+            GraphDocumentState::Pending => DocumentGraph {
+                state: "pending",
+                error: None,
             },
-            Err(_) => None,
-        }
+            GraphDocumentState::Ready => DocumentGraph {
+                state: "ready",
+                error: None,
+            },
+            GraphDocumentState::Failed(reason) => DocumentGraph {
+                state: "failed",
+                error: Some(reason),
+            },
+        })
     }
 
     async fn graph_kb(&self, scope: &Scope, kb: &str) -> Result<(KbRecord, SearchFilter)> {
@@ -329,11 +372,42 @@ impl SiftNode {
             }
         }
         mentions.sort_by(|a, b| a.chunk_id.cmp(&b.chunk_id));
+        let events = self.entity_events(&kb, &filter, id).await;
         Ok(EntityDetail {
             entity: entity_view,
             neighbours,
             mentions,
+            events,
         })
+    }
+
+    /// Up to [`ENTITY_EVENTS`] events naming `entity`, from every shard, in chunk id order.
+    async fn entity_events(
+        &self,
+        kb: &KbRecord,
+        filter: &SearchFilter,
+        entity: u64,
+    ) -> Vec<EventView> {
+        let step = GraphLeafRequest::Events {
+            entity,
+            limit: ENTITY_EVENTS,
+        };
+        let mut events = Vec::new();
+        for response in self.graph_round(kb, filter, step).await {
+            if let GraphLeafResponse::Events(found) = response {
+                events.extend(found.into_iter().map(|(chunk_id, event)| EventView {
+                    subject: event.subject,
+                    predicate: event.predicate,
+                    object: event.object,
+                    time: event.time,
+                    place: event.place,
+                    chunk_id,
+                }));
+            }
+        }
+        events.sort_by(|a, b| a.chunk_id.cmp(&b.chunk_id));
+        events.truncate(ENTITY_EVENTS);
+        events
     }
 
     /// The shortest chain of chunks (at most `max_hops`) from one entity to another, each

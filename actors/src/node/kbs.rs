@@ -387,6 +387,9 @@ impl SiftNode {
         if let Some(value) = patch.graph {
             settings.graph = value;
         }
+        if let Some(value) = patch.graph_token_budget {
+            settings.graph_token_budget = value;
+        }
         check_settings(settings)?;
         if let Some(retrieval) = &patch.retrieval {
             settings.retrieval = retrieval_settings::merge_patch(
@@ -481,8 +484,8 @@ fn check_settings(settings: &KbSettings) -> Result<()> {
     if !OCR_SETTINGS.contains(&settings.ocr.as_str()) {
         return invalid("ocr must be auto, off, vision or tesseract");
     }
-    if !matches!(settings.graph.as_str(), "embedded" | "off") {
-        return invalid("graph must be embedded or off");
+    if !matches!(settings.graph.as_str(), "embedded" | "llm" | "off") {
+        return invalid("graph must be embedded, llm or off");
     }
     Ok(())
 }

@@ -126,6 +126,12 @@ impl SiftNode {
                 .open_tree("embedding_cache")
                 .map_err(sled_error)?,
         );
+        let extraction_cache = sift_storage::extraction_cache::ExtractionCache::new(
+            store
+                .db()
+                .open_tree("graph_extraction_cache")
+                .map_err(sled_error)?,
+        );
         let raw = RawStore::open(
             data_dir.join("raw"),
             store.db().open_tree("raw_texts").map_err(sled_error)?,
@@ -168,6 +174,8 @@ impl SiftNode {
             registry: registry.clone(),
             embedders,
             embedding_cache,
+            extraction_cache,
+            chat_model: std::sync::OnceLock::new(),
             raw,
             options: options.clone(),
             scratch: data_dir.join("tmp"),

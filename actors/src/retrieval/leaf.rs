@@ -59,9 +59,11 @@ fn graph_step(
         GraphLeafRequest::ByPrefix { prefix, limit } => {
             GraphLeafResponse::Entities(index.graph_entities_by_prefix(prefix, *limit)?)
         }
-        GraphLeafRequest::Document { document_id } => GraphLeafResponse::Document {
-            present: index.contains_document(document_id)?,
-            pending: index.graph_is_pending(document_id)?,
-        },
+        GraphLeafRequest::Document { document_id } => {
+            GraphLeafResponse::Document(index.graph_document_state(document_id)?)
+        }
+        GraphLeafRequest::Events { entity, limit } => {
+            GraphLeafResponse::Events(index.graph_events(*entity, *limit, filter)?)
+        }
     })
 }

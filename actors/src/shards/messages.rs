@@ -5,7 +5,9 @@ use std::sync::Arc;
 use ractor::RpcReplyPort;
 use serde::{Deserialize, Serialize};
 use sift_storage::chunk::{ChunkView, DocumentWrite, ScoredChunk, SearchFilter, ShardWrite};
-use sift_storage::shard::{EntityNeighbourhood, GraphEntity, ShardStats};
+use sift_storage::shard::{
+    EntityNeighbourhood, GraphDocumentState, GraphEntity, GraphEvent, ShardStats,
+};
 
 use crate::error::Result;
 
@@ -57,8 +59,10 @@ pub enum GraphLeafRequest {
     Entities { ids: Vec<u64> },
     /// Entities whose canonical name starts with `prefix`.
     ByPrefix { prefix: String, limit: usize },
-    /// Whether a document's live version here still awaits extraction.
+    /// Where the graph of a document's live version here stands.
     Document { document_id: String },
+    /// Up to `limit` events naming this entity.
+    Events { entity: u64, limit: usize },
 }
 
 /// A shard's answer to a [`GraphLeafRequest`].
@@ -72,11 +76,10 @@ pub enum GraphLeafResponse {
     Neighbourhood(Vec<EntityNeighbourhood>),
     Chunks(Vec<ScoredChunk>),
     Entities(Vec<GraphEntity>),
-    /// `present`: the replica holds the document's live version.
-    Document {
-        present: bool,
-        pending: bool,
-    },
+    /// `None`: the replica does not hold the document.
+    Document(Option<GraphDocumentState>),
+    /// (chunk id, event), in chunk order.
+    Events(Vec<(String, GraphEvent)>),
 }
 
 /// One shard's hits, per channel, each channel ranked by its own score.

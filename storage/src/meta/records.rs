@@ -38,10 +38,15 @@ pub struct KbSettings {
     /// `tesseract`; absent in records written before it existed.
     #[serde(default = "auto")]
     pub ocr: String,
-    /// Graph extraction: `embedded` (named entities and co-occurrence, no model; the default)
-    /// or `off`; absent in records written before it existed.
+    /// Graph extraction: `embedded` (named entities and co-occurrence, no model; the default),
+    /// `llm` (entities and events by the node's chat model) or `off`; absent in records
+    /// written before it existed.
     #[serde(default = "embedded")]
     pub graph: String,
+    /// Tokens the `llm` extractor may spend on this KB on each node (0: no limit); past it,
+    /// documents get the embedded extractor's graph and the state `failed`.
+    #[serde(default)]
+    pub graph_token_budget: u64,
 }
 
 fn embedded() -> String {
@@ -80,6 +85,7 @@ impl KbSettings {
             retrieval: RetrievalSettings::default(),
             ocr: auto(),
             graph: embedded(),
+            graph_token_budget: 0,
         }
     }
 }

@@ -20,6 +20,9 @@
 //! | `C`  | internal chunk id (u64 BE)            | [`ChunkEntities`]: its chunk id and entities |
 //! | `E`  | entity id (u64 BE)                    | [`EntityRecord`]: name, kind, chunks     |
 //! | `N`  | canonical name                        | entity id (u64 BE)                      |
+//! | `V`  | internal chunk id (u64 BE)            | the chunk's events ([`GraphEvent`]s), from an LLM extractor |
+//! | `F`  | document id                           | [`FailureRecord`]: the version whose extraction failed, and why |
+//! | `U`  | (nothing more)                        | tokens a model spent extracting this replica's graph (u64 BE) |
 //!
 //! Entity ids are global (made from the canonical name by the extractor), so the search
 //! root bridges an entity across shards. Each replica keeps every entity's chunk count (its
@@ -41,6 +44,9 @@ const MENTION: u8 = b'M';
 const CHUNK: u8 = b'C';
 const ENTITY: u8 = b'E';
 const NAME: u8 = b'N';
+const EVENTS: u8 = b'V';
+const FAILED: u8 = b'F';
+const TOKENS: &[u8] = b"U";
 /// Meta key: the graph tree was created with every document already stored marked pending.
 const BACKFILLED: &[u8] = b"graph_backfilled";
 
@@ -56,6 +62,55 @@ pub struct GraphMention {
     pub kind: String,
     /// Occurrences in the chunk.
     pub count: u32,
+}
+
+/// An event a model found in one chunk: who did what to whom, when and where (Artoo's
+/// event-centric graph). `entities` are the ids of its subject, object and place, which the
+/// chunk also mentions, so an entity's events are found through its mentions.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GraphEvent {
+    pub subject: String,
+    pub predicate: String,
+    pub object: String,
+    pub time: String,
+    pub place: String,
+    pub entities: Vec<u64>,
+}
+
+/// What an extractor found in one chunk of a pending document.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChunkGraph {
+    /// The chunk's position (as in [`PendingChunk`]).
+    pub position: u32,
+    pub mentions: Vec<GraphMention>,
+    pub events: Vec<GraphEvent>,
+}
+
+/// An extraction's result for one pending document, as [`ShardIndex::graph_put`] stores it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GraphPut {
+    pub chunks: Vec<ChunkGraph>,
+    /// Set when the extractor gave up on this version (its graph is `failed`; whatever
+    /// `chunks` hold, e.g. a fallback extraction, is stored all the same).
+    pub failure: Option<String>,
+    /// Tokens a model spent on it (added to the replica's total).
+    pub tokens: u64,
+}
+
+/// Where one document's graph stands in a replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GraphDocumentState {
+    Pending,
+    Ready,
+    /// The extractor gave up, for this reason.
+    Failed(String),
+}
+
+/// A failed extraction: of which version, and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct FailureRecord {
+    sequence: u64,
+    reason: String,
 }
 
 /// A document awaiting extraction: its chunks' texts in position order.
@@ -289,6 +344,7 @@ impl ShardIndex {
             batch.graph.remove(key);
             changes.pending -= 1;
         }
+        batch.graph.remove(failed_key(document_id));
         self.graph_remove_chunks(changes, batch, &stored.chunk_ids)
     }
 
@@ -307,6 +363,7 @@ impl ShardIndex {
             };
             let chunk: ChunkEntities = decode(&bytes)?;
             batch.graph.remove(&key[..]);
+            batch.graph.remove(&events_key(internal_id)[..]);
             for &(entity, _) in &chunk.entities {
                 batch.graph.remove(&mention_key(entity, internal_id)[..]);
                 *changes.deltas.entry(entity).or_default() -= 1;
@@ -347,8 +404,13 @@ impl ShardIndex {
     }
 
     /// Up to `limit` documents awaiting extraction, oldest write first, with their chunks'
-    /// texts. A mark left by a version that is gone is removed on the way.
-    pub fn graph_pending(&self, limit: usize) -> Result<Vec<PendingGraphDocument>> {
+    /// texts, leaving out those `skip` names (document id, sequence: already being extracted,
+    /// or waiting to be retried). A mark left by a version that is gone is removed on the way.
+    pub fn graph_pending(
+        &self,
+        limit: usize,
+        skip: impl Fn(&str, u64) -> bool,
+    ) -> Result<Vec<PendingGraphDocument>> {
         let mut found = Vec::new();
         let mut stale = Vec::new();
         for item in self.store.graph().scan_prefix([PENDING]) {
@@ -357,6 +419,9 @@ impl ShardIndex {
             }
             let (key, _) = item?;
             let (sequence, document_id) = parse_pending_key(&key)?;
+            if skip(&document_id, sequence) {
+                continue;
+            }
             let stored = self.store.document(&document_id)?;
             let Some(stored) = stored.filter(|stored| stored.write_sequence == sequence) else {
                 stale.push(key);
@@ -400,17 +465,13 @@ impl ShardIndex {
         Ok(found)
     }
 
-    /// Stores the entities of a pending document's chunks (`entities[i]` for the chunk at
-    /// position `chunks[i].position` of [`PendingGraphDocument`]), and clears its mark. Returns
-    /// false, storing nothing, when that version is no longer the live one (replaced or
-    /// deleted meanwhile). Not flushed: a crash before the next flush loses the entities and
-    /// the cleared mark together, and the document is extracted again.
-    pub fn graph_put(
-        &self,
-        document_id: &str,
-        sequence: u64,
-        entities: Vec<(u32, Vec<GraphMention>)>,
-    ) -> Result<bool> {
+    /// Stores what the extractor found in a pending document's chunks (each [`ChunkGraph`]
+    /// names its chunk by position), its failure if it gave up, and the tokens it spent, and
+    /// clears the document's mark. Returns false, storing nothing, when that version is no
+    /// longer the live one (replaced or deleted meanwhile). Not flushed: a crash before the
+    /// next flush loses the entities and the cleared mark together, and the document is
+    /// extracted again.
+    pub fn graph_put(&self, document_id: &str, sequence: u64, put: GraphPut) -> Result<bool> {
         let writer = self.lock_writer()?;
         super::check_not_broken(&writer)?;
         let Some(stored) = self.store.document(document_id)? else {
@@ -430,12 +491,12 @@ impl ShardIndex {
         let mut changes = GraphChanges::default();
         // Entities of a chunk written before (an interrupted put) are replaced.
         self.graph_remove_chunks(&mut changes, &mut batch, &stored.chunk_ids)?;
-        for (position, mentions) in entities {
-            let Some(&internal_id) = by_position.get(&position) else {
+        for chunk in put.chunks {
+            let Some(&internal_id) = by_position.get(&chunk.position) else {
                 continue;
             };
-            let mut listed: Vec<(u64, u32)> = Vec::with_capacity(mentions.len());
-            for mention in mentions {
+            let mut listed: Vec<(u64, u32)> = Vec::with_capacity(chunk.mentions.len());
+            for mention in chunk.mentions {
                 if listed.iter().any(|(id, _)| *id == mention.id) {
                     continue;
                 }
@@ -454,14 +515,42 @@ impl ShardIndex {
             if listed.is_empty() {
                 continue;
             }
+            // Events stand on mentions: an event is kept only with entities the chunk lists.
+            let events: Vec<GraphEvent> = chunk
+                .events
+                .into_iter()
+                .filter(|event| {
+                    !event.entities.is_empty()
+                        && event
+                            .entities
+                            .iter()
+                            .all(|id| listed.iter().any(|(listed, _)| listed == id))
+                })
+                .collect();
+            if !events.is_empty() {
+                batch
+                    .graph
+                    .insert(&events_key(internal_id)[..], encode(&events)?);
+            }
             let record = ChunkEntities {
-                chunk_id: chunk_id(document_id, position),
+                chunk_id: chunk_id(document_id, chunk.position),
                 entities: listed.clone(),
             };
             batch
                 .graph
                 .insert(&chunk_key(internal_id)[..], encode(&record)?);
             changes.chunks.push((listed, 1));
+        }
+        match put.failure {
+            Some(reason) => batch.graph.insert(
+                failed_key(document_id),
+                encode(&FailureRecord { sequence, reason })?,
+            ),
+            None => batch.graph.remove(failed_key(document_id)),
+        }
+        if put.tokens > 0 {
+            let spent = self.graph_tokens()?.saturating_add(put.tokens);
+            batch.graph.insert(TOKENS, &spent.to_be_bytes()[..]);
         }
         batch.graph.remove(pending);
         changes.pending -= 1;
@@ -471,6 +560,74 @@ impl ShardIndex {
         self.graph_applied(changes, counts);
         drop(writer);
         Ok(true)
+    }
+
+    /// Tokens a model has spent extracting this replica's graph.
+    pub fn graph_tokens(&self) -> Result<u64> {
+        match self.store.graph().get(TOKENS)? {
+            Some(bytes) => u64_at(&bytes, 0),
+            None => Ok(0),
+        }
+    }
+
+    /// Where the live version of a document's graph stands; `None` when the document is not
+    /// stored here.
+    pub fn graph_document_state(&self, document_id: &str) -> Result<Option<GraphDocumentState>> {
+        let Some(stored) = self.store.document(document_id)? else {
+            return Ok(None);
+        };
+        let tree = self.store.graph();
+        if tree.contains_key(pending_key(stored.write_sequence, document_id))? {
+            return Ok(Some(GraphDocumentState::Pending));
+        }
+        if let Some(bytes) = tree.get(failed_key(document_id))? {
+            let failure: FailureRecord = decode(&bytes)?;
+            if failure.sequence == stored.write_sequence {
+                return Ok(Some(GraphDocumentState::Failed(failure.reason)));
+            }
+        }
+        Ok(Some(GraphDocumentState::Ready))
+    }
+
+    /// Up to `limit` events that name `entity` (as subject, object or place), from the live
+    /// chunks passing `filter` that mention it, in chunk order: (chunk id, event).
+    pub fn graph_events(
+        &self,
+        entity: u64,
+        limit: usize,
+        filter: &SearchFilter,
+    ) -> Result<Vec<(String, GraphEvent)>> {
+        let tree = self.store.graph();
+        let live = self.live_read();
+        let compiled = CompiledFilter::new(filter).for_documents_of(&live);
+        let mut out = Vec::new();
+        for item in tree.scan_prefix(mention_prefix(entity)) {
+            if out.len() >= limit {
+                break;
+            }
+            let (key, _) = item?;
+            let internal_id = u64_at(&key, 9)?;
+            if !live
+                .chunk(internal_id)
+                .is_some_and(|doc| compiled.matches(doc))
+            {
+                continue;
+            }
+            let Some(bytes) = tree.get(events_key(internal_id))? else {
+                continue;
+            };
+            let events: Vec<GraphEvent> = decode(&bytes)?;
+            let Some(record) = tree.get(chunk_key(internal_id))? else {
+                continue;
+            };
+            let record: ChunkEntities = decode(&record)?;
+            for event in events {
+                if event.entities.contains(&entity) && out.len() < limit {
+                    out.push((record.chunk_id.clone(), event));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Whether this version of a document still awaits extraction.
@@ -497,7 +654,7 @@ impl ShardIndex {
     }
 
     /// For each entity of `frontier`, up to `per_entity` live chunks passing `filter` that
-    /// mention it (most occurrences first, then chunk order), each with every entity it
+    /// mention it (most occurrences first, then document and chunk order), each with every entity it
     /// mentions and their chunk counts here.
     pub fn graph_neighbourhood(
         &self,
@@ -515,22 +672,23 @@ impl ShardIndex {
             let Some(&total) = cache.chunks_of.get(&entity) else {
                 continue;
             };
-            let mut mentions: Vec<(u64, u32)> = Vec::new();
+            let mut mentions: Vec<(u64, u32, &str)> = Vec::new();
             for item in tree.scan_prefix(mention_prefix(entity)) {
                 let (key, value) = item?;
                 let internal_id = u64_at(&key, 9)?;
-                if !live
-                    .chunk(internal_id)
-                    .is_some_and(|doc| compiled.matches(doc))
-                {
+                let Some(document) = live.chunk(internal_id).filter(|doc| compiled.matches(doc))
+                else {
                     continue;
-                }
-                mentions.push((internal_id, u32_of(&value)?));
+                };
+                mentions.push((internal_id, u32_of(&value)?, document.document_id.as_str()));
             }
-            mentions.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            // Most occurrences first; ties in document order, then chunk order (a document's
+            // chunks get increasing internal ids on every replica), so that every replica
+            // keeps the same chunks when it truncates.
+            mentions.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(b.2)).then(a.0.cmp(&b.0)));
             mentions.truncate(per_entity);
             let mut chunks = Vec::with_capacity(mentions.len());
-            for (internal_id, count) in mentions {
+            for (internal_id, count, _) in mentions {
                 let record = match entities_of.get(&internal_id) {
                     Some(record) => record.clone(),
                     None => {
@@ -675,6 +833,19 @@ fn mention_key(entity: u64, internal_id: u64) -> [u8; 17] {
 fn chunk_key(internal_id: u64) -> [u8; 9] {
     let mut key = [CHUNK; 9];
     key[1..].copy_from_slice(&internal_id.to_be_bytes());
+    key
+}
+
+fn events_key(internal_id: u64) -> [u8; 9] {
+    let mut key = [EVENTS; 9];
+    key[1..].copy_from_slice(&internal_id.to_be_bytes());
+    key
+}
+
+fn failed_key(document_id: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + document_id.len());
+    key.push(FAILED);
+    key.extend_from_slice(document_id.as_bytes());
     key
 }
 

@@ -78,8 +78,8 @@ use tracing::instrument;
 
 use self::chunk_store::{ChunkStore, Counters, StoreBatch, StoredChunk, StoredDocument, Tombstone};
 pub use self::graph::{
-    EntityNeighbourhood, GraphEntity, GraphMention, GraphStats, NeighbourChunk, PendingChunk,
-    PendingGraphDocument,
+    ChunkGraph, EntityNeighbourhood, GraphDocumentState, GraphEntity, GraphEvent, GraphMention,
+    GraphPut, GraphStats, NeighbourChunk, PendingChunk, PendingGraphDocument,
 };
 use self::graph::{GraphCache, GraphChanges};
 use self::live_documents::{CompiledFilter, LiveDocument, LiveDocuments};

@@ -1702,7 +1702,7 @@ fn a_commit_replaces_an_earlier_version_and_clears_a_tombstone() {
 mod graph {
     //! The graph partition: pending marks, entities in and out with their documents.
     use super::*;
-    use crate::shard::GraphMention;
+    use crate::shard::{ChunkGraph, GraphDocumentState, GraphEvent, GraphMention, GraphPut};
 
     fn mention(id: u64, name: &str) -> GraphMention {
         GraphMention {
@@ -1717,25 +1717,30 @@ mod graph {
     /// Extracts "entities" the way a test can check: every capitalised word, id = its length
     /// and first letter.
     fn extract_all(shard: &ShardIndex) -> usize {
-        let pending = shard.graph_pending(100).unwrap();
+        let pending = shard.graph_pending(100, |_, _| false).unwrap();
         let count = pending.len();
         for document in pending {
-            let entities = document
+            let chunks = document
                 .chunks
                 .iter()
-                .map(|chunk| {
-                    let mentions = chunk
+                .map(|chunk| ChunkGraph {
+                    position: chunk.position,
+                    mentions: chunk
                         .text
                         .split_whitespace()
                         .filter(|word| word.chars().next().is_some_and(char::is_uppercase))
                         .map(|word| mention(entity(word), word))
-                        .collect();
-                    (chunk.position, mentions)
+                        .collect(),
+                    events: Vec::new(),
                 })
                 .collect();
+            let put = GraphPut {
+                chunks,
+                ..GraphPut::default()
+            };
             assert!(
                 shard
-                    .graph_put(&document.document_id, document.sequence, entities)
+                    .graph_put(&document.document_id, document.sequence, put)
                     .unwrap()
             );
         }
@@ -1834,7 +1839,7 @@ mod graph {
                 metadata(&[]),
             )])
             .unwrap();
-        let old = shard.graph_pending(10).unwrap().remove(0);
+        let old = shard.graph_pending(10, |_, _| false).unwrap().remove(0);
         extract_all(&shard);
         assert_eq!(chunks_of(&shard, "Rome"), ["a#0"]);
         shard
@@ -1855,7 +1860,14 @@ mod graph {
                 .graph_put(
                     "a",
                     old.sequence,
-                    vec![(0, vec![mention(entity("Rome"), "Rome")])]
+                    GraphPut {
+                        chunks: vec![ChunkGraph {
+                            position: 0,
+                            mentions: vec![mention(entity("Rome"), "Rome")],
+                            events: Vec::new(),
+                        }],
+                        ..GraphPut::default()
+                    }
                 )
                 .unwrap()
         );
@@ -1869,7 +1881,113 @@ mod graph {
         assert_eq!(shard.graph_stats().pending, 1);
         shard.delete_document("b").unwrap();
         assert_eq!(shard.graph_stats().pending, 0);
-        assert!(shard.graph_pending(10).unwrap().is_empty());
+        assert!(shard.graph_pending(10, |_, _| false).unwrap().is_empty());
+    }
+
+    #[test]
+    fn events_failures_and_tokens_live_and_die_with_their_version() {
+        let dir = TempDir::new().unwrap();
+        let shard = open(&dir);
+        shard
+            .write_documents(vec![
+                document("a", "A", &["Ada met Babbage in London"], 1, metadata(&[])),
+                document("b", "B", &["Bob"], 2, metadata(&[])),
+            ])
+            .unwrap();
+        // The extractor skips what it names: a document being extracted is not handed out.
+        let pending = shard.graph_pending(10, |id, _| id == "a").unwrap();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].document_id, "b");
+        let a = shard
+            .graph_pending(10, |id, _| id == "b")
+            .unwrap()
+            .remove(0);
+        assert_eq!(
+            shard.graph_document_state("a").unwrap(),
+            Some(GraphDocumentState::Pending)
+        );
+        let (ada, babbage, london) = (entity("Ada"), entity("Babbage"), entity("London"));
+        let met = GraphEvent {
+            subject: "Ada".into(),
+            predicate: "met".into(),
+            object: "Babbage".into(),
+            time: String::new(),
+            place: "London".into(),
+            entities: vec![ada, babbage, london],
+        };
+        // An event naming an entity the chunk does not list is dropped.
+        let stray = GraphEvent {
+            entities: vec![ada, entity("Paris")],
+            ..met.clone()
+        };
+        let put = GraphPut {
+            chunks: vec![ChunkGraph {
+                position: 0,
+                mentions: vec![
+                    mention(ada, "Ada"),
+                    mention(babbage, "Babbage"),
+                    mention(london, "London"),
+                ],
+                events: vec![met.clone(), stray],
+            }],
+            failure: None,
+            tokens: 120,
+        };
+        assert!(shard.graph_put("a", a.sequence, put).unwrap());
+        assert_eq!(
+            shard.graph_document_state("a").unwrap(),
+            Some(GraphDocumentState::Ready)
+        );
+        assert_eq!(
+            shard.graph_events(babbage, 10, &no_filter()).unwrap(),
+            vec![("a#0".to_owned(), met.clone())]
+        );
+        assert!(
+            shard
+                .graph_events(entity("Bob"), 10, &no_filter())
+                .unwrap()
+                .is_empty()
+        );
+        // A failed extraction says why, and its tokens count too.
+        let b = shard.graph_pending(10, |_, _| false).unwrap().remove(0);
+        let failed = GraphPut {
+            failure: Some("the model answered invalid JSON".into()),
+            tokens: 30,
+            ..GraphPut::default()
+        };
+        assert!(shard.graph_put("b", b.sequence, failed).unwrap());
+        assert_eq!(
+            shard.graph_document_state("b").unwrap(),
+            Some(GraphDocumentState::Failed(
+                "the model answered invalid JSON".into()
+            ))
+        );
+        assert_eq!(shard.graph_tokens().unwrap(), 150);
+        // A new version of b is pending again; its failure is gone.
+        shard
+            .write_documents(vec![document("b", "B", &["Bob again"], 3, metadata(&[]))])
+            .unwrap();
+        assert_eq!(
+            shard.graph_document_state("b").unwrap(),
+            Some(GraphDocumentState::Pending)
+        );
+        // Deleting a removes its events with its mentions; reopened, all of it holds.
+        shard.delete_document("a").unwrap();
+        assert!(
+            shard
+                .graph_events(babbage, 10, &no_filter())
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(shard.graph_document_state("a").unwrap(), None);
+        drop(shard);
+        let shard = open(&dir);
+        assert_eq!(shard.graph_tokens().unwrap(), 150);
+        assert_eq!(
+            shard.graph_document_state("b").unwrap(),
+            Some(GraphDocumentState::Pending)
+        );
+        assert!(shard.store.graph().scan_prefix(b"V").next().is_none());
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! `graph_search`: the run's KBs' entity graphs (GraphRAG, ADR 0037) for questions that hop
 //! from one named thing to another. Three modes: `entities` (names starting with `name`),
 //! `neighbours` (an entity's co-mentioned entities and the chunks mentioning it, with their
-//! chunk ids to read or cite) and `path` (the shortest chain of chunks joining `from` and
-//! `to`). A KB without a graph is skipped with a note.
+//! chunk ids to read or cite), `path` (the shortest chain of chunks joining `from` and
+//! `to`) and `events` (what an entity did or underwent, where an LLM extractor found events,
+//! each with the chunk it came from, citable). A KB without a graph is skipped with a note.
 
 use serde::Deserialize;
 
@@ -123,9 +124,45 @@ pub async fn graph_search(
                     format!("Path ({} hops): {}\n", path.hops, steps.join(" "))
                 })
             }
+            "events" => {
+                let name = name.ok_or_else(|| bad("events needs name"))?;
+                context.corpus.graph_entity(kb, name).await.map(|detail| {
+                    if detail.events.is_empty() {
+                        return format!(
+                            "No events name {} in {kb} (events come from a KB whose graph is llm).\n",
+                            detail.entity.name
+                        );
+                    }
+                    found += detail.events.len().min(SHOWN);
+                    let mut text = format!("Events of {}:\n", detail.entity.name);
+                    for event in detail.events.iter().take(SHOWN) {
+                        let mut line = format!("- {} {}", event.subject, event.predicate);
+                        for (label, value) in [("", &event.object), (" | time: ", &event.time), (" | place: ", &event.place)] {
+                            if !value.is_empty() {
+                                line.push_str(if label.is_empty() { " " } else { label });
+                                line.push_str(value);
+                            }
+                        }
+                        text.push_str(&format!("{line} | chunk_id: {}\n", event.chunk_id));
+                    }
+                    // The chunks the events came from: citable, as chunks read directly.
+                    for mention in detail.mentions {
+                        if detail.events.iter().take(SHOWN).any(|e| e.chunk_id == mention.chunk_id) {
+                            chunks.push(EvidenceChunk {
+                                kb_id: kb.clone(),
+                                chunk: mention,
+                                relevance: 0.0,
+                                score: 0.0,
+                                searched: false,
+                            });
+                        }
+                    }
+                    text
+                })
+            }
             other => {
                 return Err(bad(&format!(
-                    "unknown mode {other:?}; modes are entities, neighbours and path"
+                    "unknown mode {other:?}; modes are entities, neighbours, path and events"
                 )));
             }
         };

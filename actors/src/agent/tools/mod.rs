@@ -5,7 +5,8 @@
 //! - `knowledge_search` ([`search`]): hybrid search over the run's KBs.
 //! - `grep_chunks`, `list_chunks`, `read_chunk`, `read_document` ([`read`]): literal or regex
 //!   matching, and deep reading by document and position.
-//! - `graph_search` ([`graph`]): entities, neighbours and paths of the KBs' entity graphs.
+//! - `graph_search` ([`graph`]): entities, neighbours, paths and events of the KBs' entity
+//!   graphs.
 //! - `thinking`: a scratchpad; `final_answer`: handled by the run loop itself.
 //! - `web_search` and MCP tools (`{server}__{tool}`) when the preset configures them
 //!   ([`external`]).
@@ -370,14 +371,16 @@ pub fn builtin_specs() -> Vec<ToolSpec> {
             description: "The knowledge bases' entity graph (names of people, places, works, \
                 organisations, dates). mode neighbours (default): what is mentioned with an \
                 entity, and the chunks that mention it; mode entities: names starting with \
-                name; mode path: the chain of chunks joining two entities (from, to). Good for \
-                questions that go from one named thing to another."
+                name; mode path: the chain of chunks joining two entities (from, to); mode \
+                events: what an entity did or underwent (subject, predicate, object, time, \
+                place), where a model extracted events. Good for questions that go from one \
+                named thing to another."
                 .into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
-                    "mode": {"type": "string", "enum": ["neighbours", "entities", "path"]},
-                    "name": {"type": "string", "description": "An entity's name (neighbours, entities)."},
+                    "mode": {"type": "string", "enum": ["neighbours", "entities", "path", "events"]},
+                    "name": {"type": "string", "description": "An entity's name (neighbours, entities, events)."},
                     "from": {"type": "string", "description": "First entity (path)."},
                     "to": {"type": "string", "description": "Last entity (path)."},
                     "kb": {"type": "string"}
