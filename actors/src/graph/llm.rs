@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use sift_models::llm::{ChatEvent, ChatMessage, ChatRequest, SharedChatModel, ToolSpec};
+use sift_models::llm::{
+    ChatEvent, ChatMessage, ChatRequest, FinishReason, SharedChatModel, ToolSpec,
+};
 use sift_storage::extraction_cache::ExtractionCache;
 use sift_storage::shard::{ChunkGraph, GraphEvent, GraphMention, PendingGraphDocument};
 
@@ -30,6 +32,18 @@ const CHUNK_CHARS: usize = 16_000;
 /// Kept per chunk: entities (as the embedded extractor's cap) and events.
 const MAX_ENTITIES: usize = 48;
 const MAX_EVENTS: usize = 32;
+/// What the schema lets a model write per chunk: a constrained decoder stops a small model
+/// that would list entities until `max_tokens` (the 0.5B model did, run G3).
+const ASKED_ENTITIES: usize = 12;
+const ASKED_EVENTS: usize = 6;
+/// The longest name, subject or object the schema lets a model write (chars); a predicate,
+/// time or place is shorter still.
+const ASKED_NAME_CHARS: usize = 60;
+const ASKED_SHORT_CHARS: usize = 40;
+/// Completion tokens a request may use: a base and a share per chunk, enough for what the
+/// schema allows.
+const TOKENS_BASE: u32 = 256;
+const TOKENS_PER_CHUNK: u32 = 1_024;
 /// A name, predicate, time or place at most (chars); longer is cut.
 const MAX_FIELD_CHARS: usize = 120;
 /// The entity types the schema names; anything else is `other`.
@@ -126,18 +140,21 @@ pub struct Extraction {
 
 /// The JSON Schema of `record_graph`'s arguments.
 pub fn schema() -> Value {
-    let text = json!({ "type": "string" });
+    let text = json!({ "type": "string", "maxLength": ASKED_NAME_CHARS });
+    let short = json!({ "type": "string", "maxLength": ASKED_SHORT_CHARS });
     json!({
         "type": "object",
         "properties": {
             "chunks": {
                 "type": "array",
+                "maxItems": BATCH_CHUNKS,
                 "items": {
                     "type": "object",
                     "properties": {
                         "chunk": { "type": "integer", "description": "the chunk's number" },
                         "entities": {
                             "type": "array",
+                            "maxItems": ASKED_ENTITIES,
                             "items": {
                                 "type": "object",
                                 "properties": {
@@ -149,14 +166,15 @@ pub fn schema() -> Value {
                         },
                         "events": {
                             "type": "array",
+                            "maxItems": ASKED_EVENTS,
                             "items": {
                                 "type": "object",
                                 "properties": {
                                     "subject": text,
-                                    "predicate": text,
+                                    "predicate": short,
                                     "object": text,
-                                    "time": text,
-                                    "place": text
+                                    "time": short,
+                                    "place": short
                                 },
                                 "required": ["subject", "predicate"]
                             }
@@ -273,7 +291,7 @@ async fn ask(
             ChatMessage::User { content: prompt },
         ],
         tools: vec![tool()],
-        max_tokens: Some(2_048),
+        max_tokens: Some(TOKENS_BASE + TOKENS_PER_CHUNK * chunks.len() as u32),
         temperature: Some(0.0),
     };
     let mut tokens = 0u64;
@@ -284,6 +302,7 @@ async fn ask(
             .map_err(|error| ExtractError::Model(error.to_string()))?;
         let mut text = String::new();
         let mut arguments = None;
+        let mut cut = false;
         while let Some(event) = stream.next().await {
             match event.map_err(|error| ExtractError::Model(error.to_string()))? {
                 ChatEvent::TextDelta(delta) => text.push_str(&delta),
@@ -293,10 +312,18 @@ async fn ask(
                 ChatEvent::Usage(usage) => {
                     tokens += u64::from(usage.prompt_tokens) + u64::from(usage.completion_tokens);
                 }
+                ChatEvent::Finished(FinishReason::Length) => cut = true,
                 _ => {}
             }
         }
-        Ok::<String, ExtractError>(arguments.unwrap_or(text))
+        match arguments {
+            Some(arguments) => Ok(arguments),
+            None if cut => Err(ExtractError::InvalidJson(format!(
+                "the answer was cut at max_tokens without a complete record_graph call: {:?}",
+                preview(&text)
+            ))),
+            None => Ok(text),
+        }
     })
     .await;
     let answer = match answer {
