@@ -111,6 +111,8 @@ def main():
     chunks = sum(view["chunk_count"] for view in states.values())
     delta = lambda name, label=None: metric_sum(after, name, label) - metric_sum(before, name, label)
     tokens = delta("sift_graph_llm_tokens_total")
+    cached = delta("sift_graph_llm_cache_hits_total")
+    asked = max(chunks - cached, 1)
     request_seconds = delta("sift_graph_llm_request_seconds_sum")
     outcomes = {
         outcome: delta("sift_graph_llm_requests_total", f'outcome="{outcome}"')
@@ -134,8 +136,9 @@ def main():
     per_chunk = len(events) / chunks if chunks else 0.0
     print(f"documents {len(ids)}, chunks {chunks}, graphs settled in {seconds:.0f} s")
     print(f"requests by outcome: {outcomes}")
-    print(f"tokens {tokens:.0f} ({tokens / chunks:.0f} per chunk), model seconds {request_seconds:.1f} "
-          f"({request_seconds / chunks:.2f} per chunk)")
+    print(f"chunks from the node's cache {cached:.0f}; asked of the model {asked:.0f}")
+    print(f"tokens {tokens:.0f} ({tokens / asked:.0f} per chunk asked), model seconds "
+          f"{request_seconds:.1f} ({request_seconds / asked:.2f} per chunk asked; two requests run at once)")
     print(f"graphs failed: {len(failed)} {list(failed.values())[:3]}")
     print(f"entities listed by kind: {kinds}")
     print(f"events {len(events)} ({per_chunk:.2f} per chunk)")

@@ -25,9 +25,11 @@
 pub mod llm;
 
 use std::collections::{HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use sift_graph::{Language, Limits};
 use sift_storage::meta::KbRecord;
@@ -50,6 +52,8 @@ pub const MAX_FAILURES: u32 = 3;
 pub const LLM_DOCUMENTS: usize = 2;
 /// The wait before the first retry of a failed LLM extraction; it doubles each time.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
+/// A document's failures are forgotten once it has not been retried for this long.
+const FORGET_FAILURES_AFTER: Duration = Duration::from_secs(600);
 
 pub struct GraphExtractor;
 
@@ -196,6 +200,12 @@ fn mode_of(context: &NodeContext, kb: Option<KbRecord>) -> Mode {
 
 /// One round over every local replica with pending documents.
 async fn extract_pending(state: &mut GraphState) -> crate::error::Result<()> {
+    // A failure not retried for this long is of a document no longer pending (deleted,
+    // replaced, or its KB's graph changed): forget it.
+    let now = Instant::now();
+    state
+        .failures
+        .retain(|_, failures| failures.retry_at + FORGET_FAILURES_AFTER > now);
     let registry = state.context.registry.clone();
     let mut queued = 0u64;
     let mut modes: HashMap<String, Mode> = HashMap::new();
@@ -323,7 +333,14 @@ async fn start_llm(
         let myself = state.myself.clone();
         tokio::spawn(async move {
             let texts = llm::texts_of(&document);
-            let (tokens, outcome) = llm::extract(&model, &cache, &texts, timeout).await;
+            // A panic is a failed attempt like any other: the document must leave `in_flight`.
+            let extraction = AssertUnwindSafe(llm::extract(&model, &cache, &texts, timeout))
+                .catch_unwind()
+                .await;
+            let (tokens, outcome) = extraction.unwrap_or_else(|_| {
+                let panicked = llm::ExtractError::Model("the extraction panicked".into());
+                (0, Err(panicked))
+            });
             let outcome = outcome.map(|extraction| extraction.chunks);
             // A stopped extractor drops the result; the document is still pending.
             let _ = myself.cast(GraphMessage::LlmDone {
