@@ -15,48 +15,32 @@ Standard library only; the node must run with auth off or take `SIFT_API_KEY`.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import random
 import string
 import time
 import urllib.error
-import urllib.parse
-import urllib.request
+
+# The node calls and /metrics sums of scripts/graph-bench.py.
+_spec = importlib.util.spec_from_file_location(
+    "graph_bench", os.path.join(os.path.dirname(os.path.abspath(__file__)), "graph-bench.py")
+)
+graph_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(graph_bench)
+metric_sum = graph_bench.metric_sum
 
 
 def call(node, method, path, body=None):
-    request = urllib.request.Request(
-        node.rstrip("/") + path,
-        method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"content-type": "application/json"},
-    )
-    key = os.environ.get("SIFT_API_KEY")
-    if key:
-        request.add_header("authorization", f"Bearer {key}")
+    """`graph_bench.call`, its answer parsed when it is JSON; None for a 404."""
     try:
-        with urllib.request.urlopen(request, timeout=120) as answer:
-            raw = answer.read().decode()
+        raw = graph_bench.call(node, method, path, body)
     except urllib.error.HTTPError as error:
         if error.code == 404:
             return None
         raise
     return json.loads(raw) if raw.strip().startswith(("{", "[")) else raw
-
-
-def metric_sum(text, name, label=None):
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name):
-            continue
-        head, _, value = line.rpartition(" ")
-        if head != name and not head.startswith(name + "{"):
-            continue
-        if label is not None and label not in head:
-            continue
-        total += float(value)
-    return total
 
 
 def metrics(node):

@@ -30,6 +30,17 @@ pub struct GraphArgs {
     pub kb: Option<String>,
 }
 
+/// A chunk the tool showed with its id: evidence the answer may cite, as one read directly.
+fn read_directly(kb: &str, chunk: sift_storage::chunk::ChunkView) -> EvidenceChunk {
+    EvidenceChunk {
+        kb_id: kb.to_string(),
+        chunk,
+        relevance: 0.0,
+        score: 0.0,
+        searched: false,
+    }
+}
+
 fn bad(message: &str) -> ToolError {
     ToolError::BadArguments {
         tool: super::GRAPH_SEARCH.into(),
@@ -93,13 +104,7 @@ pub async fn graph_search(
                             truncate_chars(mention.text.trim(), MENTION_CHARS)
                         ));
                         // Shown with its id: citable, as a chunk read directly.
-                        chunks.push(EvidenceChunk {
-                            kb_id: kb.clone(),
-                            chunk: mention,
-                            relevance: 0.0,
-                            score: 0.0,
-                            searched: false,
-                        });
+                        chunks.push(read_directly(kb, mention));
                     }
                     text
                 })
@@ -148,13 +153,7 @@ pub async fn graph_search(
                     // The chunks the events came from: citable, as chunks read directly.
                     for mention in detail.mentions {
                         if detail.events.iter().take(SHOWN).any(|e| e.chunk_id == mention.chunk_id) {
-                            chunks.push(EvidenceChunk {
-                                kb_id: kb.clone(),
-                                chunk: mention,
-                                relevance: 0.0,
-                                score: 0.0,
-                                searched: false,
-                            });
+                            chunks.push(read_directly(kb, mention));
                         }
                     }
                     text
