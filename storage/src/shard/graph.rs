@@ -630,17 +630,6 @@ impl ShardIndex {
         Ok(out)
     }
 
-    /// Whether this version of a document still awaits extraction.
-    pub fn graph_is_pending(&self, document_id: &str) -> Result<bool> {
-        let Some(stored) = self.store.document(document_id)? else {
-            return Ok(false);
-        };
-        Ok(self
-            .store
-            .graph()
-            .contains_key(pending_key(stored.write_sequence, document_id))?)
-    }
-
     pub fn graph_stats(&self) -> GraphStats {
         self.graph_cache_read().stats
     }

@@ -1780,9 +1780,15 @@ mod graph {
             ])
             .unwrap();
         assert_eq!(shard.graph_stats().pending, 2);
-        assert!(shard.graph_is_pending("a").unwrap());
+        assert_eq!(
+            shard.graph_document_state("a").unwrap(),
+            Some(GraphDocumentState::Pending)
+        );
         assert_eq!(extract_all(&shard), 2);
-        assert!(!shard.graph_is_pending("a").unwrap());
+        assert_eq!(
+            shard.graph_document_state("a").unwrap(),
+            Some(GraphDocumentState::Ready)
+        );
         let stats = shard.graph_stats();
         assert_eq!((stats.pending, stats.entities), (0, 4));
         assert_eq!(chunks_of(&shard, "Paris"), ["a#1", "b#0"]);
