@@ -172,6 +172,19 @@ impl Corpus for ScopedCorpus {
         )
     }
 
+    fn graph_communities<'a>(
+        &'a self,
+        kb: &'a str,
+    ) -> BoxFuture<'a, Result<crate::node::communities::CommunityList>> {
+        let summaries = self.node.context().chat_model.get().is_some();
+        Box::pin(self.node.graph_communities(
+            &self.scope,
+            kb,
+            crate::agent::tools::graph::COMMUNITIES_SHOWN,
+            summaries,
+        ))
+    }
+
     fn embed<'a>(
         &'a self,
         kb: &'a str,

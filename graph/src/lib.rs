@@ -11,13 +11,16 @@
 //!   by name, lower-case queries included.
 //! - [`canonical`] and [`entity_id`]: the folded form of a name and the global id made from it,
 //!   the key that joins mentions across documents and queries.
+//! - [`communities`]: groups of entities that share chunks (Louvain), for global questions.
 //!
 //! Modules: `tokens` (text to tokens), `english` and `chinese` (the rules, giving candidates),
 //! `mentions` (candidates to mentions: grouping, alias folding, the cap), `query`, `canonical`,
+//! `communities`,
 //! `lexicon` (the word lists).
 
 mod canonical;
 mod chinese;
+mod communities;
 mod english;
 mod lexicon;
 mod mentions;
@@ -28,6 +31,7 @@ mod tokens;
 mod tests;
 
 pub use canonical::{canonical, entity_id};
+pub use communities::communities;
 pub use query::query_names;
 
 /// Global id of an entity: the first 8 bytes (big-endian u64) of the SHA-256 of its canonical

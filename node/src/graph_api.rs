@@ -1,6 +1,6 @@
 //! `/v1/kbs/{kb}/graph/...`: a KB's entity graph for a browser (GraphRAG, ADR 0037): entities
-//! by name, one entity with its neighbours and mentioning chunks, and a path between two
-//! entities. Each is answered by [`sift_actors::SiftNode`] from every shard of the KB.
+//! by name, one entity with its neighbours and mentioning chunks, a path between two
+//! entities, and the graph's communities (ADR 0039). Each is answered by [`sift_actors::SiftNode`] from every shard of the KB.
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -8,6 +8,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
+use sift_actors::node::communities::MAX_COMMUNITIES;
 use sift_actors::node::graph::MAX_ENTITIES;
 use sift_actors::retrieval::graph::MAX_HOPS;
 
@@ -19,6 +20,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/kbs/{kb}/graph/entities", get(entities))
         .route("/v1/kbs/{kb}/graph/entities/{entity}", get(entity))
         .route("/v1/kbs/{kb}/graph/paths", get(path))
+        .route("/v1/kbs/{kb}/graph/communities", get(communities))
 }
 
 #[derive(Deserialize)]
@@ -90,4 +92,33 @@ async fn path(
         )
         .await?;
     Ok(Json(path))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CommunityQuery {
+    limit: Option<usize>,
+    summaries: Option<bool>,
+}
+
+/// `GET /v1/kbs/{kb}/graph/communities?limit=N&summaries=true`: the largest groups of
+/// entities mentioned together, with their passages, and summaries by the node's chat model
+/// when asked.
+async fn communities(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(kb): ApiPath<String>,
+    query: Result<Query<CommunityQuery>, QueryRejection>,
+) -> ApiResult<impl IntoResponse> {
+    let query = query_of(query)?;
+    let list = state
+        .node
+        .graph_communities(
+            &principal.scope(),
+            &kb,
+            query.limit.unwrap_or(10).min(MAX_COMMUNITIES),
+            query.summaries.unwrap_or(false),
+        )
+        .await?;
+    Ok(Json(list))
 }

@@ -310,6 +310,15 @@ pub(crate) const OPERATIONS: &[Operation] = &[
     ),
     op(
         "get",
+        "/v1/kbs/{kb}/graph/communities",
+        "graph",
+        "The largest groups of entities mentioned together, with passages and optional summaries",
+        NoBody,
+        200,
+        JsonAnswer("CommunityList"),
+    ),
+    op(
+        "get",
         "/v1/kbs/{kb}/shards",
         "knowledge bases",
         "Where the shards' replicas are and their state",
@@ -608,6 +617,7 @@ fn schemas() -> Vec<(String, RefOr<Schema>)> {
         sift_actors::node::graph::EntityDetail,
         sift_actors::node::graph::EventView,
         sift_actors::node::graph::GraphPath,
+        sift_actors::node::communities::CommunityList,
         crate::views::ShardList,
         sift_storage::meta::SessionRecord,
         crate::views::SessionList,
@@ -686,6 +696,20 @@ fn graph_query_parameters(path: &str) -> &'static [(&'static str, bool, &'static
                 false,
                 "Entities listed (default 20, at most 100)",
                 true,
+            ),
+        ],
+        "/v1/kbs/{kb}/graph/communities" => &[
+            (
+                "limit",
+                false,
+                "Communities listed (default 10, at most 20)",
+                true,
+            ),
+            (
+                "summaries",
+                false,
+                "`true`: summarise each community with the node's chat model (cached)",
+                false,
             ),
         ],
         "/v1/kbs/{kb}/documents/{doc}/events" => &[(
@@ -1238,6 +1262,7 @@ mod tests {
     /// One answer of each named schema, with options set and unset, lists full.
     fn sample_answers() -> Vec<(&'static str, Value)> {
         use sift_actors::agent::{Citation, RunFinish, TraceStep};
+        use sift_actors::node::communities::{CommunityList, CommunityView};
         use sift_actors::node::graph::{
             EntityDetail, EntityList, EntityNeighbour, EntityView, EventView, GraphPath, PathStep,
         };
@@ -1677,6 +1702,29 @@ mod tests {
                             via_chunk: None,
                         },
                     ],
+                }),
+            ),
+            (
+                "CommunityList",
+                json!(CommunityList {
+                    communities: vec![CommunityView {
+                        id: "00c0ffee00c0ffee".into(),
+                        size: 4,
+                        chunks: 3,
+                        members: vec![entity("Scott Derrickson"), entity("Doctor Strange")],
+                        passages: vec![chunk(None, Some("Parent.".into()))],
+                        summary: Some("Scott Derrickson directed Doctor Strange.".into()),
+                        summary_error: None,
+                    }, CommunityView {
+                        id: "00c0ffee00c0ffef".into(),
+                        size: 3,
+                        chunks: 2,
+                        members: vec![entity("Ed Wood")],
+                        passages: Vec::new(),
+                        summary: None,
+                        summary_error: Some("no chat model is configured".into()),
+                    }],
+                    entities_considered: 9,
                 }),
             ),
             ("SearchResponse", json!(search(false))),

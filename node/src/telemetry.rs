@@ -171,7 +171,7 @@ fn describe() {
     );
     describe_gauge!(
         "sift_graph_queue_documents",
-        "documents of this node's shard replicas awaiting graph extraction"
+        "documents of this node's shard replicas awaiting graph extraction (KBs whose graph is off left out)"
     );
     describe_counter!(
         "sift_graph_extracted_chunks_total",
@@ -192,6 +192,10 @@ fn describe() {
     describe_histogram!(
         "sift_graph_llm_request_seconds",
         "time of one request of the LLM graph extractor (a batch of chunks)"
+    );
+    describe_counter!(
+        "sift_graph_community_summaries_total",
+        "community summaries asked for, by where they came from (cache, model) or failed"
     );
     describe_counter!(
         "sift_graph_llm_tokens_total",

@@ -1,7 +1,8 @@
 //! GraphRAG through the API of a real node (ADR 0037): the embedded extractor fills each
 //! shard's graph after ingestion, the graph channel bridges from the query's entities to a
 //! chunk no query word reaches, explain shows the path, a delete removes what the graph held,
-//! and the bad inputs of the issue are refused or answered empty.
+//! communities group what is mentioned together (summarised once by a model), and the bad
+//! inputs of the issue are refused or answered empty.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -411,6 +412,35 @@ async fn bad_graph_queries_are_refused_or_empty() {
         .get("/v1/kbs/plain/graph/entities?q=doctor")
         .await
         .expect_error(400, "graph_unavailable");
+    client
+        .get("/v1/kbs/plain/graph/communities")
+        .await
+        .expect_error(400, "graph_unavailable");
+    // Communities: a bad parameter is refused; the hub is never a member; a summary asked of a
+    // node without a chat model says why it is missing.
+    client
+        .get("/v1/kbs/hub/graph/communities?limit=many")
+        .await
+        .expect_error(400, "invalid_query_string");
+    client
+        .get("/v1/kbs/hub/graph/communities?colour=red")
+        .await
+        .expect_error(400, "invalid_query_string");
+    let hub_communities = client
+        .get("/v1/kbs/hub/graph/communities?summaries=true&limit=500")
+        .await
+        .expect(200);
+    for community in hub_communities["communities"].as_array().unwrap() {
+        assert_eq!(community["summary_error"], "no chat model is configured");
+        assert!(
+            community["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|member| member["name"] != "Acme Corporation"),
+            "{community}"
+        );
+    }
     let plain = client
         .search("plain", json!({ "query": "Doctor Strange" }))
         .await;
@@ -444,6 +474,14 @@ async fn bad_graph_queries_are_refused_or_empty() {
         .get("/v1/kbs/modelless/graph/entities/Scott%20Derrickson")
         .await
         .expect(200);
+    // The plain KB's documents wait for a graph that is off: the queue does not count them.
+    eventually("an empty graph queue", || async {
+        let metrics = client.metrics_text().await;
+        (metrics.contains("sift_graph_queue_documents")
+            && counter(&metrics, "sift_graph_queue_documents", "") == 0.0)
+            .then_some(())
+    })
+    .await;
 }
 
 /// What the scripted model knows: each entity it reports (name, type) wherever the chunk
@@ -790,4 +828,261 @@ async fn the_llm_extractor_stores_typed_entities_and_events_and_survives_a_bad_m
         .patch_json("/v1/kbs/budget", &json!({ "graph_token_budget": -1 }))
         .await
         .expect_error(400, "invalid_json");
+}
+
+const SPACE: [(&str, &str, &str); 4] = [
+    (
+        "apollo",
+        "Apollo 11",
+        "Apollo 11 carried Neil Armstrong and Buzz Aldrin to the Moon while Michael Collins \
+         stayed in orbit. NASA ran the mission from Houston.",
+    ),
+    (
+        "armstrong",
+        "Neil Armstrong",
+        "Neil Armstrong commanded Apollo 11 for NASA, and Buzz Aldrin followed him onto the Moon.",
+    ),
+    (
+        "aldrin",
+        "Buzz Aldrin",
+        "Buzz Aldrin flew on Gemini 12, then on Apollo 11 with Neil Armstrong and Michael Collins.",
+    ),
+    (
+        "collins",
+        "Michael Collins",
+        "Michael Collins piloted Columbia on Apollo 11 while Neil Armstrong and Buzz Aldrin \
+         walked on the Moon.",
+    ),
+];
+const KITCHEN: [(&str, &str, &str); 4] = [
+    (
+        "child",
+        "Julia Child",
+        "Julia Child studied at Le Cordon Bleu in Paris and wrote Mastering the Art of French \
+         Cooking with Simone Beck.",
+    ),
+    (
+        "beck",
+        "Simone Beck",
+        "Simone Beck taught Julia Child in Paris and wrote Mastering the Art of French Cooking \
+         with her.",
+    ),
+    (
+        "cordon",
+        "Le Cordon Bleu",
+        "Le Cordon Bleu is a cooking school in Paris where Julia Child trained under Max Bugnard.",
+    ),
+    (
+        "bugnard",
+        "Max Bugnard",
+        "Max Bugnard taught Julia Child at Le Cordon Bleu after years at the Rouen Culinary \
+         Institute, and Simone Beck admired his cooking.",
+    ),
+];
+
+/// Each community's member names.
+fn member_names(list: &Value) -> Vec<Vec<String>> {
+    list["communities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|community| {
+            community["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|member| member["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect()
+}
+
+/// The community naming `name`, if any.
+fn community_of<'a>(names: &'a [Vec<String>], name: &str) -> Option<&'a Vec<String>> {
+    names
+        .iter()
+        .find(|members| members.iter().any(|m| m == name))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn communities_group_what_is_mentioned_together_and_are_summarised_once() {
+    // The chat model: summaries of communities as text, and an agent that asks the graph for
+    // its communities, then answers.
+    let summaries = Arc::new(Mutex::new(0usize));
+    let counted = summaries.clone();
+    let fake = FakeLlm::start(move |request: &FakeRequest| {
+        if request.offers_tool("final_answer") {
+            let id = format!("call_{}", request.index);
+            return match request.tool_results() {
+                0 => tool_call_reply(
+                    request,
+                    &id,
+                    "graph_search",
+                    &json!({ "mode": "community" }),
+                    4,
+                ),
+                _ => tool_call_reply(
+                    request,
+                    &id,
+                    "final_answer",
+                    &json!({ "answer": "The collection is about the Moon landing and French cooking.", "citations": [] }),
+                    8,
+                ),
+            };
+        }
+        *counted.lock().unwrap() += 1;
+        let prompt = request.last_user_text();
+        let first = prompt
+            .strip_prefix("Entities: ")
+            .and_then(|rest| rest.split([',', '\n']).next())
+            .unwrap_or("nothing")
+            .to_string();
+        text_reply(request, &format!("These passages are about {first}."), 6)
+    })
+    .await;
+    let dir = temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    config.llm.providers = vec![fake_provider(&fake)];
+    let node = InProcessNode::start_with(config).await;
+    let client = node.client();
+    client
+        .create_kb(json!({ "name": "themes", "shards": 2 }))
+        .await;
+    let all: Vec<_> = SPACE.iter().chain(KITCHEN.iter()).copied().collect();
+    let ids = client.bulk_add("themes", &documents(&all)).await;
+    client.wait_ready("themes", 8, WAIT).await;
+    settled_graphs(&client, "themes").await;
+
+    // Two themes that share no entity: never one community; the people of each together.
+    let list = client
+        .get("/v1/kbs/themes/graph/communities")
+        .await
+        .expect(200);
+    let names = member_names(&list);
+    let space = community_of(&names, "Neil Armstrong").expect("a community with Neil Armstrong");
+    assert!(space.iter().any(|m| m == "Buzz Aldrin"), "{list}");
+    let kitchen = community_of(&names, "Julia Child").expect("a community with Julia Child");
+    assert!(kitchen.iter().any(|m| m == "Le Cordon Bleu"), "{list}");
+    // Named by one document only (deleted below).
+    assert!(
+        kitchen.iter().any(|m| m == "Rouen Culinary Institute"),
+        "{list}"
+    );
+    assert!(!space.iter().any(|m| m == "Julia Child"), "{list}");
+    assert!(list["entities_considered"].as_u64().unwrap() >= 8, "{list}");
+    for community in list["communities"].as_array().unwrap() {
+        assert!(community["summary"].is_null() && community["summary_error"].is_null());
+        assert!(community["size"].as_u64().unwrap() >= 3, "{community}");
+        // Each passage mentions members of its community.
+        let members: Vec<&str> = community["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["name"].as_str().unwrap())
+            .collect();
+        let passages = community["passages"].as_array().unwrap();
+        assert!(!passages.is_empty(), "{community}");
+        for passage in passages {
+            let text = passage["text"].as_str().unwrap();
+            let named = members.iter().filter(|m| text.contains(**m)).count();
+            assert!(named >= 1, "{passage} names none of {members:?}");
+        }
+    }
+    // The same graph, the same communities (ids included).
+    let again = client
+        .get("/v1/kbs/themes/graph/communities")
+        .await
+        .expect(200);
+    let ids_of = |list: &Value| -> Vec<String> {
+        list["communities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids_of(&again), ids_of(&list));
+    assert_eq!(*summaries.lock().unwrap(), 0, "no summary was asked for");
+
+    // Summaries: made once by the model, then from the node's cache.
+    let summarised = client
+        .get("/v1/kbs/themes/graph/communities?summaries=true")
+        .await
+        .expect(200);
+    let shown = summarised["communities"].as_array().unwrap().len();
+    for community in summarised["communities"].as_array().unwrap() {
+        let first = community["members"][0]["name"].as_str().unwrap();
+        assert_eq!(
+            community["summary"],
+            format!("These passages are about {first}."),
+            "{community}"
+        );
+    }
+    assert_eq!(*summaries.lock().unwrap(), shown);
+    let cached = client
+        .get("/v1/kbs/themes/graph/communities?summaries=true")
+        .await
+        .expect(200);
+    assert_eq!(cached["communities"], summarised["communities"]);
+    assert_eq!(*summaries.lock().unwrap(), shown, "the cache answered");
+    let metrics = client.metrics_text().await;
+    assert!(
+        counter(
+            &metrics,
+            "sift_graph_community_summaries_total",
+            "outcome=\"cache\""
+        ) >= shown as f64,
+        "{metrics}"
+    );
+
+    // The agent's `community` mode shows the summaries and the passages' chunk ids.
+    let answer = client
+        .post_json(
+            "/v1/chat/completions",
+            &json!({
+                "model": "default",
+                "messages": [{ "role": "user", "content": "What are the main themes of these documents?" }],
+                "sift": { "kbs": ["themes"] },
+            }),
+        )
+        .await
+        .expect(200);
+    assert_eq!(answer["object"], "chat.completion", "{answer}");
+    let observation = fake
+        .requests()
+        .iter()
+        .filter(|request| request.offers_tool("final_answer"))
+        .map(|request| request.text())
+        .find(|text| text.contains("Communities of"))
+        .expect("the communities reached the agent");
+    assert!(
+        observation.contains("Summary: These passages are about"),
+        "{observation}"
+    );
+    assert!(
+        ids.iter()
+            .any(|id| observation.contains(&format!("chunk_id: {id}#"))),
+        "{observation}"
+    );
+    assert_eq!(
+        *summaries.lock().unwrap(),
+        shown,
+        "the tool's summaries came from the cache"
+    );
+
+    // A deleted document is in no community and no passage.
+    client
+        .delete(&format!("/v1/kbs/themes/documents/{}", ids[7]))
+        .await
+        .expect(204);
+    let after = client
+        .get("/v1/kbs/themes/graph/communities")
+        .await
+        .expect(200);
+    let text = after.to_string();
+    assert!(!text.contains("Rouen Culinary Institute"), "{after}");
+    assert!(!text.contains(&format!("\"{}\"", ids[7])), "{after}");
+    assert!(text.contains("Julia Child"), "{after}");
+    node.shutdown().await;
 }

@@ -9,6 +9,7 @@ use sift_storage::meta::{DocumentRecord, KbRecord};
 
 use crate::error::{Result, SiftError};
 use crate::node::DocumentPage;
+use crate::node::communities::CommunityList;
 use crate::node::graph::{EntityDetail, EntityList, GraphPath};
 use crate::retrieval::SearchResponse;
 use crate::retrieval::query::SearchQuery;
@@ -76,6 +77,12 @@ pub trait Corpus: Send + Sync {
         to: &'a str,
     ) -> BoxFuture<'a, Result<GraphPath>> {
         let _ = (kb, from, to);
+        Box::pin(async { Err(no_graph()) })
+    }
+
+    /// The largest communities of `kb`'s graph, summarised when the node has a chat model.
+    fn graph_communities<'a>(&'a self, kb: &'a str) -> BoxFuture<'a, Result<CommunityList>> {
+        let _ = kb;
         Box::pin(async { Err(no_graph()) })
     }
 }

@@ -227,7 +227,8 @@ async fn extract_pending(state: &mut GraphState) -> crate::error::Result<()> {
             }
         };
         match mode {
-            Mode::Off => {}
+            // Kept pending in case the KB's graph is turned on; not a queue anyone waits on.
+            Mode::Off => continue,
             Mode::Llm { language, model } => {
                 start_llm(state, &key, &entry.index, language, model).await?;
             }

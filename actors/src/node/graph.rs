@@ -123,7 +123,7 @@ fn entity_ref(reference: &str) -> Result<u64> {
     Ok(sift_graph::entity_id(&canonical))
 }
 
-fn hex(id: u64) -> String {
+pub(super) fn hex(id: u64) -> String {
     format!("{id:016x}")
 }
 
@@ -191,7 +191,11 @@ impl SiftNode {
         })
     }
 
-    async fn graph_kb(&self, scope: &Scope, kb: &str) -> Result<(KbRecord, SearchFilter)> {
+    pub(super) async fn graph_kb(
+        &self,
+        scope: &Scope,
+        kb: &str,
+    ) -> Result<(KbRecord, SearchFilter)> {
         let kb = self.find_kb_for_data(scope, kb, Need::Read).await?;
         if kb.settings.graph == "off" {
             return Err(SiftError::invalid(
@@ -207,7 +211,7 @@ impl SiftNode {
     }
 
     /// One graph step on every shard of `kb`; shards that fail are left out.
-    async fn graph_round(
+    pub(super) async fn graph_round(
         &self,
         kb: &KbRecord,
         filter: &SearchFilter,
@@ -218,7 +222,7 @@ impl SiftNode {
         responses.into_iter().filter_map(|r| r.graph).collect()
     }
 
-    async fn neighbourhoods(
+    pub(super) async fn neighbourhoods(
         &self,
         kb: &KbRecord,
         filter: &SearchFilter,
@@ -238,8 +242,22 @@ impl SiftNode {
         found
     }
 
+    /// Live chunks of the KB, over the shards that answer (what makes an entity a hub).
+    pub(super) async fn graph_chunks_total(&self, kb: &KbRecord, filter: &SearchFilter) -> u64 {
+        let mut total = 0;
+        for response in self
+            .graph_round(kb, filter, GraphLeafRequest::Counts { ids: vec![] })
+            .await
+        {
+            if let GraphLeafResponse::Counts { chunks, .. } = response {
+                total += chunks;
+            }
+        }
+        total
+    }
+
     /// Names, kinds and chunk counts (summed over shards) of `ids`.
-    async fn entity_views(
+    pub(super) async fn entity_views(
         &self,
         kb: &KbRecord,
         filter: &SearchFilter,
@@ -433,18 +451,7 @@ impl SiftNode {
         let mut frontier = vec![from];
         let mut found = from == to;
         let mut hops = 0;
-        let chunks_total: u64 = {
-            let mut total = 0;
-            for response in self
-                .graph_round(&kb, &filter, GraphLeafRequest::Counts { ids: vec![] })
-                .await
-            {
-                if let GraphLeafResponse::Counts { chunks, .. } = response {
-                    total += chunks;
-                }
-            }
-            total
-        };
+        let chunks_total = self.graph_chunks_total(&kb, &filter).await;
         while !found && hops < max_hops && !frontier.is_empty() {
             hops += 1;
             let mut next = Vec::new();

@@ -7,6 +7,7 @@
 //! This file holds the node itself: start, recovery after a crash, shutdown.
 
 mod cluster;
+pub mod communities;
 mod documents;
 pub mod graph;
 mod kbs;

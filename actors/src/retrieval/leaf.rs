@@ -65,5 +65,8 @@ fn graph_step(
         GraphLeafRequest::Events { entity, limit } => {
             GraphLeafResponse::Events(index.graph_events(*entity, *limit, filter)?)
         }
+        GraphLeafRequest::Top { limit } => {
+            GraphLeafResponse::Entities(index.graph_top_entities(*limit, &["date", "quantity"])?)
+        }
     })
 }

@@ -63,6 +63,8 @@ pub enum GraphLeafRequest {
     Document { document_id: String },
     /// Up to `limit` events naming this entity.
     Events { entity: u64, limit: usize },
+    /// The `limit` entities mentioned by the most chunks here, dates and quantities left out.
+    Top { limit: usize },
 }
 
 /// A shard's answer to a [`GraphLeafRequest`].

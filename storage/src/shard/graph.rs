@@ -741,6 +741,33 @@ impl ShardIndex {
         self.graph_entities(&ids)
     }
 
+    /// Up to `limit` entities of this replica mentioned by the most chunks (ties by id),
+    /// leaving out the kinds in `skip_kinds` (dates and quantities tie unrelated things).
+    pub fn graph_top_entities(
+        &self,
+        limit: usize,
+        skip_kinds: &[&str],
+    ) -> Result<Vec<GraphEntity>> {
+        let mut ranked: Vec<(u64, u32)> = {
+            let cache = self.graph_cache_read();
+            cache.chunks_of.iter().map(|(id, n)| (*id, *n)).collect()
+        };
+        ranked.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut out = Vec::with_capacity(limit.min(ranked.len()));
+        for chunk in ranked.chunks(limit.max(1)) {
+            let ids: Vec<u64> = chunk.iter().map(|(id, _)| *id).collect();
+            for entity in self.graph_entities(&ids)? {
+                if out.len() == limit {
+                    return Ok(out);
+                }
+                if !skip_kinds.contains(&entity.kind.as_str()) {
+                    out.push(entity);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Chunk views of `hits` (`chunk_id`, score), in the order given, skipping any not live
     /// here or not passing `filter`.
     pub fn graph_chunks(

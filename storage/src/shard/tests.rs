@@ -1796,6 +1796,17 @@ mod graph {
             shard.graph_chunk_counts(&[entity("Paris"), 42]),
             [(entity("Paris"), 2)]
         );
+        // The most mentioned first (Bob and Paris, in two chunks each); a skipped kind is left out.
+        let mut top: Vec<String> = shard
+            .graph_top_entities(2, &[])
+            .unwrap()
+            .into_iter()
+            .map(|e| format!("{}:{}", e.name, e.chunks))
+            .collect();
+        top.sort();
+        assert_eq!(top, ["Bob:2", "Paris:2"]);
+        assert_eq!(shard.graph_top_entities(10, &[]).unwrap().len(), 4);
+        assert!(shard.graph_top_entities(10, &["name"]).unwrap().is_empty());
         let neighbourhood = shard
             .graph_neighbourhood(&[entity("Alice")], 10, &no_filter())
             .unwrap();

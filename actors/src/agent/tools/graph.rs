@@ -3,7 +3,10 @@
 //! `neighbours` (an entity's co-mentioned entities and the chunks mentioning it, with their
 //! chunk ids to read or cite), `path` (the shortest chain of chunks joining `from` and
 //! `to`) and `events` (what an entity did or underwent, where an LLM extractor found events,
-//! each with the chunk it came from, citable). A KB without a graph is skipped with a note.
+//! each with the chunk it came from, citable) and `community` (the largest groups of entities
+//! mentioned together, each with a summary when the node has a chat model and the chunks that
+//! mention most of its members, citable: for questions about a whole collection). A KB without
+//! a graph is skipped with a note.
 
 use serde::Deserialize;
 
@@ -15,6 +18,8 @@ use crate::agent::terms::truncate_chars;
 const SHOWN: usize = 12;
 /// Characters of a mentioning chunk shown.
 const MENTION_CHARS: usize = 300;
+/// Communities shown (and summarised) per KB.
+pub const COMMUNITIES_SHOWN: usize = 5;
 
 #[derive(Debug, Deserialize)]
 pub struct GraphArgs {
@@ -159,9 +164,42 @@ pub async fn graph_search(
                     text
                 })
             }
+            "community" => context.corpus.graph_communities(kb).await.map(|list| {
+                if list.communities.is_empty() {
+                    return format!(
+                        "No communities in {kb}: too few entities are mentioned together.\n"
+                    );
+                }
+                found += list.communities.len();
+                let mut text = format!("Communities of {kb} (largest first):\n");
+                for (n, community) in list.communities.into_iter().enumerate() {
+                    let names: Vec<&str> =
+                        community.members.iter().map(|m| m.name.as_str()).collect();
+                    text.push_str(&format!(
+                        "{}. {} entities, {} chunks: {}\n",
+                        n + 1,
+                        community.size,
+                        community.chunks,
+                        names.join(", ")
+                    ));
+                    if let Some(summary) = &community.summary {
+                        text.push_str(&format!("   Summary: {summary}\n"));
+                    }
+                    for passage in community.passages {
+                        text.push_str(&format!(
+                            "   - chunk_id: {} | document: {:?}\n     {}\n",
+                            passage.chunk_id,
+                            passage.title,
+                            truncate_chars(passage.text.trim(), MENTION_CHARS)
+                        ));
+                        chunks.push(read_directly(kb, passage));
+                    }
+                }
+                text
+            }),
             other => {
                 return Err(bad(&format!(
-                    "unknown mode {other:?}; modes are entities, neighbours, path and events"
+                    "unknown mode {other:?}; modes are entities, neighbours, path, events and community"
                 )));
             }
         };

@@ -5,8 +5,8 @@
 //! - `knowledge_search` ([`search`]): hybrid search over the run's KBs.
 //! - `grep_chunks`, `list_chunks`, `read_chunk`, `read_document` ([`read`]): literal or regex
 //!   matching, and deep reading by document and position.
-//! - `graph_search` ([`graph`]): entities, neighbours, paths and events of the KBs' entity
-//!   graphs.
+//! - `graph_search` ([`graph`]): entities, neighbours, paths, events and communities of the
+//!   KBs' entity graphs.
 //! - `thinking`: a scratchpad; `final_answer`: handled by the run loop itself.
 //! - `web_search` and MCP tools (`{server}__{tool}`) when the preset configures them
 //!   ([`external`]).
@@ -373,13 +373,15 @@ pub fn builtin_specs() -> Vec<ToolSpec> {
                 entity, and the chunks that mention it; mode entities: names starting with \
                 name; mode path: the chain of chunks joining two entities (from, to); mode \
                 events: what an entity did or underwent (subject, predicate, object, time, \
-                place), where a model extracted events. Good for questions that go from one \
-                named thing to another."
+                place), where a model extracted events; mode community: the main groups of \
+                entities across the whole collection, with summaries and passages. Good for \
+                questions that go from one named thing to another, and (community) for \
+                questions about a whole collection's themes."
                 .into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
-                    "mode": {"type": "string", "enum": ["neighbours", "entities", "path", "events"]},
+                    "mode": {"type": "string", "enum": ["neighbours", "entities", "path", "events", "community"]},
                     "name": {"type": "string", "description": "An entity's name (neighbours, entities, events)."},
                     "from": {"type": "string", "description": "First entity (path)."},
                     "to": {"type": "string", "description": "Last entity (path)."},
