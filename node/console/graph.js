@@ -1,7 +1,9 @@
 // A KB's entity graph (GraphRAG, ADR 0037): entities found as you type, one entity's
 // neighbourhood drawn as a force-directed picture (its neighbours around it, a thicker line for
 // more chunks shared; a neighbour recentres the picture), the chunks that mention it, and the
-// path between two entities. `#/graph?kb=KB&entity=ID` opens an entity.
+// path between two entities, and the KB's communities (ADR 0039: groups of entities mentioned
+// together, with their passages and, when asked, a summary by the node's chat model).
+// `#/graph?kb=KB&entity=ID` opens an entity.
 import { api, enc } from './api.js';
 import { h, replace, field, notice, openDialog } from './dom.js';
 import { t, placeLabel } from './i18n.js';
@@ -22,11 +24,12 @@ export function render(main, route) {
   const matches = h('div', { class: 'entity-matches', 'aria-live': 'polite' });
   const view = h('section', { class: 'graph-view' });
   const path = pathForm(state);
+  const communities = communitiesForm(state);
   const form = h('form', { class: 'card', role: 'search', 'aria-labelledby': 'graph-title' },
     h('div', { class: 'row' }, field(t('graph.kb'), kb),
       h('div', { class: 'grow' }, field(t('graph.find'), query, t('graph.findHint')))),
     matches);
-  main.append(h('h1', { id: 'graph-title' }, t('graph.title')), form, view, path.element);
+  main.append(h('h1', { id: 'graph-title' }, t('graph.title')), form, view, path.element, communities.element);
   const kbs = new Map();
   state.select = (entity) => select(state, view, path, entity);
   const useKb = () => {
@@ -34,10 +37,12 @@ export function render(main, route) {
     state.details.clear();
     replace(matches);
     path.clear();
+    communities.clear();
     // the KB's record says whether it has a graph; the API would answer `graph_unavailable`
     const off = kbs.get(state.kb)?.settings?.graph === 'off';
     query.disabled = off;
     path.setEnabled(!off);
+    communities.setEnabled(!off);
     replace(view, off ? notice('warning', t('graph.unavailable')) : h('p', { class: 'empty' }, t('graph.pick')));
     if (!off && query.value) findEntities(state, query.value, matches);
   };
@@ -346,6 +351,49 @@ function pathForm(state) {
     clear: () => replace(result),
     setEnabled: (on) => { for (const control of [from, to, hops, submit]) control.disabled = !on; },
     suggest: (name) => { if (!from.value) from.value = name; },
+  };
+}
+
+/** The communities form: whether to summarise, and the answer as a list, largest first. */
+function communitiesForm(state) {
+  const summaries = h('input', { type: 'checkbox', name: 'summaries' });
+  const submit = h('button', { type: 'submit', class: 'primary' }, t('graph.showCommunities'));
+  const result = h('div', { class: 'communities-result', 'aria-live': 'polite' });
+  const element = h('form', { class: 'card', 'aria-labelledby': 'graph-communities-title' },
+    h('h2', { id: 'graph-communities-title' }, t('graph.communities')),
+    h('p', { class: 'hint' }, t('graph.communitiesHint')),
+    h('div', { class: 'row' }, h('label', { class: 'check' }, summaries, ` ${t('graph.summarise')}`), submit),
+    result);
+  element.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    replace(result, h('p', {}, t('loading')));
+    let answer;
+    try {
+      answer = await api('GET', `/v1/kbs/${enc(state.kb)}/graph/communities?limit=10${summaries.checked ? '&summaries=true' : ''}`);
+    } catch (failed) {
+      replace(result, apiNotice(failed));
+      return;
+    }
+    if (answer.communities.length === 0) {
+      replace(result, notice('info', t('graph.noCommunities')));
+      return;
+    }
+    replace(result, h('ol', { class: 'communities' }, answer.communities.map((community) => h('li', { class: 'community', dataset: { community: community.id } },
+      h('p', { class: 'meta' }, t('graph.community', { size: community.size, chunks: chunkCount(community.chunks) })),
+      community.summary ? h('p', { class: 'summary' }, community.summary) : null,
+      community.summary_error ? h('p', { class: 'meta' }, t('graph.noSummary', { reason: community.summary_error })) : null,
+      h('ul', { class: 'members' }, community.members.map((member) => h('li', {},
+        h('button', { type: 'button', class: 'entity', onclick: () => state.select(member.id) },
+          h('span', { class: 'name' }, member.name), ' ', h('span', { class: 'badge' }, kindLabel(member.kind)))))),
+      h('ul', { class: 'passages' }, community.passages.map((chunk) => h('li', {},
+        h('button', { type: 'button', class: 'link', onclick: () => openChunk(state.kb, chunk, community.members[0]?.name) },
+          chunk.title || chunk.document_id),
+        h('p', { class: 'text meta' }, excerpt(chunk.text, community.members[0]?.name || '')))))))));
+  });
+  return {
+    element,
+    clear: () => replace(result),
+    setEnabled: (on) => { for (const control of [summaries, submit]) control.disabled = !on; },
   };
 }
 

@@ -5,7 +5,8 @@
 // see a refused URL's error at the form, filter the list by status, list them, search
 // and open an explain; on the Graph page find an entity as you type, see its neighbourhood
 // drawn, recentre on a neighbour (by mouse and by keyboard), open a chunk that mentions it and
-// its whole document, find a path, and see an unknown entity and a KB without a graph in
+// its whole document, find a path, list the communities with summaries, and see an unknown
+// entity and a KB without a graph in
 // words; ask a question of the scripted model (fake-llm.mjs) and see its
 // thoughts, tool call and answer stream, reload mid-answer and see the run resume, open a
 // citation, stop a run, delete a document and see it leave the search and the KB's size, see
@@ -377,6 +378,18 @@ try {
   await page.locator('.path .path-chunk button').first().waitFor();
   const hops = await page.locator('.path .path-chunk').count();
   if (hops < 1) throw new Error('the path has no chunk');
+  // the KB's communities (ADR 0039): the keepers and their lighthouse together; summaries by
+  // the scripted model (which echoes what it is asked: the members' names and the passages)
+  await page.getByRole('button', { name: 'Show communities' }).click();
+  await page.locator('.communities .community').first().waitFor();
+  const members = await page.locator('.communities .community .members .name').allInnerTexts();
+  if (!members.includes('Grace Darling') || !members.includes('William Darling')) {
+    throw new Error(`no community holds the Darlings: ${JSON.stringify(members)}`);
+  }
+  await page.getByLabel('Summarise with the chat model').check();
+  await page.getByRole('button', { name: 'Show communities' }).click();
+  await page.locator('.communities .community .summary').filter({ hasText: 'Grace Darling' }).first().waitFor();
+  console.log(`console-e2e: graph: ${await page.locator('.communities .community').count()} communities`);
   await shot('graph', { fullPage: true });
   await scan('graph');
 
