@@ -138,14 +138,19 @@ impl SiftNode {
             }
         }
         let readable: HashSet<u64> = members_of.values().flatten().copied().collect();
-        let mut edges = Vec::new();
+        // Summed per pair here: at most CONSIDERED² / 2 pairs, however many chunks name them.
+        let mut shared: HashMap<(u64, u64), f64> = HashMap::new();
         for members in members_of.values() {
             for (i, a) in members.iter().enumerate() {
                 for b in &members[i + 1..] {
-                    edges.push((*a, *b, 1.0));
+                    *shared.entry((*a, *b)).or_default() += 1.0;
                 }
             }
         }
+        let edges: Vec<(u64, u64, f64)> = shared
+            .into_iter()
+            .map(|((a, b), weight)| (a, b, weight))
+            .collect();
         let partition = tokio::task::spawn_blocking(move || sift_graph::communities(&edges))
             .await
             .map_err(|error| crate::error::SiftError::Internal(format!("communities: {error}")))?;
