@@ -5,6 +5,12 @@
 //! titles as the entities: no graph to extract, and nothing outside the candidate list is
 //! fetched, so a link can only reorder evidence the query found relevant on its own.
 //!
+//! One link goes the other way (a *backlink*): the best document below the linkers whose text
+//! names the first hit's title follows the linkers ("Hannah Gross is the daughter of Paul
+//! Gross" behind the hit "Paul Gross", for a question about whom Paul Gross had a child
+//! with). It is placed after the linkers, not between them, so that the two top hits of a
+//! question about two things keep their places.
+//!
 //! Titles and texts are compared as sequences of words (maximal runs of letters and digits,
 //! case kept; CJK characters one word each). A trailing parenthetical in a title
 //! ("Charmed (TV series)") is dropped, titles shorter than 4 characters (2 CJK) or longer than
@@ -30,6 +36,8 @@ pub struct LinkView<'a> {
 pub struct Link {
     pub moved: usize,
     pub linker: usize,
+    /// The moved hit names the linker (a backlink), rather than the other way round.
+    pub backlink: bool,
 }
 
 fn is_cjk(c: char) -> bool {
@@ -83,6 +91,11 @@ fn title_key(title: &str) -> Option<String> {
     Some(words.join(" "))
 }
 
+/// Whether `text` holds the words of `key` in a row.
+fn names(text: &[&str], key: &[&str]) -> bool {
+    !key.is_empty() && text.windows(key.len()).any(|window| window == key)
+}
+
 /// Reorders `hits` (best first): every document named in one of the first `from` documents'
 /// hits and found lower in the list moves to just after the hit that names it, at most
 /// `per_hit` of them per naming hit, in their own order. Returns the new order (original
@@ -121,6 +134,9 @@ pub fn follow(hits: &[LinkView<'_>], from: usize, per_hit: usize) -> (Vec<usize>
         return (identity(), Vec::new());
     }
 
+    let texts: Vec<Vec<&str>> = hits.iter().map(|hit| words(hit.text)).collect();
+    // The first hit's backlink (below), placed once the linkers are done.
+    let mut backlink: Option<Link> = None;
     let mut order = Vec::with_capacity(hits.len());
     let mut moved: HashSet<usize> = HashSet::new();
     let mut links = Vec::new();
@@ -135,7 +151,7 @@ pub fn follow(hits: &[LinkView<'_>], from: usize, per_hit: usize) -> (Vec<usize>
         }
         linkers += 1;
         let own_key = keys[index].as_deref();
-        let text = words(hit.text);
+        let text = &texts[index];
         let mut named: Vec<usize> = Vec::new();
         for start in 0..text.len() {
             let mut key = String::new();
@@ -157,6 +173,32 @@ pub fn follow(hits: &[LinkView<'_>], from: usize, per_hit: usize) -> (Vec<usize>
                 }));
             }
         }
+        // Backlinks: a candidate whose text names this hit's own title ("Hannah Gross is the
+        // daughter of Paul Gross" behind the hit "Paul Gross"), the hop a question about the
+        // top hit's subject needs next.
+        if linkers == 1
+            && let Some(own) = own_key
+        {
+            let own: Vec<&str> = own.split(' ').collect();
+            // Past the other linkers: a top hit naming it is already where it belongs.
+            for target in (index + 1).max(from + 1)..hits.len() {
+                if moved.contains(&target)
+                    || hits[target].document_id == hit.document_id
+                    || first_hit[hits[target].document_id] != target
+                {
+                    continue;
+                }
+                if names(&texts[target], &own) && !named.contains(&target) {
+                    moved.insert(target);
+                    backlink = Some(Link {
+                        moved: target,
+                        linker: index,
+                        backlink: true,
+                    });
+                    break;
+                }
+            }
+        }
         named.sort_unstable();
         named.dedup();
         for target in named.into_iter().take(per_hit) {
@@ -165,8 +207,21 @@ pub fn follow(hits: &[LinkView<'_>], from: usize, per_hit: usize) -> (Vec<usize>
             links.push(Link {
                 moved: target,
                 linker: index,
+                backlink: false,
             });
         }
+        // The backlink goes after the linkers' own block, not between them: the top hits of a
+        // question about two things keep their places.
+        if linkers == from
+            && let Some(link) = backlink.take()
+        {
+            order.push(link.moved);
+            links.push(link);
+        }
+    }
+    if let Some(link) = backlink {
+        order.push(link.moved);
+        links.push(link);
     }
     (order, links)
 }
@@ -222,7 +277,8 @@ mod tests {
             links,
             vec![Link {
                 moved: 3,
-                linker: 0
+                linker: 0,
+                backlink: false
             }]
         );
     }
@@ -244,6 +300,38 @@ mod tests {
         let (order, links) = follow(&hits, 2, 2);
         assert_eq!(order, vec![0, 2, 3, 1, 5, 4]);
         assert_eq!(links.len(), 3);
+    }
+
+    #[test]
+    fn the_first_hit_draws_one_document_naming_it_behind_the_linkers() {
+        let hits = [
+            hit("a", "Paul Gross", "A Canadian actor."),
+            hit("b", "Due South", "A series starring Paul Gross."),
+            hit("c", "Benton Fraser", "A constable."),
+            hit("x", "Lake", "Water."),
+            hit("h", "Hannah Gross", "The daughter of Paul Gross."),
+            hit("i", "Other", "Also names Paul Gross."),
+        ];
+        // "Due South" names Paul Gross but is one of the linkers, in place already; the best
+        // document below them that names him follows the linkers, once.
+        let (order, links) = follow(&hits, 3, 2);
+        assert_eq!(order, vec![0, 1, 2, 4, 3, 5]);
+        assert_eq!(
+            links,
+            vec![Link {
+                moved: 4,
+                linker: 0,
+                backlink: true
+            }]
+        );
+        // With one linker it follows that hit at once.
+        let (order, _) = follow(&hits, 1, 2);
+        assert_eq!(order, vec![0, 4, 1, 2, 3, 5]);
+        // Only the first hit draws one: nothing names "Due South" below, and "Benton Fraser"
+        // draws none.
+        let (order, links) = follow(&hits[1..], 3, 2);
+        assert_eq!(order, vec![0, 1, 2, 3, 4]);
+        assert!(links.is_empty());
     }
 
     #[test]

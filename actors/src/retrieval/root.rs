@@ -699,10 +699,11 @@ fn follow_links(hits: &mut Vec<SearchHit>, from: usize, per_hit: usize) {
         .iter()
         .map(|link| {
             let new_rank = order.iter().position(|i| *i == link.moved).unwrap_or(0) + 1;
+            let relation = if link.backlink { "names" } else { "named in" };
             (
                 link.moved,
                 format!(
-                    "link: named in {:?} (rank {}), moved from rank {} to {new_rank}",
+                    "link: {relation} {:?} (rank {}), moved from rank {} to {new_rank}",
                     hits[link.linker].chunk.title,
                     link.linker + 1,
                     link.moved + 1
