@@ -1086,3 +1086,43 @@ async fn communities_group_what_is_mentioned_together_and_are_summarised_once() 
     assert!(text.contains("Julia Child"), "{after}");
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn community_summaries_share_one_deadline() {
+    // A model that never answers a summary: the first community waits out the deadline, the
+    // others are not asked, and the answer says so for each.
+    let fake = FakeLlm::start(|_: &FakeRequest| FakeReply::Hang).await;
+    let dir = temp_dir();
+    let mut config = Config::for_test(&dir.path().join("node"));
+    config.embedding.model_dir = Some(require_model());
+    config.llm.providers = vec![fake_provider(&fake)];
+    config.options.graph_llm_timeout = Duration::from_millis(1_000);
+    let node = InProcessNode::start_with(config).await;
+    let client = node.client();
+    client.create_kb(json!({ "name": "themes" })).await;
+    let all: Vec<_> = SPACE.iter().chain(KITCHEN.iter()).copied().collect();
+    client.bulk_add("themes", &documents(&all)).await;
+    client.wait_ready("themes", 8, WAIT).await;
+    settled_graphs(&client, "themes").await;
+    let list = client
+        .get("/v1/kbs/themes/graph/communities?summaries=true")
+        .await
+        .expect(200);
+    let errors: Vec<&str> = list["communities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["summary_error"].as_str().unwrap_or_default())
+        .collect();
+    assert!(errors.len() >= 2, "{list}");
+    assert!(errors[0].contains("did not answer within"), "{list}");
+    for error in &errors[1..] {
+        assert!(error.contains("not summarised"), "{list}");
+    }
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "the later communities were not asked"
+    );
+    node.shutdown().await;
+}

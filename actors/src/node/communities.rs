@@ -238,7 +238,8 @@ impl SiftNode {
     }
 
     /// Fills each community's summary from the cache or the node's chat model, one request
-    /// at a time (a small local model serves one well, several slowly).
+    /// at a time (a small local model serves one well, several slowly), all of them within
+    /// `graph_llm_timeout_ms`.
     async fn summarise(&self, communities: &mut [CommunityView]) {
         let Some(model) = self.context.chat_model.get() else {
             for community in communities {
@@ -246,7 +247,9 @@ impl SiftNode {
             }
             return;
         };
-        let timeout = self.context.options.graph_llm_timeout;
+        // One deadline for the whole answer: a slow model leaves the later communities
+        // without a summary rather than holding the request for each in turn.
+        let deadline = tokio::time::Instant::now() + self.context.options.graph_llm_timeout;
         for community in communities {
             let prompt = summary_prompt(community);
             let cache = &self.context.extraction_cache;
@@ -258,7 +261,15 @@ impl SiftNode {
                 community.summary = Some(summary);
                 continue;
             }
-            match summarise_one(model, &prompt, timeout).await {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                community.summary_error = Some(format!(
+                    "not summarised: the summaries took graph_llm_timeout_ms ({} s) already",
+                    self.context.options.graph_llm_timeout.as_secs()
+                ));
+                continue;
+            }
+            match summarise_one(model, &prompt, left).await {
                 Ok(summary) => {
                     metrics::counter!("sift_graph_community_summaries_total", "outcome" => "model")
                         .increment(1);
@@ -302,8 +313,8 @@ fn summary_prompt(community: &CommunityView) -> String {
     prompt
 }
 
-/// One summary: the model's text, trimmed; an error, an empty answer or the deadline is a
-/// reason.
+/// One summary: the model's text, trimmed; an error, an empty answer or the time left running
+/// out is a reason.
 async fn summarise_one(
     model: &SharedChatModel,
     prompt: &str,
@@ -338,7 +349,7 @@ async fn summarise_one(
         Ok::<String, String>(text)
     })
     .await
-    .map_err(|_| format!("the model did not answer within {} s", timeout.as_secs()))??;
+    .map_err(|_| "the model did not answer within graph_llm_timeout_ms".to_string())??;
     let summary = answer.trim();
     if summary.is_empty() {
         return Err("the model answered with no text".into());

@@ -46,6 +46,16 @@ fn read_directly(kb: &str, chunk: sift_storage::chunk::ChunkView) -> EvidenceChu
     }
 }
 
+/// A chunk as the model sees it: its id and document, then the start of its text.
+fn chunk_lines(indent: &str, chunk: &sift_storage::chunk::ChunkView) -> String {
+    format!(
+        "{indent}- chunk_id: {} | document: {:?}\n{indent}  {}\n",
+        chunk.chunk_id,
+        chunk.title,
+        truncate_chars(chunk.text.trim(), MENTION_CHARS)
+    )
+}
+
 fn bad(message: &str) -> ToolError {
     ToolError::BadArguments {
         tool: super::GRAPH_SEARCH.into(),
@@ -102,12 +112,7 @@ pub async fn graph_search(
                             .join(", ")
                     );
                     for mention in detail.mentions.into_iter().take(SHOWN) {
-                        text.push_str(&format!(
-                            "- chunk_id: {} | document: {:?}\n  {}\n",
-                            mention.chunk_id,
-                            mention.title,
-                            truncate_chars(mention.text.trim(), MENTION_CHARS)
-                        ));
+                        text.push_str(&chunk_lines("", &mention));
                         // Shown with its id: citable, as a chunk read directly.
                         chunks.push(read_directly(kb, mention));
                     }
@@ -186,12 +191,7 @@ pub async fn graph_search(
                         text.push_str(&format!("   Summary: {summary}\n"));
                     }
                     for passage in community.passages {
-                        text.push_str(&format!(
-                            "   - chunk_id: {} | document: {:?}\n     {}\n",
-                            passage.chunk_id,
-                            passage.title,
-                            truncate_chars(passage.text.trim(), MENTION_CHARS)
-                        ));
+                        text.push_str(&chunk_lines("   ", &passage));
                         chunks.push(read_directly(kb, passage));
                     }
                 }
