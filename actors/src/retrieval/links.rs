@@ -98,8 +98,9 @@ fn names(text: &[&str], key: &[&str]) -> bool {
 
 /// Reorders `hits` (best first): every document named in one of the first `from` documents'
 /// hits and found lower in the list moves to just after the hit that names it, at most
-/// `per_hit` of them per naming hit, in their own order. Returns the new order (original
-/// indexes) and the moves made.
+/// `per_hit` of them per naming hit, in their own order; then the best document below the
+/// first `from` that names the first hit's title (a backlink) follows them. Returns the new
+/// order (original indexes) and the moves made.
 pub fn follow(hits: &[LinkView<'_>], from: usize, per_hit: usize) -> (Vec<usize>, Vec<Link>) {
     let identity = || (0..hits.len()).collect::<Vec<_>>();
     if from == 0 || per_hit == 0 || hits.len() < 2 {
