@@ -11,14 +11,14 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use futures::StreamExt;
 use serde::Serialize;
-use sift_models::llm::{ChatEvent, ChatMessage, ChatRequest, SharedChatModel};
+use sift_models::llm::{ChatMessage, SharedChatModel};
 use sift_storage::chunk::ChunkView;
 use sift_storage::shard::GraphEntity;
 
 use super::SiftNode;
 use super::graph::{EntityView, hex};
+use crate::agent::model_io::{AuxError, complete_text};
 use crate::error::Result;
 use crate::retrieval::graph::is_hub;
 use crate::scope::Scope;
@@ -320,36 +320,28 @@ async fn summarise_one(
     prompt: &str,
     timeout: Duration,
 ) -> std::result::Result<String, String> {
-    let request = ChatRequest {
-        messages: vec![
-            ChatMessage::System {
-                content: SUMMARY_INSTRUCTIONS.into(),
-            },
-            ChatMessage::User {
-                content: prompt.to_string(),
-            },
-        ],
-        tools: Vec::new(),
-        max_tokens: Some(SUMMARY_TOKENS),
-        temperature: Some(0.0),
-    };
-    let answer = tokio::time::timeout(timeout, async {
-        let mut stream = model
-            .stream(request)
-            .await
-            .map_err(|error| format!("the model failed: {error}"))?;
-        let mut text = String::new();
-        while let Some(event) = stream.next().await {
-            if let ChatEvent::TextDelta(delta) =
-                event.map_err(|error| format!("the model failed: {error}"))?
-            {
-                text.push_str(&delta);
-            }
-        }
-        Ok::<String, String>(text)
-    })
+    let messages = vec![
+        ChatMessage::System {
+            content: SUMMARY_INSTRUCTIONS.into(),
+        },
+        ChatMessage::User {
+            content: prompt.to_string(),
+        },
+    ];
+    // Nothing cancels a summary but its deadline.
+    let never = crate::agent::RunCancel::new();
+    let (answer, _) = complete_text(
+        model.as_ref(),
+        messages,
+        Some(SUMMARY_TOKENS),
+        timeout,
+        &never,
+    )
     .await
-    .map_err(|_| "the model did not answer within graph_llm_timeout_ms".to_string())??;
+    .map_err(|error| match error {
+        AuxError::Timeout(_) => "the model did not answer within graph_llm_timeout_ms".to_string(),
+        other => format!("the model failed: {other}"),
+    })?;
     let summary = answer.trim();
     if summary.is_empty() {
         return Err("the model answered with no text".into());
